@@ -1,0 +1,140 @@
+/* attnforge — exact scaled-dot-product attention with a FlashAttention-4-style CPU kernel.
+ *
+ * One public header. Every function that can fail returns an af_status (0 = AF_OK, negative = error);
+ * af_last_error() then gives a thread-local message naming the argument and the rule. On failure nothing
+ * has been written to any output. */
+#ifndef ATTNFORGE_H
+#define ATTNFORGE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define AF_VERSION_MAJOR 0
+#define AF_VERSION_MINOR 1
+#define AF_VERSION_PATCH 0
+#define AF_VERSION_STRING "0.1.0"
+
+#if defined(_WIN32)
+#define AF_API
+#else
+#define AF_API __attribute__((visibility("default")))
+#endif
+
+/* ---------------------------------------------------------------- status codes */
+typedef enum {
+    AF_OK = 0,
+    AF_ERR_INVALID_ARGUMENT = -1,   /* an argument breaks a rule of the call (shape, stride, NULL, ...) */
+    AF_ERR_UNSUPPORTED = -2,        /* valid SDPA, but outside what attnforge runs (dtype combo, dropout, ...) */
+    AF_ERR_NO_MEMORY = -3,          /* an allocation failed; nothing was written */
+    AF_ERR_RUNTIME_UNAVAILABLE = -4,/* a backend (e.g. the CUDA one) cannot be loaded */
+    AF_ERR_PARSE = -5,              /* malformed JSON or a document that breaks its format */
+    AF_ERR_IO = -6,                 /* a file could not be read or written */
+    AF_ERR_PLAN_MISMATCH = -7,      /* a call does not match the prepared plan */
+    AF_ERR_NOT_PREPARED = -8,       /* a provider was used before prepare() succeeded */
+    AF_ERR_INTERNAL = -9            /* a bug: please report it */
+} af_status;
+
+AF_API const char *af_status_name(af_status status);   /* "AF_ERR_INVALID_ARGUMENT", ... */
+AF_API const char *af_last_error(void);                /* thread-local message of the last failed call; "" if none */
+AF_API const char *af_version(void);                   /* AF_VERSION_STRING of the library actually linked */
+
+/* ---------------------------------------------------------------- tensors */
+#define AF_MAX_DIMS 8
+
+typedef enum { AF_F32 = 0, AF_F16 = 1, AF_BF16 = 2, AF_BOOL = 3 } af_dtype;
+
+AF_API const char *af_dtype_name(af_dtype dtype);      /* "float32", "float16", "bfloat16", "bool" */
+AF_API size_t af_dtype_size(af_dtype dtype);           /* bytes per element; 0 for an unknown dtype */
+
+typedef struct {                 /* a strided view, like a torch.Tensor */
+    void *data;
+    af_dtype dtype;
+    int ndim;
+    int64_t shape[AF_MAX_DIMS];
+    int64_t strides[AF_MAX_DIMS];/* in elements, like torch.Tensor.stride(); may be 0 (broadcast), never negative */
+} af_tensor;
+
+/* A contiguous (row-major) view of `data` with the given shape. */
+AF_API af_tensor af_tensor_contiguous(void *data, af_dtype dtype, int ndim, const int64_t *shape);
+
+/* ---------------------------------------------------------------- one SDPA call */
+typedef struct {                 /* torch.nn.functional.scaled_dot_product_attention's arguments */
+    const af_tensor *query, *key, *value;  /* (B,Hq,L,E), (B,Hkv,S,E), (B,Hkv,S,Ev) */
+    const af_tensor *attn_mask;            /* NULL, AF_BOOL (true = attend) or additive in query's dtype,
+                                              broadcastable to (B,Hq,L,S) */
+    double dropout_p;                      /* must be 0 */
+    bool is_causal;                        /* top-left aligned, as in PyTorch: row i sees keys j <= i */
+    bool has_scale; double scale;          /* default 1/sqrt(E) */
+    bool enable_gqa;
+    bool causal_bottom_right;              /* FlashAttention's causal: row i sees keys j <= i + S - L.
+                                              Explicit option of its own; never combined with is_causal. */
+} af_sdpa_args;                  /* zero-initialised = SDPA's defaults */
+
+/* out (B,Hq,L,Ev) in query's dtype, any non-overlapping strides; lse NULL or f32 (B,Hq,L), natural log.
+ * Rows that can see no key get out = 0 and lse = -inf. */
+AF_API af_status af_sdpa(const af_sdpa_args *args, af_tensor *out, af_tensor *lse);
+
+/* The plain reference: double accumulation, one row at a time. Slow; for tests and `attnforge verify`. */
+AF_API af_status af_sdpa_reference(const af_sdpa_args *args, af_tensor *out, af_tensor *lse);
+
+/* ---------------------------------------------------------------- execution settings */
+AF_API void af_set_num_threads(int n);   /* 0 = all cores (the default) */
+AF_API int af_get_num_threads(void);     /* threads a call will use */
+
+/* Kernel ISA: "portable", "avx2", "avx512" (what the CPU and OS allow). The environment variable
+ * ATTNFORGE_ISA sets the initial choice. af_set_isa fails with AF_ERR_UNSUPPORTED if the machine lacks it. */
+AF_API af_status af_set_isa(const char *name);
+AF_API const char *af_get_isa(void);     /* the ISA af_sdpa uses now */
+AF_API bool af_isa_available(const char *name);
+
+/* ---------------------------------------------------------------- logging */
+typedef enum { AF_LOG_DEBUG = 10, AF_LOG_INFO = 20, AF_LOG_WARNING = 30, AF_LOG_ERROR = 40, AF_LOG_OFF = 100 } af_log_level;
+typedef void (*af_log_fn)(af_log_level level, const char *message, void *user);
+/* Silent by default. A callback receives every message at or above `min_level`; NULL removes it. */
+AF_API void af_set_log_callback(af_log_fn fn, void *user, af_log_level min_level);
+
+/* Free memory that attnforge returned (JSON strings, ...). */
+AF_API void af_free(void *ptr);
+
+/* ---------------------------------------------------------------- the provider (the seed's system)
+ * A sample is one recorded SDPA call: tensor descriptors (no data), the other arguments, and how q/k/v
+ * were passed. prepare() turns samples into one plan; the plan serialises to JSON; infer() runs it. */
+
+typedef enum { AF_QKV_POSITIONAL = 0, AF_QKV_KEYWORD = 1 } af_qkv_source;   /* "positional_qkv", "keyword_qkv" */
+
+typedef struct af_samples af_samples;     /* an ordered list of recorded calls */
+typedef struct af_provider af_provider;   /* one prepared (or not yet prepared) plan */
+
+/* Samples: read from the samples-file JSON (docs/FORMATS.md), written back the same way. */
+AF_API af_status af_samples_from_json(const char *json, size_t len, af_samples **out);
+AF_API af_status af_samples_load(const char *path, af_samples **out);
+AF_API af_status af_samples_to_json(const af_samples *samples, char **json_out);   /* free with af_free */
+AF_API size_t af_samples_count(const af_samples *samples);
+AF_API void af_samples_free(af_samples *samples);
+
+AF_API af_provider *af_provider_new(void);                  /* NULL only when out of memory */
+AF_API void af_provider_free(af_provider *provider);
+/* true when every sample is supported and all give one identical plan; else false and
+ * af_provider_reason() says why. Never runs a kernel, never loads a runtime. */
+AF_API bool af_provider_prepare(af_provider *provider, const af_samples *samples);
+AF_API const char *af_provider_reason(const af_provider *provider);     /* "" after a successful prepare */
+AF_API bool af_provider_is_prepared(const af_provider *provider);
+AF_API af_status af_provider_to_json(const af_provider *provider, char **json_out);   /* free with af_free */
+AF_API af_status af_provider_from_json(const char *json, size_t len, af_provider **out);
+/* Run the plan on one call. `source` is how the caller passed q/k/v. A call that does not match the plan
+ * is handled as docs/PROVIDER.md says (never run with the plan's wrong arguments). */
+AF_API af_status af_provider_infer(af_provider *provider, const af_sdpa_args *args, af_qkv_source source,
+                                   af_tensor *out, af_tensor *lse);
+AF_API af_status af_provider_load_runtime_dependencies(af_provider *provider);   /* idempotent */
+AF_API const char *af_provider_name(const af_provider *provider);   /* "attnforge FlashAttention-4 (cpu, avx2) 0.1.0" */
+AF_API const char *af_provider_supported_function(void);            /* "scaled_dot_product_attention" */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* ATTNFORGE_H */

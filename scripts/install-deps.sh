@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs what attnforge needs to build and test, from Debian's packages; quick when all are present.
+set -euo pipefail
+packages=(build-essential cmake pkg-config libjansson-dev libcmocka-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi

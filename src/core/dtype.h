@@ -1,0 +1,69 @@
+/* f16 / bf16 <-> f32 conversions (round to nearest even, NaN kept) and typed element access. */
+#ifndef AF_CORE_DTYPE_H
+#define AF_CORE_DTYPE_H
+#include <stdint.h>
+#include <string.h>
+
+#include "attnforge.h"
+
+static inline float af_bits_to_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t af_f32_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+static inline float af_bf16_to_f32(uint16_t h) { return af_bits_to_f32((uint32_t)h << 16); }
+
+static inline uint16_t af_f32_to_bf16(float f) {
+    uint32_t u = af_f32_to_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);   /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);                                           /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+static inline float af_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    if (exp == 0x1f) return af_bits_to_f32(sign | 0x7f800000u | (man << 13));   /* Inf / NaN */
+    if (exp == 0) {                                                             /* zero / subnormal */
+        float v = (float)man * (1.0f / 16777216.0f);                            /* man * 2^-24 */
+        return sign ? -v : v;
+    }
+    return af_bits_to_f32(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+static inline uint16_t af_f32_to_f16(float f) {
+    uint32_t u = af_f32_to_bits(f);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);                    /* NaN */
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);                   /* overflow (incl. Inf) */
+    if (a < 0x38800000u) {                                                      /* f16 subnormal or zero */
+        float v = af_bits_to_f32(a) * 16777216.0f;                              /* scale by 2^24 */
+        uint32_t m = (uint32_t)v;                                               /* exact for these sizes */
+        float rem = v - (float)m;
+        if (rem > 0.5f || (rem == 0.5f && (m & 1u))) m++;
+        return (uint16_t)(sign | m);
+    }
+    uint32_t r = a + 0xfffu + ((a >> 13) & 1u);                                 /* round mantissa to 10 bits */
+    return (uint16_t)(sign | ((r - 0x38000000u) >> 13));
+}
+
+/* Read element `p` of `dtype` as f32 (bool reads as 0/1). */
+static inline float af_load_as_f32(const void *p, af_dtype dtype) {
+    switch (dtype) {
+    case AF_F32: return *(const float *)p;
+    case AF_F16: return af_f16_to_f32(*(const uint16_t *)p);
+    case AF_BF16: return af_bf16_to_f32(*(const uint16_t *)p);
+    case AF_BOOL: return *(const uint8_t *)p ? 1.0f : 0.0f;
+    }
+    return 0.0f;
+}
+
+static inline void af_store_from_f32(void *p, af_dtype dtype, float v) {
+    switch (dtype) {
+    case AF_F32: *(float *)p = v; break;
+    case AF_F16: *(uint16_t *)p = af_f32_to_f16(v); break;
+    case AF_BF16: *(uint16_t *)p = af_f32_to_bf16(v); break;
+    case AF_BOOL: *(uint8_t *)p = v != 0.0f; break;
+    }
+}
+
+#endif

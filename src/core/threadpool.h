@@ -1,0 +1,17 @@
+/* A persistent thread pool: threads are made once and reused; no thread creation per call. */
+#ifndef AF_CORE_THREADPOOL_H
+#define AF_CORE_THREADPOOL_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "attnforge.h"
+
+typedef void (*af_task_fn)(void *ctx, int64_t item, void *scratch);
+
+/* Run fn(ctx, i, scratch) for every i in [0, n), items handed out in increasing order to up to
+ * af_get_num_threads() threads (the caller is one of them). Each thread gets its own 64-byte aligned
+ * scratch of scratch_bytes. Returns AF_ERR_NO_MEMORY, having run nothing, when scratch cannot be had.
+ * A call made while another call holds the pool runs on the calling thread alone. */
+af_status af_parallel_for(int64_t n, af_task_fn fn, void *ctx, size_t scratch_bytes);
+
+#endif

@@ -1,0 +1,78 @@
+/* Run-time choice of the micro-kernel: the best the CPU and OS support, or ATTNFORGE_ISA / af_set_isa. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/cpu.h"
+#include "core/log.h"
+#include "core/status.h"
+#include "kernel/ukernel.h"
+
+/* Best first. An entry is compiled in only when the build has that ISA's file (AF_HAVE_*). */
+static const af_ukernel *const registry[] = {
+#ifdef AF_HAVE_AVX512
+    &af_ukernel_avx512,
+#endif
+#ifdef AF_HAVE_AVX2
+    &af_ukernel_avx2,
+#endif
+    &af_ukernel_portable,
+};
+enum { REGISTRY_SIZE = sizeof registry / sizeof registry[0] };
+
+static bool cpu_supports(const af_ukernel *k) {
+    if (strcmp(k->isa, "avx512") == 0) return af_cpu()->avx512;
+    if (strcmp(k->isa, "avx2") == 0) return af_cpu()->avx2_fma;
+    return true;
+}
+
+static const af_ukernel *find(const char *name) {
+    for (int i = 0; i < REGISTRY_SIZE; i++)
+        if (strcmp(registry[i]->isa, name) == 0) return registry[i];
+    return NULL;
+}
+
+static _Atomic(const af_ukernel *) current;
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+
+static void choose_initial(void) {
+    const af_ukernel *best = &af_ukernel_portable;
+    for (int i = 0; i < REGISTRY_SIZE; i++)
+        if (cpu_supports(registry[i])) {
+            best = registry[i];
+            break;
+        }
+    const char *env = getenv("ATTNFORGE_ISA");
+    if (env && *env) {
+        const af_ukernel *wanted = find(env);
+        if (wanted && cpu_supports(wanted)) best = wanted;
+        else af_log(AF_LOG_WARNING, "ATTNFORGE_ISA=%s is not available here; using %s", env, best->isa);
+    }
+    atomic_store(&current, best);
+}
+
+const af_ukernel *af_ukernel_current(void) {
+    pthread_once(&init_once, choose_initial);
+    return atomic_load(&current);
+}
+
+bool af_isa_available(const char *name) {
+    const af_ukernel *k = name ? find(name) : NULL;
+    return k && cpu_supports(k);
+}
+
+af_status af_set_isa(const char *name) {
+    af_clear_error();
+    pthread_once(&init_once, choose_initial);
+    if (!name) return af_fail(AF_ERR_INVALID_ARGUMENT, "isa: must not be NULL");
+    const af_ukernel *k = find(name);
+    if (!k)
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "isa: unknown name '%s'; expected portable, avx2 or avx512", name);
+    if (!cpu_supports(k))
+        return af_fail(AF_ERR_UNSUPPORTED, "isa: '%s' is not supported by this CPU and OS", name);
+    atomic_store(&current, k);
+    return AF_OK;
+}
+
+const char *af_get_isa(void) { return af_ukernel_current()->isa; }

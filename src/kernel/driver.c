@@ -1,0 +1,292 @@
+/* The FlashAttention forward driver: tiling, packing, masking, scheduling, split-KV and the epilogue.
+ * The arithmetic on packed tiles belongs to the micro-kernel (ukernel.h); nothing here depends on the ISA.
+ *
+ * Rows: the query heads of one GQA group are packed into the rows of one tile (pack-GQA): packed row r of
+ * key/value head hk is query position r / G of query head hk·G + r % G, so a K/V tile is packed once for the
+ * whole group and causal limits grow monotonically with r. A work item is (batch, kv head, row block, kv split). */
+#include <math.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/dtype.h"
+#include "core/status.h"
+#include "core/threadpool.h"
+#include "kernel/flash.h"
+#include "kernel/ukernel.h"
+
+#define SPLIT_KEYS 512          /* keys per split-KV chunk: fixed by shape, so results never depend on threads */
+#define SPLIT_MAX_ROWS 64       /* split the keys only when one (batch, kv head) has at most this many rows */
+
+typedef struct {
+    const af_problem *p;
+    const af_ukernel *uk;
+    int block_rows, block_keys;
+    int E, Ev;
+    int keys_pad, ev_pad;       /* padded leading dims of the S/P and V/O tiles */
+    int64_t rows_total;         /* L·G packed rows per (batch, kv head) */
+    int64_t row_blocks, splits, split_keys;
+    float c;                    /* multiplier folded into the exponent: scale·log2(e), or log2(e) if pre-scaled */
+    bool pre_scale;             /* S = S·scale (+ mask) before the softmax: masks and scale <= 0 need it */
+    int exp2_degree;
+    size_t elem;                /* bytes per q/k/v element */
+    size_t out_elem;            /* bytes per out element */
+    float *partials;            /* splits > 1: per item, rows × (ev_pad + 2) floats: O, then m and l */
+    size_t off_q, off_kt, off_v, off_s, off_o, off_m, off_l, off_a;   /* scratch layout, bytes */
+} flash_plan;
+
+static size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
+typedef struct { int64_t b, hk, rb, split; } work_item;
+
+static work_item decode_item(const flash_plan *fp, int64_t t) {
+    const af_problem *p = fp->p;
+    work_item w;
+    w.split = t % fp->splits;
+    t /= fp->splits;
+    if (p->causal != AF_CAUSAL_NONE) {   /* longest row blocks first: they see the most keys */
+        const int64_t heads = p->B * p->Hkv;
+        w.rb = fp->row_blocks - 1 - t / heads;
+        t %= heads;
+    } else {                             /* neighbours share a (batch, head): its K/V stays in cache */
+        w.rb = t % fp->row_blocks;
+        t /= fp->row_blocks;
+    }
+    w.hk = t % p->Hkv;
+    w.b = t / p->Hkv;
+    return w;
+}
+
+/* Copy `n` elements of `dtype` with element stride `stride` into f32 `dst`. */
+static void load_f32(float *dst, const char *src, af_dtype dtype, int64_t stride, int n, size_t elem) {
+    if (dtype == AF_F32 && stride == 1) {
+        memcpy(dst, src, sizeof(float) * (size_t)n);
+    } else if (dtype == AF_F32) {
+        for (int i = 0; i < n; i++) dst[i] = *(const float *)(src + (size_t)(i * stride) * elem);
+    } else if (dtype == AF_BF16) {
+        for (int i = 0; i < n; i++) dst[i] = af_bf16_to_f32(*(const uint16_t *)(src + (size_t)(i * stride) * elem));
+    } else {
+        for (int i = 0; i < n; i++) dst[i] = af_f16_to_f32(*(const uint16_t *)(src + (size_t)(i * stride) * elem));
+    }
+}
+
+static const char *qrow_ptr(const flash_plan *fp, const work_item *w, int64_t r, int64_t *h_out, int64_t *i_out) {
+    const af_problem *p = fp->p;
+    const int64_t i = r / p->group, h = w->hk * p->group + r % p->group;
+    *h_out = h;
+    *i_out = i;
+    return p->q + (size_t)(w->b * p->q_stride[0] + h * p->q_stride[1] + i * p->q_stride[2]) * fp->elem;
+}
+
+/* K tile transposed: kt[e][j] for keys j0..j0+cols, zero-padded to a whole vector of columns. */
+static void pack_key_tile(const flash_plan *fp, const work_item *w, int64_t j0, int cols, float *kt, float *row) {
+    const af_problem *p = fp->p;
+    const int padded = (int)round_up((size_t)cols, AF_TILE_PAD);
+    for (int j = 0; j < cols; j++) {
+        const char *src = p->k + (size_t)(w->b * p->k_stride[0] + w->hk * p->k_stride[1] + (j0 + j) * p->k_stride[2]) * fp->elem;
+        load_f32(row, src, p->dtype, p->k_stride[3], fp->E, fp->elem);
+        for (int e = 0; e < fp->E; e++) kt[(size_t)e * fp->keys_pad + j] = row[e];
+    }
+    if (padded > cols)
+        for (int e = 0; e < fp->E; e++) memset(kt + (size_t)e * fp->keys_pad + cols, 0, sizeof(float) * (size_t)(padded - cols));
+}
+
+/* V tile: vt[j][e], each row zero-padded to ev_pad. */
+static void pack_value_tile(const flash_plan *fp, const work_item *w, int64_t j0, int cols, float *vt) {
+    const af_problem *p = fp->p;
+    for (int j = 0; j < cols; j++) {
+        float *dst = vt + (size_t)j * fp->ev_pad;
+        const char *src = p->v + (size_t)(w->b * p->v_stride[0] + w->hk * p->v_stride[1] + (j0 + j) * p->v_stride[2]) * fp->elem;
+        load_f32(dst, src, p->dtype, p->v_stride[3], fp->Ev, fp->elem);
+        memset(dst + fp->Ev, 0, sizeof(float) * (size_t)(fp->ev_pad - fp->Ev));
+    }
+}
+
+/* S = S·scale + mask, for the tiles that need the scale applied before the softmax. */
+static void apply_scale_and_mask(const flash_plan *fp, const work_item *w, int64_t r0, int rows, int64_t j0, int cols,
+                                 float *S) {
+    const af_problem *p = fp->p;
+    const float scale = (float)p->scale;
+    for (int r = 0; r < rows; r++) {
+        float *s = S + (size_t)r * fp->keys_pad;
+        for (int j = 0; j < cols; j++) s[j] *= scale;
+        if (!p->mask) continue;
+        const int64_t i = (r0 + r) / p->group, h = w->hk * p->group + (r0 + r) % p->group;
+        const char *m = p->mask + (w->b * p->mask_stride[0] + h * p->mask_stride[1] + i * p->mask_stride[2] +
+                                   j0 * p->mask_stride[3]) * (int64_t)af_dtype_size(p->mask_dtype);
+        const int64_t ms = p->mask_stride[3] * (int64_t)af_dtype_size(p->mask_dtype);
+        if (p->mask_dtype == AF_BOOL) {
+            for (int j = 0; j < cols; j++)
+                if (!*(const uint8_t *)(m + j * ms)) s[j] = -INFINITY;
+        } else {
+            for (int j = 0; j < cols; j++) s[j] += af_load_as_f32(m + j * ms, p->mask_dtype);
+        }
+    }
+}
+
+/* Causal: -inf for the keys a row may not see in this tile. */
+static void apply_causal(const flash_plan *fp, int64_t r0, int rows, int64_t j0, int cols, float *S) {
+    const af_problem *p = fp->p;
+    for (int r = 0; r < rows; r++) {
+        const int64_t visible = af_visible_keys(p, (r0 + r) / p->group) - j0;
+        float *s = S + (size_t)r * fp->keys_pad;
+        for (int64_t j = visible < 0 ? 0 : visible; j < cols; j++) s[j] = -INFINITY;
+    }
+}
+
+/* Write one finished row: out = O / l in the output dtype, lse = (m + log2 l)·ln 2. */
+static void store_row(const flash_plan *fp, int64_t b, int64_t h, int64_t i, float *o, float m, float l) {
+    const af_problem *p = fp->p;
+    const float inv = l > 0.0f || l != l ? 1.0f / l : 0.0f;   /* no visible key: 0, as documented */
+    char *dst = p->out + (size_t)(b * p->out_stride[0] + h * p->out_stride[1] + i * p->out_stride[2]) * fp->out_elem;
+    const int64_t os = p->out_stride[3];
+    if (p->out_dtype == AF_F32 && os == 1) {
+        float *d = (float *)dst;
+        for (int e = 0; e < fp->Ev; e++) d[e] = o[e] * inv;
+    } else {
+        for (int e = 0; e < fp->Ev; e++) af_store_from_f32(dst + (size_t)(e * os) * fp->out_elem, p->out_dtype, o[e] * inv);
+    }
+    if (p->lse)
+        p->lse[b * p->lse_stride[0] + h * p->lse_stride[1] + i * p->lse_stride[2]] =
+            l > 0.0f || l != l ? (m + log2f(l)) * 0.69314718055994531f : -INFINITY;
+}
+
+static void run_item(void *ctx, int64_t t, void *scratch) {
+    const flash_plan *fp = ctx;
+    const af_problem *p = fp->p;
+    const af_ukernel *uk = fp->uk;
+    const work_item w = decode_item(fp, t);
+    char *base = scratch;
+    float *qb = (float *)(base + fp->off_q), *kt = (float *)(base + fp->off_kt), *vt = (float *)(base + fp->off_v);
+    float *S = (float *)(base + fp->off_s), *O = (float *)(base + fp->off_o);
+    float *m = (float *)(base + fp->off_m), *l = (float *)(base + fp->off_l), *alpha = (float *)(base + fp->off_a);
+
+    const int64_t r0 = w.rb * fp->block_rows;
+    const int rows = (int)(fp->rows_total - r0 < fp->block_rows ? fp->rows_total - r0 : fp->block_rows);
+    for (int r = 0; r < rows; r++) {
+        int64_t h, i;
+        const char *src = qrow_ptr(fp, &w, r0 + r, &h, &i);
+        load_f32(qb + (size_t)r * fp->E, src, p->dtype, p->q_stride[3], fp->E, fp->elem);
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
+    memset(O, 0, sizeof(float) * (size_t)rows * (size_t)fp->ev_pad);
+
+    int64_t k_lo = w.split * fp->split_keys, k_hi = k_lo + fp->split_keys;
+    if (k_hi > p->S) k_hi = p->S;
+    const int64_t first_visible = af_visible_keys(p, r0 / p->group);
+    const int64_t last_visible = af_visible_keys(p, (r0 + rows - 1) / p->group);
+    if (k_hi > last_visible) k_hi = last_visible;   /* tiles wholly above the diagonal are never touched */
+
+    for (int64_t j0 = k_lo; j0 < k_hi; j0 += fp->block_keys) {
+        const int cols = (int)(k_hi - j0 < fp->block_keys ? k_hi - j0 : fp->block_keys);
+        pack_key_tile(fp, &w, j0, cols, kt, vt);   /* vt is free until the V tile: a row buffer for the transpose */
+        uk->gemm(rows, cols, fp->E, qb, fp->E, kt, fp->keys_pad, S, fp->keys_pad, false);
+        if (fp->pre_scale) apply_scale_and_mask(fp, &w, r0, rows, j0, cols, S);
+        if (j0 + cols > first_visible) apply_causal(fp, r0, rows, j0, cols, S);
+        uk->softmax_step(rows, cols, S, fp->keys_pad, fp->c, m, l, alpha, fp->exp2_degree);
+        if (fp->Ev == 0) continue;
+        for (int r = 0; r < rows; r++)
+            if (alpha[r] != 1.0f) uk->scale_row(O + (size_t)r * fp->ev_pad, fp->Ev, alpha[r]);
+        pack_value_tile(fp, &w, j0, cols, vt);
+        uk->gemm(rows, fp->Ev, cols, S, fp->keys_pad, vt, fp->ev_pad, O, fp->ev_pad, true);
+    }
+
+    if (fp->splits == 1) {
+        for (int r = 0; r < rows; r++) {
+            int64_t h, i;
+            qrow_ptr(fp, &w, r0 + r, &h, &i);
+            store_row(fp, w.b, h, i, O + (size_t)r * fp->ev_pad, m[r], l[r]);
+        }
+        return;
+    }
+    /* split-KV: keep the unnormalised partial result; combine_item merges the splits */
+    const size_t row_floats = (size_t)fp->ev_pad + 2;
+    float *part = fp->partials + (size_t)t * (size_t)fp->block_rows * row_floats;
+    for (int r = 0; r < rows; r++) {
+        float *dst = part + (size_t)r * row_floats;
+        memcpy(dst, O + (size_t)r * fp->ev_pad, sizeof(float) * (size_t)fp->Ev);
+        dst[fp->ev_pad] = m[r];
+        dst[fp->ev_pad + 1] = l[r];
+    }
+}
+
+/* Merge the splits of one (batch, kv head, row block) with their log-sum-exp weights, in split order. */
+static void combine_item(void *ctx, int64_t t, void *scratch) {
+    const flash_plan *fp = ctx;
+    float *acc = scratch;
+    const work_item w = decode_item(fp, t * fp->splits);
+    const int64_t r0 = w.rb * fp->block_rows;
+    const int rows = (int)(fp->rows_total - r0 < fp->block_rows ? fp->rows_total - r0 : fp->block_rows);
+    const size_t row_floats = (size_t)fp->ev_pad + 2;
+    const float *first = fp->partials + (size_t)(t * fp->splits) * (size_t)fp->block_rows * row_floats;
+    const size_t split_stride = (size_t)fp->block_rows * row_floats;
+    for (int r = 0; r < rows; r++) {
+        float m_all = -INFINITY;
+        for (int64_t s = 0; s < fp->splits; s++) {
+            const float ms = first[s * split_stride + (size_t)r * row_floats + fp->ev_pad];
+            m_all = ms > m_all ? ms : m_all;
+        }
+        float l_all = 0.0f;
+        memset(acc, 0, sizeof(float) * (size_t)fp->Ev);
+        for (int64_t s = 0; s < fp->splits; s++) {
+            const float *part = first + s * split_stride + (size_t)r * row_floats;
+            const float ms = part[fp->ev_pad], ls = part[fp->ev_pad + 1];
+            if (ms == -INFINITY) {       /* this split saw no key for the row; NaN sums still count */
+                if (ls != ls) l_all = ls;
+                continue;
+            }
+            const float weight = exp2f(ms - m_all);
+            l_all += ls * weight;
+            for (int e = 0; e < fp->Ev; e++) acc[e] += part[e] * weight;
+        }
+        int64_t h, i;
+        qrow_ptr(fp, &w, r0 + r, &h, &i);
+        store_row(fp, w.b, h, i, acc, m_all, l_all);
+    }
+}
+
+af_status af_flash_forward(const af_problem *p) {
+    const int64_t rows_total = p->L * p->group;
+    if (p->B == 0 || p->Hkv == 0 || rows_total == 0) return AF_OK;   /* nothing to write */
+    flash_plan fp = {.p = p, .uk = af_ukernel_current(), .E = (int)p->E, .Ev = (int)p->Ev};
+    fp.elem = af_dtype_size(p->dtype);
+    fp.out_elem = af_dtype_size(p->out_dtype);
+    fp.uk->blocking(fp.E, fp.Ev, &fp.block_rows, &fp.block_keys);
+    fp.keys_pad = (int)round_up((size_t)fp.block_keys, AF_TILE_PAD);
+    fp.ev_pad = (int)round_up((size_t)(fp.Ev > 0 ? fp.Ev : 1), AF_TILE_PAD);
+    fp.rows_total = rows_total;
+    fp.row_blocks = (rows_total + fp.block_rows - 1) / fp.block_rows;
+    fp.splits = 1;
+    fp.split_keys = p->S > 0 ? p->S : 1;
+    if (rows_total <= SPLIT_MAX_ROWS && p->S > 2 * SPLIT_KEYS) {   /* decode: spread the keys over the threads */
+        fp.split_keys = round_up(SPLIT_KEYS, (size_t)fp.block_keys);
+        fp.splits = (p->S + fp.split_keys - 1) / fp.split_keys;
+    }
+    const double log2e = 1.4426950408889634;
+    fp.pre_scale = p->mask != NULL || !(p->scale > 0.0);
+    fp.c = (float)(fp.pre_scale ? log2e : p->scale * log2e);
+    fp.exp2_degree = p->dtype == AF_BF16 ? 3 : p->dtype == AF_F16 ? 4 : 5;
+
+    const size_t br = (size_t)fp.block_rows, keys_pad = (size_t)fp.keys_pad, ev_pad = (size_t)fp.ev_pad;
+    const size_t e_pad = round_up((size_t)fp.E, AF_TILE_PAD);
+    size_t at = 0;
+    fp.off_q = at;  at += round_up(sizeof(float) * br * (size_t)fp.E, 64);
+    fp.off_kt = at; at += round_up(sizeof(float) * e_pad * keys_pad, 64);
+    fp.off_v = at;  at += round_up(sizeof(float) * keys_pad * (ev_pad > e_pad ? ev_pad : e_pad), 64);
+    fp.off_s = at;  at += round_up(sizeof(float) * br * keys_pad, 64);
+    fp.off_o = at;  at += round_up(sizeof(float) * br * ev_pad, 64);
+    fp.off_m = at;  at += round_up(sizeof(float) * br, 64);
+    fp.off_l = at;  at += round_up(sizeof(float) * br, 64);
+    fp.off_a = at;  at += round_up(sizeof(float) * br, 64);
+
+    const int64_t groups = p->B * p->Hkv * fp.row_blocks;
+    if (fp.splits > 1) {
+        const size_t count = (size_t)(groups * fp.splits) * br * (ev_pad + 2);
+        if (!(fp.partials = af_alloc(sizeof(float) * count)))
+            return af_fail(AF_ERR_NO_MEMORY, "out of memory: %zu bytes of split-KV partial results", sizeof(float) * count);
+    }
+    af_status st = af_parallel_for(groups * fp.splits, run_item, &fp, at);
+    if (st == AF_OK && fp.splits > 1) st = af_parallel_for(groups, combine_item, &fp, sizeof(float) * ev_pad);
+    af_free(fp.partials);
+    return st;
+}

@@ -1,0 +1,240 @@
+/* The boundary: every rule of one SDPA call, checked once, with a message naming the argument and the rule. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/status.h"
+#include "sdpa/problem.h"
+
+#define AF_MAX_HEAD_DIM 1024   /* per-thread tiles grow with the head dim; beyond this they stop fitting L2 */
+
+static const char *shape_text(const af_tensor *t, char *buf, size_t size) {
+    size_t used = (size_t)snprintf(buf, size, "(");
+    for (int d = 0; d < t->ndim && used < size; d++)
+        used += (size_t)snprintf(buf + used, size - used, d ? ", %lld" : "%lld", (long long)t->shape[d]);
+    if (used < size) snprintf(buf + used, size - used, t->ndim == 1 ? ",)" : ")");
+    return buf;
+}
+
+/* Byte span of a view: [0, *bytes) from t->data. Fails on negative sizes/strides or overflow. */
+static af_status view_span(const af_tensor *t, const char *name, int64_t *bytes, int64_t *numel) {
+    if (t->ndim < 0 || t->ndim > AF_MAX_DIMS)
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: ndim %d is outside 0..%d", name, t->ndim, AF_MAX_DIMS);
+    if (af_dtype_size(t->dtype) == 0)
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: unknown dtype code %d", name, (int)t->dtype);
+    int64_t last = 0, count = 1;
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->shape[d] < 0)
+            return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: shape[%d] is %lld; sizes must be >= 0", name, d,
+                           (long long)t->shape[d]);
+        if (t->strides[d] < 0)
+            return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: stride[%d] is %lld; negative strides are not supported",
+                           name, d, (long long)t->strides[d]);
+        if (__builtin_mul_overflow(count, t->shape[d], &count))
+            return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: the number of elements overflows 64 bits", name);
+    }
+    if (count > 0) {
+        for (int d = 0; d < t->ndim; d++) {
+            int64_t reach;
+            if (__builtin_mul_overflow(t->shape[d] - 1, t->strides[d], &reach) || __builtin_add_overflow(last, reach, &last))
+                return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: shape and strides reach beyond 2^63 elements", name);
+        }
+        int64_t span;
+        if (__builtin_add_overflow(last, 1, &span) || __builtin_mul_overflow(span, (int64_t)af_dtype_size(t->dtype), &span))
+            return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: the view spans more than 2^63 bytes", name);
+        if (!t->data) return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: data is NULL but the view has %lld elements", name,
+                                     (long long)count);
+        *bytes = span;
+    } else {
+        *bytes = 0;
+    }
+    *numel = count;
+    return AF_OK;
+}
+
+/* True when no two distinct indices of `t` address the same element (sufficient test: sorted strides nest). */
+static bool no_self_overlap(const af_tensor *t) {
+    int order[AF_MAX_DIMS], n = 0;
+    for (int d = 0; d < t->ndim; d++)
+        if (t->shape[d] > 1) order[n++] = d;
+    for (int i = 1; i < n; i++)   /* insertion sort by stride */
+        for (int j = i; j > 0 && t->strides[order[j]] < t->strides[order[j - 1]]; j--) {
+            int tmp = order[j]; order[j] = order[j - 1]; order[j - 1] = tmp;
+        }
+    int64_t reach = 0;   /* largest offset reachable with the smaller-stride dims */
+    for (int i = 0; i < n; i++) {
+        const int d = order[i];
+        if (t->strides[d] <= reach) return false;
+        reach += (t->shape[d] - 1) * t->strides[d];
+    }
+    return true;
+}
+
+static bool spans_overlap(const void *a, int64_t a_bytes, const void *b, int64_t b_bytes) {
+    if (a_bytes == 0 || b_bytes == 0) return false;
+    uintptr_t a0 = (uintptr_t)a, b0 = (uintptr_t)b;
+    return a0 < b0 + (uintptr_t)b_bytes && b0 < a0 + (uintptr_t)a_bytes;
+}
+
+static bool is_float_dtype(af_dtype d) { return d == AF_F32 || d == AF_F16 || d == AF_BF16; }
+
+typedef struct { const char *name; const af_tensor *t; int64_t bytes, numel; } named_view;
+
+static af_status check_shape(const af_tensor *t, const char *name, int ndim, const int64_t *want) {
+    char got_text[160];
+    if (t->ndim != ndim)
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: expected %d dimensions, got %d", name, ndim, t->ndim);
+    for (int d = 0; d < ndim; d++)
+        if (t->shape[d] != want[d]) {
+            af_tensor w = {.ndim = ndim};
+            char want_text[160];
+            memcpy(w.shape, want, sizeof(int64_t) * (size_t)ndim);
+            return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: expected shape %s, got %s", name,
+                           shape_text(&w, want_text, sizeof want_text), shape_text(t, got_text, sizeof got_text));
+        }
+    return AF_OK;
+}
+
+static af_status check_mask(const af_tensor *m, const af_problem *p, af_dtype qdtype) {
+    if (m->dtype != AF_BOOL && m->dtype != qdtype)
+        return af_fail(AF_ERR_UNSUPPORTED, "attn_mask: dtype %s must be bool or match query's %s", af_dtype_name(m->dtype),
+                       af_dtype_name(qdtype));
+    if (m->ndim > 4)
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "attn_mask: expected at most 4 dimensions, got %d", m->ndim);
+    const int64_t target[4] = {p->B, p->Hq, p->L, p->S};
+    for (int d = 0; d < m->ndim; d++) {
+        int td = 4 - m->ndim + d;   /* right-aligned, as in broadcasting */
+        if (m->shape[d] != target[td] && m->shape[d] != 1) {
+            char buf[160];
+            return af_fail(AF_ERR_INVALID_ARGUMENT,
+                           "attn_mask: shape %s cannot broadcast to (B, Hq, L, S) = (%lld, %lld, %lld, %lld)",
+                           shape_text(m, buf, sizeof buf), (long long)p->B, (long long)p->Hq, (long long)p->L,
+                           (long long)p->S);
+        }
+    }
+    return AF_OK;
+}
+
+af_status af_sdpa_check(const af_sdpa_args *args, const af_tensor *out, const af_tensor *lse, af_problem *p) {
+    if (!args) return af_fail(AF_ERR_INVALID_ARGUMENT, "args: must not be NULL");
+    if (!out) return af_fail(AF_ERR_INVALID_ARGUMENT, "out: must not be NULL");
+    memset(p, 0, sizeof *p);
+    const af_tensor *q = args->query, *k = args->key, *v = args->value, *mask = args->attn_mask;
+    if (!q) return af_fail(AF_ERR_INVALID_ARGUMENT, "query: must not be NULL");
+    if (!k) return af_fail(AF_ERR_INVALID_ARGUMENT, "key: must not be NULL");
+    if (!v) return af_fail(AF_ERR_INVALID_ARGUMENT, "value: must not be NULL");
+
+    named_view views[6] = {{"query", q, 0, 0}, {"key", k, 0, 0}, {"value", v, 0, 0}, {"out", out, 0, 0}, {"attn_mask", mask, 0, 0}, {"lse", lse, 0, 0}};
+    for (int i = 0; i < 6; i++) {
+        if (!views[i].t) continue;
+        af_status st = view_span(views[i].t, views[i].name, &views[i].bytes, &views[i].numel);
+        if (st != AF_OK) return st;
+    }
+    for (int i = 0; i < 3; i++)
+        if (views[i].t->ndim != 4)
+            return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: expected 4 dimensions, got %d", views[i].name, views[i].t->ndim);
+    if (!is_float_dtype(q->dtype))
+        return af_fail(AF_ERR_UNSUPPORTED, "query: dtype %s is not supported; expected float32, float16 or bfloat16",
+                       af_dtype_name(q->dtype));
+    if (k->dtype != q->dtype)
+        return af_fail(AF_ERR_UNSUPPORTED, "key: dtype %s does not match query's %s", af_dtype_name(k->dtype),
+                       af_dtype_name(q->dtype));
+    if (v->dtype != q->dtype)
+        return af_fail(AF_ERR_UNSUPPORTED, "value: dtype %s does not match query's %s", af_dtype_name(v->dtype),
+                       af_dtype_name(q->dtype));
+    if (!(args->dropout_p == 0.0))
+        return af_fail(AF_ERR_UNSUPPORTED, "dropout_p: must be 0 (attnforge is an inference library), got %g",
+                       args->dropout_p);
+    if (args->is_causal && args->causal_bottom_right)
+        return af_fail(AF_ERR_INVALID_ARGUMENT,
+                       "is_causal and causal_bottom_right: pick one alignment (top-left is SDPA's, bottom-right FlashAttention's)");
+    if (mask && (args->is_causal || args->causal_bottom_right))
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "attn_mask: must not be set together with a causal flag");
+
+    const int64_t B = q->shape[0], Hq = q->shape[1], L = q->shape[2], E = q->shape[3];
+    const int64_t Hkv = k->shape[1], S = k->shape[2], Ev = v->shape[3];
+    if (k->shape[0] != B)
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "key: batch size %lld does not match query's %lld",
+                       (long long)k->shape[0], (long long)B);
+    if (v->shape[0] != B)
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "value: batch size %lld does not match query's %lld",
+                       (long long)v->shape[0], (long long)B);
+    if (v->shape[2] != S)
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "value: sequence length %lld does not match key's %lld",
+                       (long long)v->shape[2], (long long)S);
+    if (k->shape[3] != E)
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "key: head dimension %lld does not match query's %lld",
+                       (long long)k->shape[3], (long long)E);
+    if (v->shape[1] != Hkv)
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "value: %lld heads do not match key's %lld heads",
+                       (long long)v->shape[1], (long long)Hkv);
+    if (Hq != Hkv) {
+        if (!args->enable_gqa)
+            return af_fail(AF_ERR_INVALID_ARGUMENT, "enable_gqa is false but query has %lld heads and key has %lld",
+                           (long long)Hq, (long long)Hkv);
+        if (Hkv == 0 || Hq % Hkv != 0)
+            return af_fail(AF_ERR_INVALID_ARGUMENT,
+                           "query: %lld heads is not a multiple of key's %lld heads (grouped-query attention)",
+                           (long long)Hq, (long long)Hkv);
+    }
+    if (E < 1) return af_fail(AF_ERR_UNSUPPORTED, "query: head dimension must be at least 1, got %lld", (long long)E);
+    if (E > AF_MAX_HEAD_DIM)
+        return af_fail(AF_ERR_UNSUPPORTED, "query: head dimension %lld exceeds the supported maximum %d",
+                       (long long)E, AF_MAX_HEAD_DIM);
+    if (Ev > AF_MAX_HEAD_DIM)
+        return af_fail(AF_ERR_UNSUPPORTED, "value: head dimension %lld exceeds the supported maximum %d",
+                       (long long)Ev, AF_MAX_HEAD_DIM);
+    if (args->has_scale && !isfinite(args->scale))
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "scale: must be finite, got %g", args->scale);
+
+    const int64_t out_shape[4] = {B, Hq, L, Ev};
+    af_status st = check_shape(out, "out", 4, out_shape);
+    if (st != AF_OK) return st;
+    if (out->dtype != q->dtype)
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "out: dtype %s does not match query's %s", af_dtype_name(out->dtype),
+                       af_dtype_name(q->dtype));
+    if (!no_self_overlap(out))
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "out: strides make distinct elements share memory");
+    if (lse) {
+        const int64_t lse_shape[3] = {B, Hq, L};
+        if ((st = check_shape(lse, "lse", 3, lse_shape)) != AF_OK) return st;
+        if (lse->dtype != AF_F32)
+            return af_fail(AF_ERR_INVALID_ARGUMENT, "lse: dtype must be float32, got %s", af_dtype_name(lse->dtype));
+        if (!no_self_overlap(lse))
+            return af_fail(AF_ERR_INVALID_ARGUMENT, "lse: strides make distinct elements share memory");
+        if (spans_overlap(out->data, views[3].bytes, lse->data, views[5].bytes))
+            return af_fail(AF_ERR_INVALID_ARGUMENT, "lse: overlaps out's memory");
+    }
+    for (int o = 3; o < 6; o += 2) {   /* out and lse must not overlap any input */
+        if (!views[o].t) continue;
+        for (int i = 0; i < 5; i++) {
+            if (i == 3 || !views[i].t) continue;
+            if (spans_overlap(views[o].t->data, views[o].bytes, views[i].t->data, views[i].bytes))
+                return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: overlaps %s's memory", views[o].name, views[i].name);
+        }
+    }
+
+    p->dtype = q->dtype;
+    p->out_dtype = q->dtype;
+    p->B = B; p->Hq = Hq; p->Hkv = Hkv; p->L = L; p->S = S; p->E = E; p->Ev = Ev;
+    p->group = Hkv > 0 ? Hq / Hkv : 1;
+    p->q = q->data; p->k = k->data; p->v = v->data; p->out = out->data;
+    memcpy(p->q_stride, q->strides, sizeof p->q_stride);
+    memcpy(p->k_stride, k->strides, sizeof p->k_stride);
+    memcpy(p->v_stride, v->strides, sizeof p->v_stride);
+    memcpy(p->out_stride, out->strides, sizeof p->out_stride);
+    if (lse) {
+        p->lse = lse->data;
+        memcpy(p->lse_stride, lse->strides, sizeof p->lse_stride);
+    }
+    if (mask) {
+        if ((st = check_mask(mask, p, q->dtype)) != AF_OK) return st;
+        p->mask = mask->data;
+        p->mask_dtype = mask->dtype;
+        for (int d = 0; d < mask->ndim; d++)
+            p->mask_stride[4 - mask->ndim + d] = mask->shape[d] == 1 ? 0 : mask->strides[d];
+    }
+    p->causal = args->is_causal ? AF_CAUSAL_TOP_LEFT : args->causal_bottom_right ? AF_CAUSAL_BOTTOM_RIGHT : AF_CAUSAL_NONE;
+    p->scale = args->has_scale ? args->scale : 1.0 / sqrt((double)E);
+    return AF_OK;
+}

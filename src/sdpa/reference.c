@@ -1,0 +1,90 @@
+/* The plain reference: scores, softmax and weighted sum per query row, accumulated in double. */
+#include <math.h>
+
+#include "core/alloc.h"
+#include "core/dtype.h"
+#include "core/status.h"
+#include "sdpa/problem.h"
+
+static double load(const char *base, af_dtype dtype, int64_t offset) {
+    return af_load_as_f32(base + offset * (int64_t)af_dtype_size(dtype), dtype);
+}
+
+/* Scores of row (b, h, i) into s[0..S): scale·q·k, then mask / causality as -inf or additive terms. */
+static void row_scores(const af_problem *p, int64_t b, int64_t h, int64_t i, double *s) {
+    const int64_t hk = h / p->group, limit = af_visible_keys(p, i);
+    const int64_t q_row = b * p->q_stride[0] + h * p->q_stride[1] + i * p->q_stride[2];
+    for (int64_t j = 0; j < p->S; j++) {
+        const int64_t k_row = b * p->k_stride[0] + hk * p->k_stride[1] + j * p->k_stride[2];
+        double dot = 0.0;
+        for (int64_t e = 0; e < p->E; e++)
+            dot += load(p->q, p->dtype, q_row + e * p->q_stride[3]) * load(p->k, p->dtype, k_row + e * p->k_stride[3]);
+        double score = p->scale * dot;
+        if (j >= limit) score = -INFINITY;
+        if (p->mask) {
+            const int64_t m = b * p->mask_stride[0] + h * p->mask_stride[1] + i * p->mask_stride[2] + j * p->mask_stride[3];
+            const double mv = load(p->mask, p->mask_dtype, m);
+            if (p->mask_dtype == AF_BOOL) score = mv != 0.0 ? score : -INFINITY;
+            else score += mv;
+        }
+        s[j] = score;
+    }
+}
+
+af_status af_reference_forward(const af_problem *p) {
+    double *s = af_alloc(sizeof(double) * (size_t)(p->S > 0 ? p->S : 1));
+    double *acc = af_alloc(sizeof(double) * (size_t)(p->Ev > 0 ? p->Ev : 1));
+    if (!s || !acc) {
+        af_free(s);
+        af_free(acc);
+        return af_fail(AF_ERR_NO_MEMORY, "out of memory: reference scratch for S=%lld", (long long)p->S);
+    }
+    const size_t out_size = af_dtype_size(p->out_dtype);
+    for (int64_t b = 0; b < p->B; b++)
+        for (int64_t h = 0; h < p->Hq; h++)
+            for (int64_t i = 0; i < p->L; i++) {
+                row_scores(p, b, h, i, s);
+                double row_max = -INFINITY;
+                bool has_nan = false;
+                for (int64_t j = 0; j < p->S; j++) {
+                    if (isnan(s[j])) has_nan = true;
+                    else if (s[j] > row_max) row_max = s[j];
+                }
+                if (has_nan) row_max = NAN;
+                double sum = 0.0;
+                for (int64_t e = 0; e < p->Ev; e++) acc[e] = 0.0;
+                if (row_max != -INFINITY) {   /* a row that sees no key keeps out = 0 and sum = 0 */
+                    const int64_t hk = h / p->group;
+                    for (int64_t j = 0; j < p->S; j++) {
+                        const double w = exp(s[j] - row_max);
+                        if (w == 0.0) continue;   /* masked keys contribute nothing, even against Inf/NaN values */
+                        sum += w;
+                        const int64_t v_row = b * p->v_stride[0] + hk * p->v_stride[1] + j * p->v_stride[2];
+                        for (int64_t e = 0; e < p->Ev; e++) acc[e] += w * load(p->v, p->dtype, v_row + e * p->v_stride[3]);
+                    }
+                }
+                const double inv = sum > 0.0 || isnan(sum) ? 1.0 / sum : 0.0;
+                char *o = p->out + (b * p->out_stride[0] + h * p->out_stride[1] + i * p->out_stride[2]) * (int64_t)out_size;
+                for (int64_t e = 0; e < p->Ev; e++)
+                    af_store_from_f32(o + e * p->out_stride[3] * (int64_t)out_size, p->out_dtype, (float)(acc[e] * inv));
+                if (p->lse)
+                    p->lse[b * p->lse_stride[0] + h * p->lse_stride[1] + i * p->lse_stride[2]] =
+                        sum > 0.0 || isnan(sum) ? (float)(row_max + log(sum)) : -INFINITY;
+            }
+    af_free(s);
+    af_free(acc);
+    return AF_OK;
+}
+
+af_status af_reference_f32(const af_sdpa_args *args, af_tensor *out_f32, af_tensor *lse) {
+    af_clear_error();
+    if (!args || !args->query || !out_f32) return af_fail(AF_ERR_INVALID_ARGUMENT, "args, query and out: must not be NULL");
+    if (out_f32->dtype != AF_F32) return af_fail(AF_ERR_INVALID_ARGUMENT, "out: the f32 reference writes float32");
+    af_tensor as_query_dtype = *out_f32;   /* checked as SDPA's out; written as f32 */
+    as_query_dtype.dtype = args->query->dtype;
+    af_problem p;
+    af_status st = af_sdpa_check(args, &as_query_dtype, lse, &p);
+    if (st != AF_OK) return st;
+    p.out_dtype = AF_F32;
+    return af_reference_forward(&p);
+}

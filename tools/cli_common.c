@@ -1,0 +1,135 @@
+#include "cli_common.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/dtype.h"
+#include "sdpa/tolerance.h"
+
+static double next_uniform(uint64_t *state) {   /* xorshift64*: reproducible across platforms */
+    uint64_t x = *state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *state = x;
+    return (double)((x * 2685821657736338717ull) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static bool allocate(cli_tensor *t, af_dtype dtype, int ndim, const int64_t *shape, bool nhd) {
+    memset(t, 0, sizeof *t);
+    int64_t numel = 1;
+    for (int d = 0; d < ndim; d++) numel *= shape[d];
+    size_t bytes = (size_t)(numel > 0 ? numel : 1) * af_dtype_size(dtype);
+    if (posix_memalign(&t->memory, 64, (bytes + 63) & ~(size_t)63) != 0) return false;
+    memset(t->memory, 0, bytes);
+    t->view = af_tensor_contiguous(t->memory, dtype, ndim, shape);
+    if (nhd && ndim == 4) {   /* strides of x_nhd.transpose(1, 2): (L·H·D, D, H·D, 1) */
+        t->view.strides[3] = 1;
+        t->view.strides[1] = shape[3];
+        t->view.strides[2] = shape[1] * shape[3];
+        t->view.strides[0] = shape[2] * shape[1] * shape[3];
+    }
+    return true;
+}
+
+bool cli_tensor_random(cli_tensor *t, af_dtype dtype, const int64_t shape[4], bool nhd, uint64_t *seed, double amplitude) {
+    if (!allocate(t, dtype, 4, shape, nhd)) return false;
+    int64_t numel = shape[0] * shape[1] * shape[2] * shape[3];
+    size_t elem = af_dtype_size(dtype);
+    for (int64_t i = 0; i < numel; i++)
+        af_store_from_f32((char *)t->memory + (size_t)i * elem, dtype, (float)((2.0 * next_uniform(seed) - 1.0) * amplitude));
+    return true;
+}
+
+bool cli_tensor_zeros(cli_tensor *t, af_dtype dtype, int ndim, const int64_t *shape) {
+    return allocate(t, dtype, ndim, shape, false);
+}
+
+void cli_tensor_free(cli_tensor *t) {
+    free(t->memory);
+    t->memory = NULL;
+}
+
+double cli_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+double cli_fa4_flops(const cli_shape *s) {
+    double keys = (double)s->S;
+    if (s->causal) {   /* top-left: row i sees min(i + 1, S) keys */
+        double total = 0.0;
+        for (int64_t i = 0; i < s->L; i++) total += (double)(i + 1 < s->S ? i + 1 : s->S);
+        keys = s->L > 0 ? total / (double)s->L : 0.0;
+    }
+    return 2.0 * (double)s->B * (double)s->Hq * (double)s->L * keys * (double)(s->E + s->Ev);
+}
+
+static double element(const af_tensor *t, const int64_t idx[4]) {
+    int64_t off = 0;
+    for (int d = 0; d < 4; d++) off += idx[d] * t->strides[d];
+    return af_load_as_f32((const char *)t->data + (size_t)off * af_dtype_size(t->dtype), t->dtype);
+}
+
+/* max over the leading dims of the row norm ‖x[b,h,i,:]‖ and of |x| */
+static void row_norms(const af_tensor *t, double *max_norm, double *max_abs) {
+    *max_norm = 0.0;
+    *max_abs = 0.0;
+    int64_t idx[4];
+    for (idx[0] = 0; idx[0] < t->shape[0]; idx[0]++)
+        for (idx[1] = 0; idx[1] < t->shape[1]; idx[1]++)
+            for (idx[2] = 0; idx[2] < t->shape[2]; idx[2]++) {
+                double sq = 0.0;
+                for (idx[3] = 0; idx[3] < t->shape[3]; idx[3]++) {
+                    double x = element(t, idx);
+                    sq += x * x;
+                    if (fabs(x) > *max_abs) *max_abs = fabs(x);
+                }
+                if (sqrt(sq) > *max_norm) *max_norm = sqrt(sq);
+            }
+}
+
+cli_compare cli_compare_to_reference(const af_sdpa_args *args, const af_tensor *out, const af_tensor *ref) {
+    double qn, qa, kn, ka, vn, va;
+    row_norms(args->query, &qn, &qa);
+    row_norms(args->key, &kn, &ka);
+    row_norms(args->value, &vn, &va);
+    const double scale = args->has_scale ? args->scale : 1.0 / sqrt((double)args->query->shape[3]);
+    af_error_scale es = {.value_max = va, .logit_max = fabs(scale) * qn * kn,
+                         .E = args->query->shape[3], .S = args->key->shape[2]};
+    cli_compare c = {0.0, 0.0};
+    int64_t idx[4];
+    for (idx[0] = 0; idx[0] < out->shape[0]; idx[0]++)
+        for (idx[1] = 0; idx[1] < out->shape[1]; idx[1]++)
+            for (idx[2] = 0; idx[2] < out->shape[2]; idx[2]++)
+                for (idx[3] = 0; idx[3] < out->shape[3]; idx[3]++) {
+                    const double o = element(out, idx), r = element(ref, idx);
+                    const double err = (isnan(o) && isnan(r)) || o == r ? 0.0 : fabs(o - r);
+                    const double bound = af_error_bound(out->dtype, r, &es);
+                    if (err > c.max_error || isnan(err)) c.max_error = isnan(err) ? INFINITY : err;
+                    const double ratio = isnan(err) ? INFINITY : err / bound;
+                    if (ratio > c.worst_ratio) c.worst_ratio = ratio;
+                }
+    return c;
+}
+
+int cli_parse_dtype(const char *text, af_dtype *out) {
+    if (!strcmp(text, "float32") || !strcmp(text, "f32")) *out = AF_F32;
+    else if (!strcmp(text, "float16") || !strcmp(text, "f16")) *out = AF_F16;
+    else if (!strcmp(text, "bfloat16") || !strcmp(text, "bf16")) *out = AF_BF16;
+    else return -1;
+    return 0;
+}
+
+static int compare_doubles(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double cli_median(double *values, int n) {
+    qsort(values, (size_t)n, sizeof(double), compare_doubles);
+    return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}

@@ -1,0 +1,21 @@
+/* The `attnforge` subcommands. Each returns the process exit code: 0 ok, 1 a check failed, 2 bad usage or
+ * unreadable input, 3 not supported (plan). */
+#ifndef AF_TOOLS_COMMANDS_H
+#define AF_TOOLS_COMMANDS_H
+
+typedef struct {
+    const char *name;
+    int (*main)(int argc, char **argv);   /* argv[0] is the subcommand's name */
+    const char *summary;
+} cli_command;
+
+int cmd_run(int argc, char **argv);
+
+/* NULL-terminated table of every subcommand (main.c). */
+extern const cli_command cli_commands[];
+
+/* Common options: returns 1 and consumes argv[*i] (and its value) when it is --threads N or --isa NAME;
+ * -1 on a bad value (message printed); 0 when not a common option. */
+int cli_common_option(int argc, char **argv, int *i);
+
+#endif

@@ -1,0 +1,73 @@
+/* `attnforge`: prepare, run, verify and benchmark attention plans from the command line. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attnforge.h"
+#include "commands.h"
+
+static void log_to_stderr(af_log_level level, const char *message, void *user) {
+    (void)user;
+    const char *name = level >= AF_LOG_ERROR ? "error" : level >= AF_LOG_WARNING ? "warning" : level >= AF_LOG_INFO ? "info" : "debug";
+    fprintf(stderr, "attnforge: %s: %s\n", name, message);
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: attnforge <command> [options]\n\ncommands:\n");
+    for (const cli_command *c = cli_commands; c->name; c++) fprintf(f, "  %-8s %s\n", c->name, c->summary);
+    fprintf(f, "\n`attnforge <command> --help` describes a command. With no command, `attnforge run` runs the built-in\n"
+               "default. Environment: ATTNFORGE_LOG=debug|info|warning, ATTNFORGE_ISA=portable|avx2|avx512.\n");
+}
+
+int cli_common_option(int argc, char **argv, int *i) {
+    const char *opt = argv[*i];
+    if (strcmp(opt, "--threads") && strcmp(opt, "--isa")) return 0;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "attnforge: %s needs a value\n", opt);
+        return -1;
+    }
+    const char *value = argv[++*i];
+    if (!strcmp(opt, "--threads")) {
+        char *end;
+        long n = strtol(value, &end, 10);
+        if (*end || n < 0 || n > 1024) {
+            fprintf(stderr, "attnforge: --threads takes a whole number from 0 (all cores) to 1024, got '%s'\n", value);
+            return -1;
+        }
+        af_set_num_threads((int)n);
+    } else if (af_set_isa(value) != AF_OK) {
+        fprintf(stderr, "attnforge: --isa: %s\n", af_last_error());
+        return -1;
+    }
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    const char *level = getenv("ATTNFORGE_LOG");
+    if (level && *level) {
+        af_log_level min = !strcmp(level, "debug") ? AF_LOG_DEBUG : !strcmp(level, "info") ? AF_LOG_INFO
+                         : !strcmp(level, "error") ? AF_LOG_ERROR : AF_LOG_WARNING;
+        af_set_log_callback(log_to_stderr, NULL, min);
+    } else {
+        af_set_log_callback(log_to_stderr, NULL, AF_LOG_WARNING);   /* the copy-path warning and friends */
+    }
+    if (argc < 2) return cmd_run(1, (char *[]){"run", NULL});
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("attnforge %s\n", af_version());
+        return 0;
+    }
+    for (const cli_command *c = cli_commands; c->name; c++)
+        if (!strcmp(argv[1], c->name)) return c->main(argc - 1, argv + 1);
+    fprintf(stderr, "attnforge: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
+
+const cli_command cli_commands[] = {
+    {"run", cmd_run, "run attention cases (built-in default, or a plan/samples file) and check them against the reference"},
+    {NULL, NULL, NULL},
+};
