@@ -3,7 +3,9 @@ BUILD ?= build
 BUILD_SAN ?= build-san
 JOBS ?= $(shell nproc)
 
-.PHONY: deps build run test test-fast test-sanitize install clean
+.PHONY: deps build run test test-fast test-sanitize fuzz install clean
+BUILD_FUZZ ?= build-fuzz
+FUZZ_SECONDS ?= 60
 
 deps:
 	bash scripts/install-deps.sh
@@ -23,7 +25,13 @@ test-sanitize: deps
 	cmake --build $(BUILD_SAN) -j $(JOBS)
 	cd $(BUILD_SAN) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
 
-test: test-fast test-sanitize
+# Each libFuzzer harness for FUZZ_SECONDS from the seed corpus in tests/fuzz/corpus/<name>; any finding fails.
+fuzz: deps
+	CC=clang cmake -S . -B $(BUILD_FUZZ) -DAF_FUZZ=ON -DAF_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build $(BUILD_FUZZ) -j $(JOBS)
+	bash tests/fuzz/run_fuzzers.sh $(BUILD_FUZZ)/tests/fuzz $(FUZZ_SECONDS)
+
+test: test-fast test-sanitize fuzz
 
 install: build
 	cmake --install $(BUILD) --prefix $(or $(PREFIX),/usr/local)

@@ -1,0 +1,85 @@
+/* libFuzzer harness for af_sdpa's argument checking: shapes, strides, dtypes, flags and masks decoded from
+ * the input, data buffers sized exactly to what each view can reach (so ASan sees any stray access).
+ * Invariants: no crash or sanitizer report; on error `out` is untouched; on success af_sdpa and the reference
+ * agree on the status, and both write only inside `out`. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attnforge.h"
+
+typedef struct { const uint8_t *data; size_t size, at; } byte_reader;
+
+static uint8_t next_byte(byte_reader *r) { return r->at < r->size ? r->data[r->at++] : 0; }
+
+/* Mostly small sizes and strides; now and then a hostile one (negative, huge, overflowing). */
+static int64_t next_extent(byte_reader *r) {
+    uint8_t b = next_byte(r);
+    switch (b >> 5) {
+    case 0: return -(int64_t)(b & 7) - 1;
+    case 1: return (b & 16) ? INT64_MAX - (b & 15) : (int64_t)1 << (40 + (b & 15));
+    default: return b & 7;
+    }
+}
+
+/* Bytes a view can reach, or -1 when it is not a valid view (the library must then refuse it unread). */
+static int64_t reach_bytes(const af_tensor *t) {
+    if (t->ndim < 0 || t->ndim > AF_MAX_DIMS || af_dtype_size(t->dtype) == 0) return -1;
+    int64_t last = 0;
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->shape[d] < 0 || t->strides[d] < 0) return -1;
+        if (t->shape[d] == 0) return 0;
+    }
+    for (int d = 0; d < t->ndim; d++) {
+        int64_t step;
+        if (__builtin_mul_overflow(t->shape[d] - 1, t->strides[d], &step) || __builtin_add_overflow(last, step, &last))
+            return -1;
+    }
+    if (last > (1 << 20)) return -1;   /* keep executions small: treat as "do not allocate" */
+    return (last + 1) * (int64_t)af_dtype_size(t->dtype);
+}
+
+static void *make_view(byte_reader *r, af_tensor *t, int force_ndim) {
+    memset(t, 0, sizeof *t);
+    uint8_t kind = next_byte(r);
+    t->dtype = (af_dtype)(kind % 5);            /* 4 is not a dtype */
+    t->ndim = force_ndim >= 0 && (kind & 0x80) == 0 ? force_ndim : (int)(next_byte(r) % 10);
+    if (t->ndim > AF_MAX_DIMS) t->ndim = AF_MAX_DIMS + 1;
+    for (int d = 0; d < t->ndim && d < AF_MAX_DIMS; d++) t->shape[d] = next_extent(r);
+    for (int d = 0; d < t->ndim && d < AF_MAX_DIMS; d++) t->strides[d] = next_extent(r);
+    int64_t bytes = reach_bytes(t);
+    size_t alloc = bytes > 0 ? (size_t)bytes : 1;
+    uint8_t *mem = malloc(alloc);
+    for (size_t i = 0; i < alloc; i++) mem[i] = next_byte(r);   /* values: anything, NaN and Inf included */
+    t->data = (kind & 0x40) && bytes <= 0 ? NULL : mem;
+    return mem;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    byte_reader r = {data, size, 0};
+    af_tensor q, k, v, out, mask, lse;
+    void *mq = make_view(&r, &q, 4), *mk = make_view(&r, &k, 4), *mv = make_view(&r, &v, 4);
+    void *mo = make_view(&r, &out, 4), *mm = make_view(&r, &mask, 2), *ml = make_view(&r, &lse, 3);
+    uint8_t flags = next_byte(&r);
+    af_sdpa_args args = {.query = &q, .key = &k, .value = &v, .attn_mask = (flags & 1) ? &mask : NULL,
+                         .dropout_p = (flags & 2) ? 0.5 : 0.0, .is_causal = flags & 4, .enable_gqa = flags & 8,
+                         .causal_bottom_right = flags & 16, .has_scale = flags & 32,
+                         .scale = (flags & 64) ? NAN : (double)(int8_t)next_byte(&r) / 16.0};
+    af_tensor *lse_arg = (flags & 128) ? &lse : NULL;
+
+    int64_t out_bytes = reach_bytes(&out);
+    size_t out_len = out_bytes > 0 ? (size_t)out_bytes : 0;
+    uint8_t *before = malloc(out_len + 1);
+    if (out_len) memcpy(before, out.data, out_len);
+    af_status st = af_sdpa(&args, &out, lse_arg);
+    if (st != AF_OK && out_len && out.data && memcmp(before, out.data, out_len) != 0) abort();   /* wrote on error */
+    if (st != AF_OK && af_last_error()[0] == '\0') abort();                                     /* error without a message */
+    if (st == AF_OK) {
+        af_status ref = af_sdpa_reference(&args, &out, lse_arg);
+        if (ref != AF_OK) abort();   /* the same checks guard both paths */
+    }
+    free(before);
+    free(mq); free(mk); free(mv); free(mo); free(mm); free(ml);
+    return 0;
+}
