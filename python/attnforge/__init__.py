@@ -1,0 +1,68 @@
+"""attnforge: exact scaled-dot-product attention (PyTorch semantics) with a FlashAttention-4-style CPU kernel.
+
+The work is done by the C library (attnforge._C, built from the same sources as libattnforge); this package
+only turns Python calls into C calls:
+
+- scaled_dot_product_attention(...): one call, like torch.nn.functional.scaled_dot_product_attention;
+- FlashAttention4KernelProvider: the seed's provider API (prepare / call / to_dict / from_dict);
+- attnforge.torch: record a module's SDPA calls and apply a plan to it (imports torch).
+"""
+import atexit as _atexit
+import logging as _logging
+
+from . import _C
+from ._C import (
+    Error,
+    FileError,
+    InternalError,
+    InvalidArgumentError,
+    NotPreparedError,
+    ParseError,
+    PlanMismatchError,
+    RuntimeUnavailableError,
+    UnsupportedError,
+)
+from ._sdpa import scaled_dot_product_attention, scaled_dot_product_attention_reference
+from ._samples import load_samples, samples_to_json, save_samples
+from .provider import SUPPORTED_FUNCTION, FlashAttention4KernelProvider
+
+__version__ = _C.__version__
+
+# Silent by default, like the C library: the embedding program configures the "attnforge" logger.
+_logging.getLogger("attnforge").addHandler(_logging.NullHandler())
+# The C log callback calls into Python; detach it before the interpreter goes away.
+_atexit.register(_C._shutdown)
+
+
+def set_num_threads(n: int) -> None:
+    """Threads one call uses; 0 = all cores (the default)."""
+    _C.set_num_threads(n)
+
+
+def get_num_threads() -> int:
+    """Threads one call will use."""
+    return _C.get_num_threads()
+
+
+def set_isa(name: str) -> None:
+    """Kernel ISA: "portable", "avx2" or "avx512" (UnsupportedError when this machine lacks it)."""
+    _C.set_isa(name)
+
+
+def get_isa() -> str:
+    """The ISA the kernels use now."""
+    return _C.get_isa()
+
+
+def isa_available(name: str) -> bool:
+    return _C.isa_available(name)
+
+
+__all__ = [
+    "Error", "FileError", "InternalError", "InvalidArgumentError", "NotPreparedError", "ParseError",
+    "PlanMismatchError", "RuntimeUnavailableError", "UnsupportedError",
+    "FlashAttention4KernelProvider", "SUPPORTED_FUNCTION",
+    "scaled_dot_product_attention", "scaled_dot_product_attention_reference",
+    "samples_to_json", "save_samples", "load_samples",
+    "set_num_threads", "get_num_threads", "set_isa", "get_isa", "isa_available", "__version__",
+]

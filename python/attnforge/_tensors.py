@@ -1,0 +1,58 @@
+"""Outputs for the C library to write into, allocated like the inputs (torch or NumPy), and the one
+torch-specific step before export: autograd."""
+import sys
+
+from . import _C
+
+
+def _torch():
+    return sys.modules.get("torch")   # never import torch here: the NumPy tier must run without it
+
+
+def is_torch_tensor(x) -> bool:
+    torch = _torch()
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def exportable(x):
+    """x, ready for DLPack: attnforge computes no gradients, so a tensor that needs one is refused
+    (UnsupportedError) and one that merely requires grad under no_grad is detached (a view, no copy)."""
+    if is_torch_tensor(x) and x.requires_grad:
+        if _torch().is_grad_enabled():
+            raise _C.UnsupportedError(
+                "attnforge computes no gradients: call it under torch.no_grad() or torch.inference_mode()")
+        return x.detach()
+    return x
+
+
+def _shape(x):
+    shape = getattr(x, "shape", None)
+    return tuple(shape) if shape is not None else None
+
+
+def new_output(query, value):
+    """(B, Hq, L, Ev) in query's dtype: an HND view of NHD-contiguous memory, as PyTorch's CPU flash kernel and
+    FlashAttention-4 return it (so out.transpose(1, 2).reshape(B, L, Hq * Ev) costs nothing)."""
+    q_shape, v_shape = _shape(query), _shape(value)
+    if q_shape is None or len(q_shape) != 4:
+        return None if q_shape is None else _empty_like(query, (0, 0, 0, 0))   # the C checks name the bad argument
+    ev = v_shape[-1] if v_shape else q_shape[-1]
+    b, hq, l = q_shape[0], q_shape[1], q_shape[2]
+    nhd = _empty_like(query, (b, l, hq, ev))
+    return nhd.transpose(1, 2) if is_torch_tensor(nhd) else nhd.transpose(0, 2, 1, 3)
+
+
+def new_lse(query):
+    """(B, Hq, L) float32, natural-log log-sum-exp."""
+    b, hq, l = tuple(query.shape)[:3]
+    if is_torch_tensor(query):
+        return _torch().empty((b, hq, l), dtype=_torch().float32, device=query.device)
+    import numpy
+    return numpy.empty((b, hq, l), dtype=numpy.float32)
+
+
+def _empty_like(query, shape):
+    if is_torch_tensor(query):
+        return _torch().empty(shape, dtype=query.dtype, device=query.device)
+    import numpy
+    return numpy.empty(shape, dtype=query.dtype)

@@ -1,0 +1,12 @@
+/* attnforge's log callback → Python's logging, logger "attnforge". */
+#ifndef AFPY_LOG_BRIDGE_H
+#define AFPY_LOG_BRIDGE_H
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+/* Install the callback (all levels; Python's logging filters). -1 with an exception set on failure. */
+int afpy_log_install(void);
+/* Remove the callback and drop the logger; safe to call twice. */
+void afpy_log_uninstall(void);
+
+#endif

@@ -1,0 +1,132 @@
+/* attnforge._C: the CPython extension module. The pure-Python package attnforge wraps it. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "attnforge.h"
+#include "errors.h"
+#include "log_bridge.h"
+#include "provider_binding.h"
+#include "sdpa_binding.h"
+#include "testing.h"
+
+static PyObject *module_version(PyObject *m, PyObject *unused) { return PyUnicode_FromString(af_version()); }
+
+static PyObject *module_set_num_threads(PyObject *m, PyObject *arg) {
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 0 || n > 4096) {
+        PyErr_Format(PyExc_ValueError, "threads: expected 0 (all cores) .. 4096, got %ld", n);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    af_set_num_threads((int)n);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *module_get_num_threads(PyObject *m, PyObject *unused) {
+    int n;
+    Py_BEGIN_ALLOW_THREADS
+    n = af_get_num_threads();
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(n);
+}
+
+static PyObject *module_set_isa(PyObject *m, PyObject *arg) {
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name) return NULL;
+    af_status status;
+    Py_BEGIN_ALLOW_THREADS   /* choosing an ISA may log */
+    status = af_set_isa(name);
+    Py_END_ALLOW_THREADS
+    if (status != AF_OK) return afpy_raise_status(status);
+    Py_RETURN_NONE;
+}
+
+static PyObject *module_get_isa(PyObject *m, PyObject *unused) {
+    const char *isa;
+    Py_BEGIN_ALLOW_THREADS
+    isa = af_get_isa();
+    Py_END_ALLOW_THREADS
+    return PyUnicode_FromString(isa);
+}
+
+static PyObject *module_isa_available(PyObject *m, PyObject *arg) {
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name) return NULL;
+    bool ok;
+    Py_BEGIN_ALLOW_THREADS
+    ok = af_isa_available(name);
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(ok);
+}
+
+/* The samples file as the C library writes it, from JSON text or (is_path) a file; validates on the way. */
+static PyObject *samples_round_trip(const char *text, Py_ssize_t len, bool is_path) {
+    af_samples *samples = NULL;
+    char *json = NULL;
+    af_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = is_path ? af_samples_load(text, &samples) : af_samples_from_json(text, (size_t)len, &samples);
+    if (status == AF_OK) status = af_samples_to_json(samples, &json);
+    af_samples_free(samples);
+    Py_END_ALLOW_THREADS
+    if (status != AF_OK) return afpy_raise_status(status);
+    PyObject *result = PyUnicode_FromString(json);
+    af_free(json);
+    return result;
+}
+
+static PyObject *module_samples_json(PyObject *m, PyObject *arg) {
+    Py_ssize_t len;
+    const char *json = PyUnicode_AsUTF8AndSize(arg, &len);
+    if (!json) return NULL;
+    return samples_round_trip(json, len, false);
+}
+
+static PyObject *module_load_samples(PyObject *m, PyObject *arg) {
+    PyObject *path = NULL;
+    if (!PyUnicode_FSConverter(arg, &path)) return NULL;
+    PyObject *result = samples_round_trip(PyBytes_AS_STRING(path), 0, true);
+    Py_DECREF(path);
+    return result;
+}
+
+static PyObject *module_shutdown(PyObject *m, PyObject *unused) {
+    afpy_log_uninstall();
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"sdpa", (PyCFunction)(void (*)(void))afpy_sdpa, METH_VARARGS | METH_KEYWORDS,
+     "sdpa(args, kwargs, out, lse=None, causal_bottom_right=False, reference=False): af_sdpa into out."},
+    {"version", module_version, METH_NOARGS, "The linked library's version."},
+    {"set_num_threads", module_set_num_threads, METH_O, "Threads per call; 0 = all cores."},
+    {"get_num_threads", module_get_num_threads, METH_NOARGS, "Threads a call will use."},
+    {"set_isa", module_set_isa, METH_O, "Choose the kernels' ISA: 'portable', 'avx2', 'avx512'."},
+    {"get_isa", module_get_isa, METH_NOARGS, "The ISA in use."},
+    {"isa_available", module_isa_available, METH_O, "Whether this machine can run the ISA."},
+    {"samples_json", module_samples_json, METH_O, "Samples-file JSON as the C library reads and rewrites it."},
+    {"load_samples", module_load_samples, METH_O, "A samples file, read by the C library, as its JSON."},
+    {"_shutdown", module_shutdown, METH_NOARGS, "Detach the log callback (at interpreter exit)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static void module_free(void *m) { afpy_log_uninstall(); }
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "attnforge._C", "attnforge's C library, bound with the CPython C API.", -1,
+    module_methods, NULL, NULL, NULL, module_free,
+};
+
+PyMODINIT_FUNC PyInit__C(void) {
+    PyObject *m = PyModule_Create(&module_def);
+    if (!m) return NULL;
+    if (afpy_errors_init(m) < 0 || afpy_provider_init(m) < 0 || PyModule_AddFunctions(m, afpy_testing_methods) < 0 ||
+        PyModule_AddStringConstant(m, "SUPPORTED_FUNCTION", af_provider_supported_function()) < 0 ||
+        PyModule_AddStringConstant(m, "__version__", af_version()) < 0 || afpy_log_install() < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,15 @@
+/* attnforge._C.sdpa: one af_sdpa call on Python tensors. */
+#ifndef AFPY_SDPA_BINDING_H
+#define AFPY_SDPA_BINDING_H
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "tensors.h"
+
+/* sdpa(args: tuple, kwargs: dict, out, lse=None, causal_bottom_right=False, reference=False) -> None */
+PyObject *afpy_sdpa(PyObject *self, PyObject *args, PyObject *kwargs);
+
+/* Borrow `out` (and `lse` unless None) as writable views; 0, or -1 with an exception set and nothing held. */
+int afpy_outputs_from_objects(PyObject *out_obj, PyObject *lse_obj, afpy_tensor *out, afpy_tensor *lse);
+
+#endif

@@ -1,0 +1,65 @@
+/* Test-only hooks (names start with _testing_): what the provider's kernel is handed, and how infer ran
+ * calls. They use libattnforge's private test hooks (src/provider/provider.h), as the C tests do. */
+#include "testing.h"
+
+#include <stdatomic.h>
+
+#include "provider/provider.h"
+#include "provider_binding.h"
+
+/* The data pointers of q/k/v the last spied kernel call received (process-wide: tests run one at a time). */
+static _Atomic(uintptr_t) seen[3];
+
+static af_status spy_kernel(const af_sdpa_args *args, af_tensor *out, af_tensor *lse) {
+    atomic_store(&seen[0], (uintptr_t)args->query->data);
+    atomic_store(&seen[1], (uintptr_t)args->key->data);
+    atomic_store(&seen[2], (uintptr_t)args->value->data);
+    return af_sdpa(args, out, lse);
+}
+
+static afpy_provider *provider_arg(PyObject *obj) {
+    if (!PyObject_TypeCheck(obj, &afpy_provider_type)) {
+        PyErr_SetString(PyExc_TypeError, "expected an attnforge._C.Provider");
+        return NULL;
+    }
+    return (afpy_provider *)obj;
+}
+
+/* _testing_spy(provider): route the provider's kernel through spy_kernel. */
+static PyObject *testing_spy(PyObject *module, PyObject *arg) {
+    afpy_provider *p = provider_arg(arg);
+    if (!p) return NULL;
+    af_provider_set_kernel(p->provider, spy_kernel);
+    Py_RETURN_NONE;
+}
+
+/* _testing_seen() -> (q_ptr, k_ptr, v_ptr) of the last spied call. */
+static PyObject *testing_seen(PyObject *module, PyObject *unused) {
+    return Py_BuildValue("(KKK)", (unsigned long long)atomic_load(&seen[0]), (unsigned long long)atomic_load(&seen[1]),
+                         (unsigned long long)atomic_load(&seen[2]));
+}
+
+/* _testing_stats(provider) -> dict of infer's counters. */
+static PyObject *testing_stats(PyObject *module, PyObject *arg) {
+    afpy_provider *p = provider_arg(arg);
+    if (!p) return NULL;
+    af_provider_stats s = af_provider_get_stats(p->provider);
+    return Py_BuildValue("{sl,sl,sl,sl,sl}", "plan_calls", s.plan_calls, "general_calls", s.general_calls,
+                         "copied_tensors", s.copied_tensors, "scratch_allocations", s.scratch_allocations,
+                         "temporary_allocations", s.temporary_allocations);
+}
+
+/* _testing_runtime_loaded(provider) -> bool: prepare must never load a backend. */
+static PyObject *testing_runtime_loaded(PyObject *module, PyObject *arg) {
+    afpy_provider *p = provider_arg(arg);
+    if (!p) return NULL;
+    return PyBool_FromLong(af_provider_runtime_loaded(p->provider));
+}
+
+PyMethodDef afpy_testing_methods[] = {
+    {"_testing_spy", testing_spy, METH_O, "Test hook: record the q/k/v pointers the provider's kernel receives."},
+    {"_testing_seen", testing_seen, METH_NOARGS, "Test hook: (q, k, v) data pointers of the last spied call."},
+    {"_testing_stats", testing_stats, METH_O, "Test hook: how the provider's infer ran its calls."},
+    {"_testing_runtime_loaded", testing_runtime_loaded, METH_O, "Test hook: whether the backend is loaded."},
+    {NULL, NULL, 0, NULL},
+};
