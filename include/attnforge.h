@@ -103,34 +103,83 @@ AF_API void af_free(void *ptr);
 
 /* ---------------------------------------------------------------- the provider (the seed's system)
  * A sample is one recorded SDPA call: tensor descriptors (no data), the other arguments, and how q/k/v
- * were passed. prepare() turns samples into one plan; the plan serialises to JSON; infer() runs it. */
+ * were passed. prepare() turns samples into one plan; the plan serialises to JSON; infer() runs it.
+ * docs/PROVIDER.md describes the behaviour, docs/FORMATS.md the samples file and the plan file. */
 
 typedef enum { AF_QKV_POSITIONAL = 0, AF_QKV_KEYWORD = 1 } af_qkv_source;   /* "positional_qkv", "keyword_qkv" */
+typedef enum { AF_BACKEND_CPU = 0, AF_BACKEND_CUDA = 1 } af_backend;         /* "cpu", "cuda" (not built yet) */
 
 typedef struct af_samples af_samples;     /* an ordered list of recorded calls */
 typedef struct af_provider af_provider;   /* one prepared (or not yet prepared) plan */
 
+/* The plan prepare() chose: the seed's (qkv_source, flash_kwargs, copy_free_layout) and where it runs. */
+typedef struct {
+    af_qkv_source qkv_source;
+    bool causal;                 /* SDPA's is_causal: top-left aligned (row i sees keys j <= i) */
+    bool has_softmax_scale;      /* false: the default 1/sqrt(E) */
+    double softmax_scale;
+    bool gqa;                    /* grouped-query (Hq a multiple of Hkv, Hq != Hkv): JSON pack_gqa = false */
+    bool copy_free_layout;       /* q/k/v are HND views of NHD-contiguous memory: no copy per call */
+    af_backend backend;
+} af_plan;
+
+/* One sample read back as an SDPA call. Tensors are descriptors: data is NULL. */
+typedef struct {
+    af_qkv_source source;
+    af_tensor query, key, value;
+    bool has_attn_mask;
+    af_tensor attn_mask;
+    double dropout_p;
+    bool is_causal;
+    bool has_scale;
+    double scale;
+    bool enable_gqa;
+    char device[32];             /* query's device, e.g. "cpu" */
+    long count;                  /* how often the call was seen (>= 1) */
+} af_sample_call;
+
 /* Samples: read from the samples-file JSON (docs/FORMATS.md), written back the same way. */
 AF_API af_status af_samples_from_json(const char *json, size_t len, af_samples **out);
-AF_API af_status af_samples_load(const char *path, af_samples **out);
+AF_API af_status af_samples_load(const char *path, af_samples **out);   /* AF_ERR_IO, AF_ERR_PARSE */
 AF_API af_status af_samples_to_json(const af_samples *samples, char **json_out);   /* free with af_free */
 AF_API size_t af_samples_count(const af_samples *samples);
 AF_API void af_samples_free(af_samples *samples);
+/* Build samples in C: an empty list, then one recorded call at a time. add_call reads the descriptors of
+ * args' tensors (shape, dtype, strides; never data) and the arguments that differ from SDPA's defaults;
+ * `device` NULL means "cpu"; `count` >= 1. causal_bottom_right is recorded as a keyword SDPA lacks
+ * (so prepare refuses it by name). */
+AF_API af_samples *af_samples_new(void);                    /* NULL only when out of memory */
+AF_API af_status af_samples_add_call(af_samples *samples, const af_sdpa_args *args, af_qkv_source source,
+                                     const char *device, long count);
+/* Sample `index` as an SDPA call; AF_ERR_UNSUPPORTED (naming the argument) when it is not one that
+ * af_sdpa_args can express (q/k/v not tensors, an unknown keyword, a dtype attnforge lacks, ...). */
+AF_API af_status af_samples_get_call(const af_samples *samples, size_t index, af_sample_call *out);
+/* The af_sdpa_args of a sample call: pointers into *call (which must outlive them). */
+AF_API af_sdpa_args af_sample_call_args(const af_sample_call *call);
 
 AF_API af_provider *af_provider_new(void);                  /* NULL only when out of memory */
 AF_API void af_provider_free(af_provider *provider);
 /* true when every sample is supported and all give one identical plan; else false and
- * af_provider_reason() says why. Never runs a kernel, never loads a runtime. */
+ * af_provider_reason() (and af_last_error()) say why. Never runs a kernel, never loads a runtime.
+ * Always re-derives the plan; a failed prepare leaves the provider unprepared. */
 AF_API bool af_provider_prepare(af_provider *provider, const af_samples *samples);
 AF_API const char *af_provider_reason(const af_provider *provider);     /* "" after a successful prepare */
 AF_API bool af_provider_is_prepared(const af_provider *provider);
+AF_API af_status af_provider_get_plan(const af_provider *provider, af_plan *out);   /* AF_ERR_NOT_PREPARED */
 AF_API af_status af_provider_to_json(const af_provider *provider, char **json_out);   /* free with af_free */
+/* Reads attnforge's plan (version 1) and the seed's own form (no version). On any error: AF_ERR_PARSE
+ * naming the field, and *out is left NULL. The provider comes back prepared. */
 AF_API af_status af_provider_from_json(const char *json, size_t len, af_provider **out);
+AF_API af_status af_provider_load(const char *path, af_provider **out);   /* from_json of a file; AF_ERR_IO */
 /* Run the plan on one call. `source` is how the caller passed q/k/v. A call that does not match the plan
- * is handled as docs/PROVIDER.md says (never run with the plan's wrong arguments). */
+ * (source, mask, causal, scale, GQA, or a layout no longer copy-free) runs on the general path, af_sdpa
+ * with the call's own arguments, and says so in a debug log: never with the plan's wrong arguments.
+ * Thread-safe: concurrent calls on one provider are fine (docs/PROVIDER.md). */
 AF_API af_status af_provider_infer(af_provider *provider, const af_sdpa_args *args, af_qkv_source source,
                                    af_tensor *out, af_tensor *lse);
-AF_API af_status af_provider_load_runtime_dependencies(af_provider *provider);   /* idempotent */
+/* Loads the plan's backend now (CPU kernels; the CUDA shared object for a cuda plan) instead of on the
+ * first infer. Idempotent. AF_ERR_RUNTIME_UNAVAILABLE says how to get a missing backend. */
+AF_API af_status af_provider_load_runtime_dependencies(af_provider *provider);
 AF_API const char *af_provider_name(const af_provider *provider);   /* "attnforge FlashAttention-4 (cpu, avx2) 0.1.0" */
 AF_API const char *af_provider_supported_function(void);            /* "scaled_dot_product_attention" */
 

@@ -43,6 +43,36 @@ bool cli_tensor_random(cli_tensor *t, af_dtype dtype, const int64_t shape[4], bo
     return true;
 }
 
+bool cli_tensor_random_like(cli_tensor *t, const af_tensor *desc, uint64_t *seed, double amplitude) {
+    memset(t, 0, sizeof *t);
+    const size_t elem = af_dtype_size(desc->dtype);
+    if (elem == 0 || desc->ndim < 0 || desc->ndim > AF_MAX_DIMS) return false;
+    int64_t span = 1;   /* elements from the first to the last one the view reaches, inclusive */
+    for (int d = 0; d < desc->ndim; d++) {
+        if (desc->shape[d] < 0 || desc->strides[d] < 0) return false;
+        if (desc->shape[d] == 0) span = 0;
+    }
+    for (int d = 0; span > 0 && d < desc->ndim; d++) {
+        int64_t reach;
+        if (__builtin_mul_overflow(desc->shape[d] - 1, desc->strides[d], &reach) || __builtin_add_overflow(span, reach, &span))
+            return false;
+    }
+    if (span > ((int64_t)1 << 34) / (int64_t)elem) return false;
+    const size_t bytes = (size_t)(span > 0 ? span : 1) * elem;
+    if (posix_memalign(&t->memory, 64, (bytes + 63) & ~(size_t)63) != 0) {
+        t->memory = NULL;
+        return false;
+    }
+    for (int64_t i = 0; i < span; i++) {
+        const double u = next_uniform(seed);
+        const float value = desc->dtype == AF_BOOL ? (u < 0.8 ? 1.0f : 0.0f) : (float)((2.0 * u - 1.0) * amplitude);
+        af_store_from_f32((char *)t->memory + (size_t)i * elem, desc->dtype, value);
+    }
+    t->view = *desc;
+    t->view.data = t->memory;
+    return true;
+}
+
 bool cli_tensor_zeros(cli_tensor *t, af_dtype dtype, int ndim, const int64_t *shape) {
     return allocate(t, dtype, ndim, shape, false);
 }

@@ -69,5 +69,7 @@ int main(int argc, char **argv) {
 
 const cli_command cli_commands[] = {
     {"run", cmd_run, "run attention cases (built-in default, or a plan/samples file) and check them against the reference"},
+    {"plan", cmd_plan, "choose one plan for the recorded calls of a samples file and write it as JSON"},
+    {"verify", cmd_verify, "check a plan's cases against the reference on every ISA this machine has"},
     {NULL, NULL, NULL},
 };

@@ -23,6 +23,10 @@ void cli_print_table_header(FILE *f);
 /* Random q/k/v of `shape` (NHD-backed views when `nhd`), `exec` them, compare, print a row. */
 cli_run_result cli_run_case(FILE *f, const cli_shape *shape, bool nhd, cli_exec_fn exec, void *ctx,
                             const cli_run_options *opt, uint64_t seed);
+/* The general form: a call given by descriptors (shape, dtype, strides of query/key/value and attn_mask;
+ * data ignored) and its other arguments; random data laid out as described. `label` names the row. */
+cli_run_result cli_run_call(FILE *f, const char *label, const af_sdpa_args *call, cli_exec_fn exec, void *ctx,
+                            const cli_run_options *opt, uint64_t seed);
 af_status cli_exec_sdpa(void *ctx, const af_sdpa_args *args, af_tensor *out);   /* ctx unused */
 
 #endif

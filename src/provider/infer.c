@@ -1,0 +1,139 @@
+/* infer(call): the per-call guard, then the plan — caller's views as they are (copy-free) or NHD copies in
+ * the provider's reusable scratch. A call that does not match the plan runs on the general path (af_sdpa
+ * with the call's own arguments) and says so in a debug log; it never runs with the plan's arguments. */
+#include <stdio.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/log.h"
+#include "core/status.h"
+#include "provider/layout.h"
+#include "provider/plan.h"
+#include "provider/provider.h"
+#include "sdpa/problem.h"
+
+/* Why the call cannot run as the plan (into `why`), or NULL when it matches. */
+static const char *plan_mismatch(const af_plan *plan, const af_sdpa_args *a, af_qkv_source source, char *why,
+                                 size_t size) {
+    const af_tensor *qkv[3] = {a->query, a->key, a->value};
+    for (int i = 0; i < 3; i++)
+        if (!qkv[i] || qkv[i]->ndim != 4) return "q/k/v are not three 4-D tensors";   /* af_sdpa says which */
+    if (source != plan->qkv_source) {
+        snprintf(why, size, "q/k/v passed as %s, the plan has %s", af_qkv_source_name(source),
+                 af_qkv_source_name(plan->qkv_source));
+        return why;
+    }
+    if (a->attn_mask) return "the call has an attn_mask";
+    if (a->dropout_p != 0.0) return "the call has dropout_p != 0";
+    if (a->causal_bottom_right) return "the call asks for bottom-right causal alignment";
+    if (a->is_causal != plan->causal) {
+        snprintf(why, size, "is_causal is %s, the plan's is %s", a->is_causal ? "true" : "false",
+                 plan->causal ? "true" : "false");
+        return why;
+    }
+    if (a->has_scale != plan->has_softmax_scale || (a->has_scale && a->scale != plan->softmax_scale)) {
+        char call_scale[32] = "None", plan_scale[32] = "None";
+        if (a->has_scale) snprintf(call_scale, sizeof call_scale, "%.17g", a->scale);
+        if (plan->has_softmax_scale) snprintf(plan_scale, sizeof plan_scale, "%.17g", plan->softmax_scale);
+        snprintf(why, size, "scale is %s, the plan's is %s", call_scale, plan_scale);
+        return why;
+    }
+    const bool gqa = a->query->shape[1] != a->key->shape[1];
+    if (gqa != plan->gqa) {
+        snprintf(why, size, "query has %lld heads and key %lld: %s, the plan is %s", (long long)a->query->shape[1],
+                 (long long)a->key->shape[1], gqa ? "grouped-query" : "not grouped-query",
+                 plan->gqa ? "grouped-query" : "not");
+        return why;
+    }
+    if (gqa && !a->enable_gqa) return "grouped-query heads without enable_gqa";
+    if (plan->copy_free_layout)
+        for (int i = 0; i < 3; i++)
+            if (!af_hnd_is_nhd_contiguous(qkv[i]->shape, qkv[i]->strides)) {
+                static const char *const names[3] = {"query", "key", "value"};
+                snprintf(why, size, "%s is no longer an HND view of NHD-contiguous memory (the plan is copy-free)",
+                         names[i]);
+                return why;
+            }
+    return NULL;
+}
+
+static size_t round_up_64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* Copy plan: q/k/v that are not NHD-contiguous already are copied into scratch (PyTorch's .contiguous()
+ * copies only when needed too). The scratch is the provider's, grown when too small and reused; when another
+ * thread holds it, this call uses a buffer of its own. */
+static af_status run_with_nhd_copies(af_provider *p, af_kernel_fn kernel, const af_sdpa_args *planned, af_tensor *out,
+                                     af_tensor *lse) {
+    af_problem checked;   /* validate the caller's views before reading through them */
+    af_status st = af_sdpa_check(planned, out, lse, &checked);
+    if (st != AF_OK) return st;
+    const af_tensor *qkv[3] = {planned->query, planned->key, planned->value};
+    bool copy[3];
+    size_t offset[3], total = 0;
+    for (int i = 0; i < 3; i++) {
+        copy[i] = !af_hnd_is_nhd_contiguous(qkv[i]->shape, qkv[i]->strides);
+        offset[i] = total;
+        if (copy[i]) total += round_up_64(af_nhd_bytes(qkv[i]));
+    }
+    if (total == 0) return kernel(planned, out, lse);
+
+    const bool shared = pthread_mutex_trylock(&p->scratch_lock) == 0;
+    char *buffer;
+    if (shared) {
+        if (p->scratch_bytes < total) {
+            af_free(p->scratch);
+            p->scratch = af_alloc(total);
+            p->scratch_bytes = p->scratch ? total : 0;
+            atomic_fetch_add(&p->scratch_allocations, 1);
+        }
+        buffer = p->scratch;
+    } else {
+        buffer = af_alloc(total);
+        atomic_fetch_add(&p->temporary_allocations, 1);
+    }
+    if (!buffer) {
+        if (shared) pthread_mutex_unlock(&p->scratch_lock);
+        return af_fail(AF_ERR_NO_MEMORY, "infer: out of memory for the %zu-byte NHD copy of query/key/value", total);
+    }
+    af_tensor copies[3];
+    for (int i = 0; i < 3; i++) {
+        copies[i] = copy[i] ? af_copy_hnd_to_nhd(qkv[i], buffer + offset[i]) : *qkv[i];
+        if (copy[i]) atomic_fetch_add(&p->copied_tensors, 1);
+    }
+    af_sdpa_args on_copies = *planned;
+    on_copies.query = &copies[0];
+    on_copies.key = &copies[1];
+    on_copies.value = &copies[2];
+    st = kernel(&on_copies, out, lse);
+    if (shared) pthread_mutex_unlock(&p->scratch_lock);
+    else af_free(buffer);
+    return st;
+}
+
+af_status af_provider_infer(af_provider *p, const af_sdpa_args *args, af_qkv_source source, af_tensor *out,
+                            af_tensor *lse) {
+    af_clear_error();
+    if (!p) return af_fail(AF_ERR_INVALID_ARGUMENT, "provider: must not be NULL");
+    if (!p->prepared)
+        return af_fail(AF_ERR_NOT_PREPARED, "Kernel provider %s must be prepared before inference", af_provider_name(p));
+    if (!args) return af_fail(AF_ERR_INVALID_ARGUMENT, "args: must not be NULL");
+    const af_backend_ops *backend;
+    af_status st = af_provider_backend(p, &backend);
+    if (st != AF_OK) return st;
+    const af_kernel_fn kernel = p->kernel_override ? p->kernel_override : backend->sdpa;
+
+    char why[256];
+    const char *mismatch = plan_mismatch(&p->plan, args, source, why, sizeof why);
+    if (mismatch) {
+        af_log(AF_LOG_DEBUG, "FlashAttention-4 plan does not match this call (%s); running it on the general path",
+               mismatch);
+        atomic_fetch_add(&p->general_calls, 1);
+        return kernel(args, out, lse);
+    }
+    atomic_fetch_add(&p->plan_calls, 1);
+    const af_sdpa_args planned = {.query = args->query, .key = args->key, .value = args->value,
+                                  .is_causal = p->plan.causal, .has_scale = p->plan.has_softmax_scale,
+                                  .scale = p->plan.softmax_scale, .enable_gqa = p->plan.gqa};
+    if (p->plan.copy_free_layout) return kernel(&planned, out, lse);   /* the caller's views, no copy */
+    return run_with_nhd_copies(p, kernel, &planned, out, lse);
+}
