@@ -55,16 +55,9 @@ static void poison(test_tensor *t) {
     for (size_t off = 0; off + elem <= t->bytes; off += elem) af_store_from_f32(t->memory + off, t->view.dtype, NAN);
 }
 
-bool tt_alloc(test_tensor *t, af_dtype dtype, int ndim, const int64_t *shape, tensor_layout layout, test_rng *rng) {
+bool tt_alloc_ordered(test_tensor *t, af_dtype dtype, int ndim, const int64_t *shape, const int *order,
+                      const int64_t *pad, int64_t step, int64_t offset) {
     memset(t, 0, sizeof *t);
-    int order[AF_MAX_DIMS];
-    int64_t pad[AF_MAX_DIMS] = {0}, step = 1, offset = 0;
-    memory_order(ndim, layout, rng, order);
-    if (layout == LAYOUT_SLICED) {
-        for (int d = 0; d < ndim; d++) pad[d] = rng_range(rng, 0, 2);
-        step = rng_range(rng, 1, 3);
-        offset = rng_range(rng, 0, 5);
-    }
     t->view.dtype = dtype;
     t->view.ndim = ndim;
     int64_t stride = step;
@@ -81,6 +74,18 @@ bool tt_alloc(test_tensor *t, af_dtype dtype, int ndim, const int64_t *shape, te
     t->view.data = t->memory + (size_t)offset * elem;
     poison(t);
     return true;
+}
+
+bool tt_alloc(test_tensor *t, af_dtype dtype, int ndim, const int64_t *shape, tensor_layout layout, test_rng *rng) {
+    int order[AF_MAX_DIMS];
+    int64_t pad[AF_MAX_DIMS] = {0}, step = 1, offset = 0;
+    memory_order(ndim, layout, rng, order);
+    if (layout == LAYOUT_SLICED) {
+        for (int d = 0; d < ndim; d++) pad[d] = rng_range(rng, 0, 2);
+        step = rng_range(rng, 1, 3);
+        offset = rng_range(rng, 0, 5);
+    }
+    return tt_alloc_ordered(t, dtype, ndim, shape, order, pad, step, offset);
 }
 
 void tt_free(test_tensor *t) {

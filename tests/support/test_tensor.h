@@ -35,6 +35,10 @@ typedef struct {
 /* Allocate a view of `shape` in `layout` (rng picks the padding of a sliced layout). The whole backing buffer
  * is filled with poison: NaN for float dtypes (a read outside the view shows up as NaN), zero for bool. */
 bool tt_alloc(test_tensor *t, af_dtype dtype, int ndim, const int64_t *shape, tensor_layout layout, test_rng *rng);
+/* The general form: dims laid out in memory in `order` (outermost first), each padded by pad[d] elements, the
+ * innermost with element stride `step`, the view starting `offset` elements into the buffer. */
+bool tt_alloc_ordered(test_tensor *t, af_dtype dtype, int ndim, const int64_t *shape, const int *order,
+                      const int64_t *pad, int64_t step, int64_t offset);
 void tt_free(test_tensor *t);
 
 /* Every view element uniform in [-amplitude, amplitude), rounded to the dtype (bool: true with `amplitude` chance). */
