@@ -246,8 +246,8 @@ static void combine_item(void *ctx, int64_t t, void *scratch) {
 }
 
 af_status af_flash_forward(const af_problem *p) {
-    const int64_t rows_total = p->L * p->group;
-    if (p->B == 0 || p->Hkv == 0 || rows_total == 0) return AF_OK;   /* nothing to write */
+    if (p->B == 0 || p->Hkv == 0 || p->L == 0 || p->group == 0) return AF_OK;   /* nothing to write */
+    const int64_t rows_total = p->L * p->group;   /* <= q's element count once B >= 1: cannot overflow */
     flash_plan fp = {.p = p, .uk = af_ukernel_current(), .E = (int)p->E, .Ev = (int)p->Ev};
     fp.elem = af_dtype_size(p->dtype);
     fp.out_elem = af_dtype_size(p->out_dtype);

@@ -56,6 +56,8 @@ static af_status view_span(const af_tensor *t, const char *name, int64_t *bytes,
 static bool no_self_overlap(const af_tensor *t) {
     int order[AF_MAX_DIMS], n = 0;
     for (int d = 0; d < t->ndim; d++)
+        if (t->shape[d] == 0) return true;   /* no elements, no overlap; view_span did not bound its strides */
+    for (int d = 0; d < t->ndim; d++)
         if (t->shape[d] > 1) order[n++] = d;
     for (int i = 1; i < n; i++)   /* insertion sort by stride */
         for (int j = i; j > 0 && t->strides[order[j]] < t->strides[order[j - 1]]; j--) {
