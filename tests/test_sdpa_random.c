@@ -51,6 +51,7 @@ typedef struct {
     bool e_one, e_256, e_odd, ev_ne_e, s_not_tile_multiple, top_left, bottom_right, bottom_right_l_gt_s;
     bool bool_shape[32], additive_shape[32], expanded, layout_q[LAYOUT_COUNT], layout_k[LAYOUT_COUNT];
     bool layout_v[LAYOUT_COUNT], layout_out[LAYOUT_COUNT], layout_lse[LAYOUT_COUNT], scale_given, scale_zero_or_negative;
+    bool aligned_f32_value;   /* 64-byte aligned f32 V with whole vectors of columns: the driver may read it in place */
 } coverage;
 
 static void note_case(coverage *cv, const sdpa_case *c) {
@@ -83,6 +84,7 @@ static void note_case(coverage *cv, const sdpa_case *c) {
     cv->layout_lse[c->lse_layout] |= c->with_lse;
     cv->scale_given |= c->has_scale;
     cv->scale_zero_or_negative |= c->has_scale && c->scale <= 0.0;
+    cv->aligned_f32_value |= c->dtype == AF_F32 && c->v_layout != LAYOUT_SLICED && c->Ev % 16 == 0 && c->S > 0;
 }
 
 static void generator_covers_every_feature(void **state) {
@@ -105,6 +107,7 @@ static void generator_covers_every_feature(void **state) {
     for (int l = 0; l < LAYOUT_COUNT; l++)
         assert_true(cv.layout_q[l] && cv.layout_k[l] && cv.layout_v[l] && cv.layout_out[l] && cv.layout_lse[l]);
     assert_true(cv.scale_given && cv.scale_zero_or_negative);
+    assert_true(cv.aligned_f32_value);
 }
 
 /* The suite must run on at least the portable ISA and must not silently skip any ISA the machine offers. */

@@ -29,7 +29,8 @@ af_tensor af_tensor_contiguous(void *data, af_dtype dtype, int ndim, const int64
     for (int d = ndim - 1; d >= 0; d--) {
         t.shape[d] = shape[d];
         t.strides[d] = stride;
-        stride *= shape[d] > 1 ? shape[d] : 1;
+        if (__builtin_mul_overflow(stride, shape[d] > 1 ? shape[d] : 1, &stride))
+            stride = INT64_MAX;   /* past 2^63: af_sdpa refuses such a view (its size overflows) */
     }
     return t;
 }

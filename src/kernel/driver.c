@@ -281,7 +281,10 @@ af_status af_flash_forward(const af_problem *p) {
 
     const int64_t groups = p->B * p->Hkv * fp.row_blocks;
     if (fp.splits > 1) {
-        const size_t count = (size_t)(groups * fp.splits) * br * (ev_pad + 2);
+        size_t count;   /* a broadcast (stride-0) key can make S, hence this size, pass 2^64 */
+        if (__builtin_mul_overflow((size_t)(groups * fp.splits), br * (ev_pad + 2), &count) || count > SIZE_MAX / sizeof(float))
+            return af_fail(AF_ERR_NO_MEMORY, "out of memory: split-KV partial results for %lld splits exceed 2^64 bytes",
+                           (long long)fp.splits);
         if (!(fp.partials = af_alloc(sizeof(float) * count)))
             return af_fail(AF_ERR_NO_MEMORY, "out of memory: %zu bytes of split-KV partial results", sizeof(float) * count);
     }

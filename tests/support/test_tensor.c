@@ -69,8 +69,9 @@ bool tt_alloc_ordered(test_tensor *t, af_dtype dtype, int ndim, const int64_t *s
     }
     const size_t elem = af_dtype_size(dtype);
     t->bytes = (size_t)(offset + stride + 1) * elem;
-    t->memory = malloc(t->bytes);
-    if (!t->memory) return false;
+    void *memory = NULL;   /* 64-byte aligned, like a framework's allocator: kernels may take aligned fast paths */
+    if (posix_memalign(&memory, 64, t->bytes) != 0) return false;
+    t->memory = memory;
     t->view.data = t->memory + (size_t)offset * elem;
     poison(t);
     return true;
