@@ -35,9 +35,18 @@ static int dtype_from_format(const char *format, Py_ssize_t itemsize, af_dtype *
 static int from_buffer(PyObject *obj, const char *name, bool writable, afpy_tensor *t) {
     const int flags = writable ? PyBUF_RECORDS : PyBUF_RECORDS_RO;   /* strides + format (+ writable) */
     if (PyObject_GetBuffer(obj, &t->buffer, flags) < 0) {
-        if (writable && PyErr_ExceptionMatches(PyExc_BufferError)) {
-            PyErr_Clear();
+        if (!writable) return -1;
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        if (PyObject_GetBuffer(obj, &t->buffer, PyBUF_RECORDS_RO) == 0) {   /* readable, not writable: say so */
+            PyBuffer_Release(&t->buffer);
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(traceback);
             PyErr_Format(PyExc_ValueError, "%s: the array is read-only; the output must be writable", name);
+        } else {
+            PyErr_Clear();
+            PyErr_Restore(type, value, traceback);
         }
         return -1;
     }
@@ -130,7 +139,20 @@ static int view_from_dltensor(const DLTensor *dl, const char *name, af_tensor *v
 
 static int from_dlpack(PyObject *obj, PyObject *dlpack_method, const char *name, afpy_tensor *t) {
     PyObject *capsule = PyObject_CallNoArgs(dlpack_method);   /* no max_version: a v0.8 "dltensor" capsule */
-    if (!capsule) return -1;
+    if (!capsule) {
+        if (!PyErr_ExceptionMatches(PyExc_BufferError)) return -1;
+        PyObject *type, *value, *traceback;   /* e.g. a meta tensor: a tensor attnforge cannot read */
+        PyErr_Fetch(&type, &value, &traceback);
+        PyObject *text = value ? PyObject_Str(value) : NULL;
+        const char *message = text ? PyUnicode_AsUTF8(text) : NULL;
+        if (!message) PyErr_Clear();
+        unsupported("%s: cannot be read through DLPack: %s", name, message ? message : "BufferError");
+        Py_XDECREF(text);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(traceback);
+        return -1;
+    }
     DLManagedTensor *managed = PyCapsule_IsValid(capsule, "dltensor") ? PyCapsule_GetPointer(capsule, "dltensor") : NULL;
     if (!managed) {
         Py_DECREF(capsule);

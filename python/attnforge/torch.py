@@ -1,0 +1,161 @@
+"""PyTorch helpers: record a module's scaled_dot_product_attention calls as samples, and apply a plan to a
+module (its F.scaled_dot_product_attention calls go to attnforge while it runs).
+
+    samples = attnforge.torch.record(model, x)             # the distinct SDPA calls of one forward pass
+    provider = attnforge.FlashAttention4KernelProvider()
+    if provider.prepare(samples):
+        with attnforge.torch.apply(model, provider):
+            y = model(x)
+"""
+import contextlib
+import functools
+import json
+import logging
+import os
+
+import torch
+import torch.nn.functional as F
+
+from . import _C
+from ._samples import sample_entry, samples_to_json, save_samples
+from .provider import SUPPORTED_FUNCTION, FlashAttention4KernelProvider
+
+logger = logging.getLogger("attnforge")
+
+
+class Samples(list):
+    """The distinct SDPA calls of a recorded run: a list of (args, kwargs) pairs (the seed's Sample), first
+    seen first, with how often each was seen in `counts`."""
+
+    def __init__(self, samples=(), counts=None):
+        super().__init__(samples)
+        self.counts = list(counts) if counts is not None else [1] * len(self)
+
+    def to_json(self) -> str:
+        """The samples file's JSON (docs/FORMATS.md)."""
+        return samples_to_json(self, self.counts)
+
+    def save(self, path) -> None:
+        """Write the samples file, e.g. for `attnforge plan --samples PATH`."""
+        save_samples(self, path, self.counts)
+
+
+def _sdpa_function():
+    return getattr(F, SUPPORTED_FUNCTION)
+
+
+def _set_sdpa_function(function):
+    setattr(F, SUPPORTED_FUNCTION, function)
+
+
+@contextlib.contextmanager
+def _patched(function):
+    """F.scaled_dot_product_attention is `function` inside; PyTorch's own again after, also on exceptions."""
+    previous = _sdpa_function()
+    _set_sdpa_function(function)
+    try:
+        yield previous
+    finally:
+        _set_sdpa_function(previous)
+
+
+def record(module, *inputs, **kwargs) -> Samples:
+    """Run module(*inputs, **kwargs) once under torch.no_grad() and return the distinct
+    F.scaled_dot_product_attention calls it made. Calls are the same when their tensors have the same shape,
+    dtype, strides and device and their other arguments are equal (the seed compares shapes and values only;
+    attnforge also keeps layouts apart, since they decide the copy-free path). Tensors of the first call seen
+    are kept, as in the seed."""
+    seen = {}
+    samples, counts = [], []
+    original = _sdpa_function()
+
+    @functools.wraps(original)
+    def recorder(*args, **call_kwargs):
+        key = json.dumps(sample_entry(args, call_kwargs), sort_keys=True)
+        if key in seen:
+            counts[seen[key]] += 1
+        else:
+            seen[key] = len(samples)
+            samples.append((args, dict(call_kwargs)))
+            counts.append(1)
+        return original(*args, **call_kwargs)
+
+    with torch.no_grad(), _patched(recorder):
+        module(*inputs, **kwargs)
+    return Samples(samples, counts)
+
+
+def _as_provider(provider_or_plan) -> FlashAttention4KernelProvider:
+    if isinstance(provider_or_plan, FlashAttention4KernelProvider):
+        return provider_or_plan
+    if isinstance(provider_or_plan, dict):
+        return FlashAttention4KernelProvider.from_dict(provider_or_plan)
+    if isinstance(provider_or_plan, (str, bytes, os.PathLike)):
+        return FlashAttention4KernelProvider.load(provider_or_plan)
+    raise TypeError("apply(): expected a FlashAttention4KernelProvider, a plan dict or a plan file path, got "
+                    f"{type(provider_or_plan).__name__}")
+
+
+# Calls attnforge cannot run (autograd needed, a dtype or device it lacks, arguments PyTorch accepts and it
+# does not) go to PyTorch; PyTorch then also raises for calls that are invalid for SDPA itself.
+_FALLBACK_ERRORS = (_C.InvalidArgumentError, _C.UnsupportedError, _C.PlanMismatchError, TypeError)
+
+
+def _needs_autograd(args, kwargs):
+    return torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (*args, *kwargs.values()))
+
+
+def _routed(provider, pytorch_sdpa, warned):
+    def scaled_dot_product_attention(*args, **kwargs):
+        if _needs_autograd(args, kwargs):   # attnforge has no backward pass: keep training correct
+            if not warned:
+                warned.append(True)
+                logger.warning("attnforge computes no gradients: SDPA calls that need autograd run on PyTorch; "
+                               "run the module under torch.no_grad() or torch.inference_mode() to use attnforge")
+            return pytorch_sdpa(*args, **kwargs)
+        try:
+            return provider(*args, **kwargs)
+        except _FALLBACK_ERRORS as e:
+            logger.debug("attnforge does not run this call (%s); using PyTorch's scaled_dot_product_attention", e)
+            return pytorch_sdpa(*args, **kwargs)
+
+    scaled_dot_product_attention.__name__ = scaled_dot_product_attention.__qualname__ = SUPPORTED_FUNCTION
+    scaled_dot_product_attention.attnforge_provider = provider
+    return scaled_dot_product_attention
+
+
+@contextlib.contextmanager
+def apply(module, provider_or_plan):
+    """Inside the block, module's F.scaled_dot_product_attention calls run on attnforge's provider while the
+    module runs (forward hooks, as the seed's KernelProviderRuntime); PyTorch's function is back after each
+    forward and after the block, also on exceptions. Calls the plan does not cover run on the general path
+    with their own arguments; calls attnforge cannot run at all go to PyTorch's own SDPA.
+
+    provider_or_plan: a prepared FlashAttention4KernelProvider, a plan dict (to_dict()) or a plan file path.
+    Like the seed, this patches a process-wide function (not thread-safe) and only reaches code that looks up
+    F.scaled_dot_product_attention when it calls it."""
+    provider = _as_provider(provider_or_plan)
+    if not provider.is_prepared:
+        raise _C.NotPreparedError(f"Kernel provider {provider.name} must be prepared before it is applied")
+    provider.load_runtime_dependencies()   # raises now rather than inside the forward pass
+    stack, warned = [], []
+
+    def before_forward(mod, inputs):
+        previous = _sdpa_function()
+        stack.append(previous)
+        _set_sdpa_function(_routed(provider, previous, warned))
+
+    def after_forward(mod, inputs, output):
+        if stack:
+            _set_sdpa_function(stack.pop())
+
+    pre = module.register_forward_pre_hook(before_forward)
+    post = module.register_forward_hook(after_forward, always_call=True)
+    try:
+        yield provider
+    finally:
+        pre.remove()
+        post.remove()
+        while stack:   # a forward that never reached its hook (e.g. an interrupted pre-hook chain)
+            _set_sdpa_function(stack.pop())
