@@ -3,7 +3,7 @@ BUILD ?= build
 BUILD_SAN ?= build-san
 JOBS ?= $(shell nproc)
 
-.PHONY: deps build run test test-fast test-sanitize fuzz install clean
+.PHONY: deps build run test test-fast test-sanitize fuzz test-python install clean
 BUILD_FUZZ ?= build-fuzz
 FUZZ_SECONDS ?= 60
 
@@ -31,7 +31,11 @@ fuzz: deps
 	cmake --build $(BUILD_FUZZ) -j $(JOBS)
 	bash tests/fuzz/run_fuzzers.sh $(BUILD_FUZZ)/tests/fuzz $(FUZZ_SECONDS)
 
-test: test-fast test-sanitize fuzz
+# pip install ./ (the attnforge Python package) and pytest python/tests; ATTNFORGE_CLI for plan round trips
+test-python: build
+	bash scripts/test-python.sh $(BUILD)/attnforge
+
+test: test-fast test-sanitize fuzz test-python
 
 install: build
 	cmake --install $(BUILD) --prefix $(or $(PREFIX),/usr/local)
