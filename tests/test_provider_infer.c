@@ -421,6 +421,25 @@ static void bad_calls_fail_cleanly(void **state) {
     call_free(&empty);
 }
 
+/* Zero strides (an expanded K/V) through the copy path: copied element by element, the result right. */
+static void broadcast_views_are_copied(void **state) {
+    (void)state;
+    call_data c;
+    call_make(&c, AF_F32, Q_SHAPE, KV_SHAPE, false, 75);
+    af_provider *p = provider_for(&c.args, AF_QKV_POSITIONAL);
+    af_tensor k = c.k.view, v = c.v.view;
+    k.strides[0] = 0;   /* every batch reads batch 0 */
+    v.strides[1] = 0;   /* every head reads head 0 */
+    af_sdpa_args a = c.args;
+    a.key = &k;
+    a.value = &v;
+    assert_int_equal(af_provider_infer(p, &a, AF_QKV_POSITIONAL, &c.out.view, NULL), AF_OK);
+    assert_int_equal(af_provider_get_stats(p).plan_calls, 1);
+    check_against_reference(&c, &a);
+    af_provider_free(p);
+    call_free(&c);
+}
+
 static void lse_passes_through(void **state) {
     (void)state;
     call_data c;
@@ -583,6 +602,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(a_gqa_plan_guards_mha_calls, setup, teardown),
         cmocka_unit_test_setup_teardown(seed_functional_check, setup, teardown),
         cmocka_unit_test_setup_teardown(bad_calls_fail_cleanly, setup, teardown),
+        cmocka_unit_test_setup_teardown(broadcast_views_are_copied, setup, teardown),
         cmocka_unit_test_setup_teardown(lse_passes_through, setup, teardown),
         cmocka_unit_test_setup_teardown(cuda_plans_load_their_backend_lazily, setup, teardown),
         cmocka_unit_test_setup_teardown(load_runtime_dependencies_is_idempotent, setup, teardown),

@@ -439,6 +439,11 @@ static void samples_from_c_calls(void **state) {
     assert_int_equal(af_samples_add_call(samples, &args, AF_QKV_KEYWORD, NULL, 0), AF_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(af_last_error(), "count"));
     assert_int_equal(af_samples_add_call(samples, NULL, AF_QKV_KEYWORD, NULL, 1), AF_ERR_INVALID_ARGUMENT);
+    af_sdpa_args infinite = args;
+    infinite.has_scale = true;
+    infinite.scale = 1.0 / 0.0;
+    assert_int_equal(af_samples_add_call(samples, &infinite, AF_QKV_KEYWORD, NULL, 1), AF_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(af_last_error(), "args.scale: must be finite"));
     assert_int_equal(af_samples_add_call(samples, &args, (af_qkv_source)7, NULL, 1), AF_ERR_INVALID_ARGUMENT);
     af_sdpa_args no_key = args;
     no_key.key = NULL;

@@ -1,6 +1,7 @@
 /* infer(call): the per-call guard, then the plan — caller's views as they are (copy-free) or NHD copies in
  * the provider's reusable scratch. A call that does not match the plan runs on the general path (af_sdpa
  * with the call's own arguments) and says so in a debug log; it never runs with the plan's arguments. */
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -73,7 +74,9 @@ static af_status run_with_nhd_copies(af_provider *p, af_kernel_fn kernel, const 
     for (int i = 0; i < 3; i++) {
         copy[i] = !af_hnd_is_nhd_contiguous(qkv[i]->shape, qkv[i]->strides);
         offset[i] = total;
-        if (copy[i]) total += round_up_64(af_nhd_bytes(qkv[i]));
+        size_t bytes = 0;
+        if (copy[i] && (!af_nhd_bytes(qkv[i], &bytes) || bytes > SIZE_MAX / 2 || __builtin_add_overflow(total, round_up_64(bytes), &total)))
+            return af_fail(AF_ERR_NO_MEMORY, "infer: the NHD copy of query/key/value would exceed the address space");
     }
     if (total == 0) return kernel(planned, out, lse);
 

@@ -17,10 +17,12 @@ bool af_hnd_is_nhd_contiguous(const int64_t shape[4], const int64_t strides[4]) 
     return true;
 }
 
-size_t af_nhd_bytes(const af_tensor *hnd) {
-    size_t numel = 1;
-    for (int d = 0; d < 4; d++) numel *= (size_t)hnd->shape[d];
-    return numel * af_dtype_size(hnd->dtype);
+bool af_nhd_bytes(const af_tensor *hnd, size_t *bytes) {
+    size_t total = af_dtype_size(hnd->dtype);
+    for (int d = 0; d < 4; d++)
+        if (__builtin_mul_overflow(total, (size_t)hnd->shape[d], &total)) return false;
+    *bytes = total;
+    return true;
 }
 
 af_tensor af_copy_hnd_to_nhd(const af_tensor *hnd, void *nhd) {

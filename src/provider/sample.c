@@ -1,6 +1,7 @@
 /* The sample model's memory: lists of recorded calls, built from JSON (sample_json.c) or from C calls. */
 #include "provider/sample.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -179,6 +180,9 @@ af_status af_samples_add_call(af_samples *samples, const af_sdpa_args *args, af_
         (st = check_descriptor(args->value, "value")) != AF_OK)
         return st;
     if (args->attn_mask && (st = check_descriptor(args->attn_mask, "attn_mask")) != AF_OK) return st;
+    if (!isfinite(args->dropout_p)) return af_fail(AF_ERR_INVALID_ARGUMENT, "args.dropout_p: must be finite, got %g", args->dropout_p);
+    if (args->has_scale && !isfinite(args->scale))
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "args.scale: must be finite, got %g", args->scale);
 
     enum { MAX_KWARGS = 9 };   /* query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_bottom_right */
     af_sample s = {0};
