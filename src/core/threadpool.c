@@ -25,6 +25,7 @@ static pthread_cond_t work_ready = PTHREAD_COND_INITIALIZER;
 static pthread_cond_t work_done = PTHREAD_COND_INITIALIZER;
 static int num_workers;
 static unsigned long generation;
+static unsigned long born_in[MAX_WORKERS + 1];   /* generation when each worker was made: its first job comes after */
 static int workers_pending;
 static pool_job *current_job;
 static atomic_int requested_threads;   /* 0 = all cores */
@@ -48,8 +49,8 @@ static void run_items(pool_job *job, int slot) {
 
 static void *worker_main(void *arg) {
     int slot = (int)(intptr_t)arg;   /* 1..num_workers; the caller is slot 0 */
-    unsigned long seen = 0;
     pthread_mutex_lock(&pool_lock);
+    unsigned long seen = born_in[slot];   /* not 0: a worker made after earlier jobs must not take a finished one */
     for (;;) {
         while (generation == seen) pthread_cond_wait(&work_ready, &pool_lock);
         seen = generation;
@@ -70,6 +71,7 @@ static int ensure_workers(int want) {
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        born_in[num_workers + 1] = generation;
         int rc = pthread_create(&t, &attr, worker_main, (void *)(intptr_t)(num_workers + 1));
         pthread_attr_destroy(&attr);
         if (rc != 0) break;
