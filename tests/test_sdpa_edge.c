@@ -555,6 +555,71 @@ static void inputs_may_share_memory(void **state) {
     case_free(&t);
 }
 
+/* ------------------------------------------------------------------ the reference itself */
+
+/* mask[b, h, i, j] with PyTorch's right-aligned broadcasting, read through the mask's own shape. */
+static double mask_at(const test_tensor *m, int64_t b, int64_t h, int64_t i, int64_t j) {
+    const int64_t full[4] = {b, h, i, j};
+    int64_t idx[4] = {0};
+    const int nd = m->view.ndim;
+    for (int d = 0; d < nd; d++) idx[d] = m->view.shape[d] == 1 ? 0 : full[4 - nd + d];
+    return tt_get(m, idx);
+}
+
+/* softmax(scale·q·kᵀ + mask)·v for one row, straight from SPEC §1, in double: out[e] and lse. */
+static void textbook_row(const case_tensors *t, int64_t b, int64_t h, int64_t i, double *out, double *lse) {
+    const sdpa_case *c = &t->c;
+    const int64_t hk = h / (c->Hq / c->Hkv);
+    const double scale = c->has_scale ? c->scale : 1.0 / sqrt((double)c->E);
+    double score[256], top = -INFINITY, sum = 0.0;
+    for (int64_t j = 0; j < c->S; j++) {
+        double dot = 0.0;
+        for (int64_t e = 0; e < c->E; e++) dot += tt_get(&t->q, (int64_t[]){b, h, i, e}) * tt_get(&t->k, (int64_t[]){b, hk, j, e});
+        score[j] = scale * dot;
+        if ((c->is_causal && j > i) || (c->causal_bottom_right && j > i + c->S - c->L)) score[j] = -INFINITY;
+        if (c->mask == MASK_BOOL && mask_at(&t->mask, b, h, i, j) == 0.0) score[j] = -INFINITY;
+        if (c->mask == MASK_ADDITIVE) score[j] += mask_at(&t->mask, b, h, i, j);
+        top = fmax(top, score[j]);
+    }
+    for (int64_t e = 0; e < c->Ev; e++) out[e] = 0.0;
+    *lse = -INFINITY;
+    if (top == -INFINITY) return;   /* sees no key: 0 and -inf, as documented */
+    for (int64_t j = 0; j < c->S; j++) sum += exp(score[j] - top);
+    for (int64_t j = 0; j < c->S; j++)
+        for (int64_t e = 0; e < c->Ev; e++) out[e] += exp(score[j] - top) / sum * tt_get(&t->v, (int64_t[]){b, hk, j, e});
+    *lse = top + log(sum);
+}
+
+/* The reference every kernel is compared with is itself SDPA: checked against the formula, written out plainly. */
+static void reference_is_sdpa_by_the_textbook(void **state) {
+    (void)state;
+    for (int kind = 0; kind < 6; kind++) {
+        sdpa_case c = case_default(2, 4, 2, 7, 11, 5, 3);   /* GQA, L != S */
+        c.is_causal = kind == 1;
+        c.causal_bottom_right = kind == 2;
+        c.mask = kind == 3 || kind == 5 ? MASK_BOOL : kind == 4 ? MASK_ADDITIVE : MASK_NONE;
+        c.mask_shape = kind == 5 ? "H1S" : "B1LS";
+        c.has_scale = kind == 4;
+        c.scale = 0.7;
+        case_tensors t;
+        build(&c, &t);
+        int64_t idx[3] = {0};
+        do {
+            double out[8], lse;
+            textbook_row(&t, idx[0], idx[1], idx[2], out, &lse);
+            for (int64_t e = 0; e < c.Ev; e++) {
+                const double got = tt_get(&t.ref_out, (int64_t[]){idx[0], idx[1], idx[2], e});
+                if (!(fabs(got - out[e]) <= case_out_bound(&t, out[e]) || got == out[e]))
+                    fail_msg("kind %d: reference out %g, textbook %g", kind, got, out[e]);
+            }
+            const double got = tt_get(&t.ref_lse, idx);
+            if (!(got == lse || fabs(got - lse) <= case_lse_bound(&t, lse)))
+                fail_msg("kind %d: reference lse %g, textbook %g", kind, got, lse);
+        } while (tt_next_index(3, t.ref_lse.view.shape, idx));
+        case_free(&t);
+    }
+}
+
 /* ------------------------------------------------------------------ empty shapes */
 
 static void run_empty(int64_t B, int64_t Hq, int64_t Hkv, int64_t L, int64_t S, row_rule rule) {
@@ -642,6 +707,7 @@ int main(void) {
         cmocka_unit_test(outputs_with_unusual_strides),
         cmocka_unit_test(out_with_zero_stride_on_a_unit_dim),
         cmocka_unit_test(inputs_may_share_memory),
+        cmocka_unit_test(reference_is_sdpa_by_the_textbook),
         cmocka_unit_test(zero_batch),
         cmocka_unit_test(zero_queries),
         cmocka_unit_test(zero_keys_give_empty_rows),

@@ -264,6 +264,11 @@ double case_lse_bound(const case_tensors *t, double ref) {
     return lse_bound(t, &es, ref);
 }
 
+double case_out_bound(const case_tensors *t, double ref) {
+    const af_error_scale es = error_scale(t);
+    return af_error_bound(t->c.dtype, ref, &es);
+}
+
 /* Error of `got` against `want` in units of `bound`; infinite when NaN/Inf do not match exactly. */
 static double error_ratio(double got, double want, double bound) {
     if (isnan(want) || isinf(want)) return (isnan(want) && isnan(got)) || got == want ? 0.0 : INFINITY;

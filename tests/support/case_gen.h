@@ -76,5 +76,7 @@ bool case_verify_everywhere(case_tensors *t, char *why, size_t size);
 /* Tolerance of one lse element: lse = m + ln(l), so its error is l's relative error plus the logits' error, i.e.
  * af_error_bound of an output with unit values, plus the rounding of lse itself to f32. */
 double case_lse_bound(const case_tensors *t, double ref);
+/* Tolerance of one out element whose reference value is `ref`: af_error_bound with this case's scale. */
+double case_out_bound(const case_tensors *t, double ref);
 
 #endif
