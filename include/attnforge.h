@@ -177,6 +177,10 @@ AF_API af_status af_provider_load(const char *path, af_provider **out);   /* fro
  * Thread-safe: concurrent calls on one provider are fine (docs/PROVIDER.md). */
 AF_API af_status af_provider_infer(af_provider *provider, const af_sdpa_args *args, af_qkv_source source,
                                    af_tensor *out, af_tensor *lse);
+/* The per-call guard alone: AF_OK when infer would run this call (passed as `source`) with the plan;
+ * AF_ERR_PLAN_MISMATCH naming the difference when it would take the general path. Runs nothing. (For
+ * callers that send uncovered calls elsewhere, e.g. attnforge.torch.apply back to PyTorch.) */
+AF_API af_status af_provider_check_call(const af_provider *provider, const af_sdpa_args *args, af_qkv_source source);
 /* Loads the plan's backend now (CPU kernels; the CUDA shared object for a cuda plan) instead of on the
  * first infer. Idempotent. AF_ERR_RUNTIME_UNAVAILABLE says how to get a missing backend. */
 AF_API af_status af_provider_load_runtime_dependencies(af_provider *provider);

@@ -76,15 +76,16 @@ class FlashAttention4KernelProvider:
         not match the plan runs with its own arguments (the C library's guard), never with the plan's."""
         return self.infer(args, kwargs)
 
-    def infer(self, args=(), kwargs=None):
-        """The seed's _infer(args, kwargs): returns out (B, Hq, L, Ev), allocated like query."""
+    def infer(self, args=(), kwargs=None, *, strict=False):
+        """The seed's _infer(args, kwargs): returns out (B, Hq, L, Ev), allocated like query. strict=True raises
+        PlanMismatchError (running nothing) for a call the plan does not cover, instead of the general path."""
         kwargs = {} if kwargs is None else kwargs
         args = tuple(exportable(a) for a in args)
         kwargs = {k: exportable(v) for k, v in kwargs.items()}
         query = args[0] if args else kwargs.get("query")
         value = args[2] if len(args) > 2 else kwargs.get("value")
         out = new_output(query, value)
-        self._c.infer(args, kwargs, out)
+        self._c.infer(args, kwargs, out, None, strict)
         return out
 
     def infer_with_lse(self, *args, **kwargs):

@@ -106,7 +106,7 @@ def _needs_autograd(args, kwargs):
         isinstance(t, torch.Tensor) and t.requires_grad for t in (*args, *kwargs.values()))
 
 
-def _routed(provider, pytorch_sdpa, warned):
+def _routed(provider, pytorch_sdpa, warned, strict):
     def scaled_dot_product_attention(*args, **kwargs):
         if _needs_autograd(args, kwargs):   # attnforge has no backward pass: keep training correct
             if not warned:
@@ -115,7 +115,7 @@ def _routed(provider, pytorch_sdpa, warned):
                                "run the module under torch.no_grad() or torch.inference_mode() to use attnforge")
             return pytorch_sdpa(*args, **kwargs)
         try:
-            return provider(*args, **kwargs)
+            return provider.infer(args, kwargs, strict=strict)
         except _FALLBACK_ERRORS as e:
             logger.debug("attnforge does not run this call (%s); using PyTorch's scaled_dot_product_attention", e)
             return pytorch_sdpa(*args, **kwargs)
@@ -126,15 +126,20 @@ def _routed(provider, pytorch_sdpa, warned):
 
 
 @contextlib.contextmanager
-def apply(module, provider_or_plan):
+def apply(module, provider_or_plan, uncovered="pytorch"):
     """Inside the block, module's F.scaled_dot_product_attention calls run on attnforge's provider while the
     module runs (forward hooks, as the seed's KernelProviderRuntime); PyTorch's function is back after each
-    forward and after the block, also on exceptions. Calls the plan does not cover run on the general path
-    with their own arguments; calls attnforge cannot run at all go to PyTorch's own SDPA.
+    forward and after the block, also on exceptions.
+
+    Calls the plan does not cover (the C provider's per-call guard decides: form, mask, causality, scale, GQA,
+    layout) go to PyTorch's own SDPA; with uncovered="attnforge" they run on attnforge's general path with
+    their own arguments instead. Calls attnforge cannot run at all (autograd, float64, ...) go to PyTorch.
 
     provider_or_plan: a prepared FlashAttention4KernelProvider, a plan dict (to_dict()) or a plan file path.
     Like the seed, this patches a process-wide function (not thread-safe) and only reaches code that looks up
     F.scaled_dot_product_attention when it calls it."""
+    if uncovered not in ("pytorch", "attnforge"):
+        raise ValueError(f'apply(): uncovered must be "pytorch" or "attnforge", got {uncovered!r}')
     provider = _as_provider(provider_or_plan)
     if not provider.is_prepared:
         raise _C.NotPreparedError(f"Kernel provider {provider.name} must be prepared before it is applied")
@@ -144,7 +149,7 @@ def apply(module, provider_or_plan):
     def before_forward(mod, inputs):
         previous = _sdpa_function()
         stack.append(previous)
-        _set_sdpa_function(_routed(provider, previous, warned))
+        _set_sdpa_function(_routed(provider, previous, warned, uncovered == "pytorch"))
 
     def after_forward(mod, inputs, output):
         if stack:

@@ -115,12 +115,14 @@ static af_qkv_source call_source(const afpy_provider *self, PyObject *args, af_q
     return plan.qkv_source == AF_QKV_POSITIONAL ? AF_QKV_KEYWORD : AF_QKV_POSITIONAL;
 }
 
-/* infer(args: tuple, kwargs: dict, out, lse=None) -> None: runs the plan (or the general path) into out. */
+/* infer(args: tuple, kwargs: dict, out, lse=None, strict=False) -> None: runs the plan into out. A call that
+ * does not match the plan runs on the general path, or with strict=True raises PlanMismatchError unrun. */
 static PyObject *provider_infer(afpy_provider *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"args", "kwargs", "out", "lse", NULL};
+    static char *keywords[] = {"args", "kwargs", "out", "lse", "strict", NULL};
     PyObject *call_args, *call_kwargs, *out_obj, *lse_obj = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O|O:infer", keywords, &PyTuple_Type, &call_args, &PyDict_Type,
-                                     &call_kwargs, &out_obj, &lse_obj))
+    int strict = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O|Op:infer", keywords, &PyTuple_Type, &call_args,
+                                     &PyDict_Type, &call_kwargs, &out_obj, &lse_obj, &strict))
         return NULL;
     afpy_call call;
     if (afpy_call_parse(call_args, call_kwargs, &call) < 0) return NULL;
@@ -134,7 +136,8 @@ static PyObject *provider_infer(afpy_provider *self, PyObject *args, PyObject *k
     Py_BEGIN_ALLOW_THREADS   /* the views hold their memory; the read lock keeps prepare from swapping the plan */
     pthread_rwlock_rdlock(&self->lock);
     const af_qkv_source source = call_source(self, call_args, call.source);
-    status = af_provider_infer(self->provider, &call.args, source, &out.view, lse_view);
+    status = strict ? af_provider_check_call(self->provider, &call.args, source) : AF_OK;
+    if (status == AF_OK) status = af_provider_infer(self->provider, &call.args, source, &out.view, lse_view);
     pthread_rwlock_unlock(&self->lock);
     Py_END_ALLOW_THREADS
     afpy_tensor_release(&out);
@@ -177,7 +180,7 @@ static PyMethodDef provider_methods[] = {
     {"from_json", (PyCFunction)provider_from_json, METH_O | METH_CLASS, "A prepared provider from plan JSON."},
     {"load", (PyCFunction)provider_load, METH_O | METH_CLASS, "A prepared provider from a plan file."},
     {"infer", (PyCFunction)(void (*)(void))provider_infer, METH_VARARGS | METH_KEYWORDS,
-     "infer(args, kwargs, out, lse=None): run one SDPA call into out."},
+     "infer(args, kwargs, out, lse=None, strict=False): run one SDPA call into out."},
     {"load_runtime_dependencies", (PyCFunction)provider_load_runtime, METH_NOARGS, "Load the plan's backend now."},
     {NULL, NULL, 0, NULL},
 };

@@ -109,7 +109,8 @@ def test_pytorch_function_is_restored_after_an_exception():
 
 def test_transformer_encoder_layer():
     """nn.MultiheadAttention calls SDPA with six positionals, which the seed's subset refuses; apply() with
-    another plan still gives PyTorch's output (the guard runs those calls with their own arguments)."""
+    another plan still gives PyTorch's output (the C guard sends those calls to PyTorch, or to attnforge's
+    general path)."""
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, dropout=0.0).eval()
     x = torch.randn(10, 2, 64)   # (L, B, E): batch_first=False keeps PyTorch's fused fast path out of the way
@@ -124,10 +125,15 @@ def test_transformer_encoder_layer():
     assert other.prepare([((q, q, q), {"is_causal": True})])
     with torch.no_grad():
         want = layer(x)
-        with aft.apply(layer, other):
+        with aft.apply(layer, other):   # not covered by the plan: PyTorch's own SDPA
             got = layer(x)
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    assert af._C._testing_stats(other._c)["general_calls"] == 1
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        stats = af._C._testing_stats(other._c)
+        assert stats["plan_calls"] == 0 and stats["general_calls"] == 0
+        with aft.apply(layer, other, uncovered="attnforge"):   # attnforge's general path, the call's own arguments
+            got = layer(x)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        assert af._C._testing_stats(other._c)["general_calls"] == 1
 
 
 def test_calls_attnforge_cannot_run_go_to_pytorch(af_log):

@@ -133,6 +133,23 @@ def test_calls_that_differ_from_the_plan_run_with_their_own_arguments():
     assert af._C._testing_stats(provider._c)["plan_calls"] == 1
 
 
+def test_strict_infer_refuses_uncovered_calls_without_running_them():
+    q, k, v = qkv(1, 2, 2, 9, 9, 8, 8, torch.float32, layout="nhd")
+    provider = af.FlashAttention4KernelProvider()
+    assert provider.prepare([((q, k, v), {"is_causal": True})])
+    with pytest.raises(af.PlanMismatchError, match="is_causal is false, the plan's is true"):
+        provider.infer((q, k, v), {}, strict=True)
+    with pytest.raises(af.PlanMismatchError, match="q/k/v passed as keyword_qkv"):
+        provider.infer((), {"query": q, "key": k, "value": v, "is_causal": True}, strict=True)
+    with pytest.raises(af.PlanMismatchError, match="no longer an HND view of NHD-contiguous memory"):
+        provider.infer((q.contiguous(), k, v), {"is_causal": True}, strict=True)
+    with pytest.raises(af.PlanMismatchError):   # neither the positional nor the keyword form
+        provider.infer((q, k), {"value": v, "is_causal": True}, strict=True)
+    stats = af._C._testing_stats(provider._c)
+    assert stats["plan_calls"] == 0 and stats["general_calls"] == 0
+    assert_close(provider.infer((q, k, v), {"is_causal": True}, strict=True), oracle(q, k, v, is_causal=True))
+
+
 def test_causal_with_fewer_queries_than_keys_is_top_left_as_in_pytorch():
     """FlashAttention's causal is bottom-right when L != S; the provider keeps SDPA's top-left meaning."""
     q, k, v = qkv(1, 2, 2, 4, 12, 8, 8, torch.float32, layout="nhd")

@@ -140,3 +140,16 @@ af_status af_provider_infer(af_provider *p, const af_sdpa_args *args, af_qkv_sou
     if (p->plan.copy_free_layout) return kernel(&planned, out, lse);   /* the caller's views, no copy */
     return run_with_nhd_copies(p, kernel, &planned, out, lse);
 }
+
+af_status af_provider_check_call(const af_provider *p, const af_sdpa_args *args, af_qkv_source source) {
+    af_clear_error();
+    if (!p) return af_fail(AF_ERR_INVALID_ARGUMENT, "provider: must not be NULL");
+    if (!p->prepared)
+        return af_fail(AF_ERR_NOT_PREPARED, "Kernel provider %s must be prepared before inference",
+                       af_provider_name((af_provider *)p));
+    if (!args) return af_fail(AF_ERR_INVALID_ARGUMENT, "args: must not be NULL");
+    char why[256];
+    const char *mismatch = plan_mismatch(&p->plan, args, source, why, sizeof why);
+    if (mismatch) return af_fail(AF_ERR_PLAN_MISMATCH, "FlashAttention-4 plan does not match this call (%s)", mismatch);
+    return AF_OK;
+}
