@@ -96,8 +96,9 @@ def _as_provider(provider_or_plan) -> FlashAttention4KernelProvider:
                     f"{type(provider_or_plan).__name__}")
 
 
-# Calls attnforge cannot run (autograd needed, a dtype or device it lacks, arguments PyTorch accepts and it
-# does not) go to PyTorch; PyTorch then also raises for calls that are invalid for SDPA itself.
+# Calls the plan does not cover (PlanMismatchError from the C guard, strict mode) and calls attnforge cannot
+# run (a dtype or device it lacks, arguments PyTorch accepts and it does not) go to PyTorch; PyTorch then
+# also raises for calls that are invalid for SDPA itself.
 _FALLBACK_ERRORS = (_C.InvalidArgumentError, _C.UnsupportedError, _C.PlanMismatchError, TypeError)
 
 
