@@ -327,6 +327,39 @@ static void concurrent_callers_fall_back_safely(void **state) {
     af_set_num_threads(0);
 }
 
+static void *run_case_repeatedly(void *arg) {
+    case_tensors *t = arg;
+    char why[512];
+    for (int round = 0; round < 5; round++) {
+        tt_fill_bytes(&t->out, TT_SENTINEL_BYTE);
+        if (af_sdpa(&t->args, &t->out.view, t->c.with_lse ? &t->lse.view : NULL) != AF_OK) return NULL;
+        if (!case_matches_reference(t, NULL, why, sizeof why)) return NULL;
+    }
+    return (void *)1;
+}
+
+/* af_sdpa from four threads at once (one owns the pool, the others run alone): every result is right. */
+static void concurrent_sdpa_calls_are_correct(void **state) {
+    (void)state;
+    af_set_num_threads(2);
+    case_tensors t[4];
+    for (int i = 0; i < 4; i++) {
+        sdpa_case c = i % 2 ? case_default(1, 8, 2, 2, 1300, 16, 16) : case_default(2, 4, 2, 40, 60, 16, 8);
+        c.seed = (uint64_t)i + 1;
+        c.is_causal = i >= 2;
+        assert_true(case_build(&c, &t[i]));
+    }
+    pthread_t callers[4];
+    for (int i = 0; i < 4; i++) assert_int_equal(pthread_create(&callers[i], NULL, run_case_repeatedly, &t[i]), 0);
+    for (int i = 0; i < 4; i++) {
+        void *ok = NULL;
+        assert_int_equal(pthread_join(callers[i], &ok), 0);
+        assert_non_null(ok);
+        case_free(&t[i]);
+    }
+    af_set_num_threads(0);
+}
+
 static void pool_scratch_failure_runs_nothing(void **state) {
     (void)state;
     for (int threads = 1; threads <= 2; threads++) {
@@ -399,8 +432,8 @@ static void fail_each_allocation(case_tensors *t, sdpa_entry entry, const char *
 static void run_allocation_failures(sdpa_case c, int min_sites) {
     case_tensors t;
     assert_true(case_build(&c, &t));
-    const char *isas[3];
-    const int n = case_isas(isas, 3);
+    const char *isas[CASE_MAX_ISAS];
+    const int n = case_isas(isas, CASE_MAX_ISAS);
     for (int i = 0; i < n; i++)
         for (int threads = 1; threads <= 2; threads++) fail_each_allocation(&t, af_sdpa, isas[i], threads, min_sites);
     fail_each_allocation(&t, af_sdpa_reference, "portable", 1, 1);
@@ -432,6 +465,7 @@ int main(void) {
         cmocka_unit_test(thread_count_setting),
         cmocka_unit_test(nested_calls_run_inline),
         cmocka_unit_test(concurrent_callers_fall_back_safely),
+        cmocka_unit_test(concurrent_sdpa_calls_are_correct),
         cmocka_unit_test(pool_scratch_failure_runs_nothing),
         cmocka_unit_test(sdpa_survives_every_allocation_failure),
         cmocka_unit_test(split_kv_survives_every_allocation_failure),

@@ -65,8 +65,8 @@ static void assert_rows(const case_tensors *t, const test_tensor *out, const tes
 static void expect_rows(case_tensors *t, row_rule rule, const void *ctx) {
     verify(t);
     assert_rows(t, &t->ref_out, &t->ref_lse, rule, ctx, "reference");
-    const char *isas[3];
-    const int n = case_isas(isas, 3);
+    const char *isas[CASE_MAX_ISAS];
+    const int n = case_isas(isas, CASE_MAX_ISAS);
     for (int k = 0; k < n; k++)
         for (int threads = 1; threads <= 2; threads++) {
             assert_int_equal(case_run_kernel(t, isas[k], threads), AF_OK);
@@ -353,8 +353,8 @@ static void nan_in_value_poisons_its_column(void **state) {
         tt_set(&t.v, (int64_t[]){b, hk, j, col}, NAN);
         rerun_reference(&t);
         verify(&t);
-        const char *isas[3];
-        const int n = case_isas(isas, 3);
+        const char *isas[CASE_MAX_ISAS];
+        const int n = case_isas(isas, CASE_MAX_ISAS);
         for (int k = -1; k < n; k++) {   /* -1: the reference */
             const test_tensor *out = &t.ref_out;
             if (k >= 0) {
@@ -667,8 +667,8 @@ static void zero_batch_with_huge_length(void **state) {
     af_tensor k = af_tensor_contiguous(k_data, AF_F32, 4, (int64_t[]){0, 1, 3, 4});
     af_tensor v = af_tensor_contiguous(v_data, AF_F32, 4, (int64_t[]){0, 1, 3, 4});
     af_sdpa_args args = {.query = &q, .key = &k, .value = &v, .enable_gqa = true};
-    const char *isas[3];
-    const int n = case_isas(isas, 3);
+    const char *isas[CASE_MAX_ISAS];
+    const int n = case_isas(isas, CASE_MAX_ISAS);
     for (size_t s = 0; s < sizeof out_strides / sizeof out_strides[0]; s++) {
         af_tensor out = q;
         out.data = out_data;

@@ -408,8 +408,8 @@ static void reference_refuses_scratch_past_size_max(void **state) {
 /* Split-KV partial results for an S whose byte count wraps past 2^64 to a small number: refused, not allocated. */
 static void split_kv_partials_past_size_max_are_refused(void **state) {
     (void)state;
-    const char *isas[3];
-    const int n = case_isas(isas, 3);
+    const char *isas[CASE_MAX_ISAS];
+    const int n = case_isas(isas, CASE_MAX_ISAS);
     alarm(60);   /* were the size to wrap, the call would run ~1e15 work items */
     for (int i = 0; i < n; i++) {
         assert_int_equal(af_set_isa(isas[i]), AF_OK);

@@ -224,9 +224,9 @@ void case_free(case_tensors *t) {
 }
 
 int case_isas(const char **names, int capacity) {
-    static const char *const all[] = {"portable", "avx2", "avx512"};
+    static const char *const all[] = {"portable", "avx2", "avx512", "amx"};   /* amx: DESIGN.md's next one */
     int n = 0;
-    for (int i = 0; i < 3 && n < capacity; i++)
+    for (int i = 0; i < CASE_MAX_ISAS && n < capacity; i++)
         if (af_isa_available(all[i])) names[n++] = all[i];
     return n;
 }
@@ -334,8 +334,8 @@ static bool verify_run(case_tensors *t, const char *isa, int threads, char *why,
 }
 
 bool case_verify_everywhere(case_tensors *t, char *why, size_t size) {
-    const char *isas[3];
-    const int n = case_isas(isas, 3);
+    const char *isas[CASE_MAX_ISAS];
+    const int n = case_isas(isas, CASE_MAX_ISAS);
     unsigned char *inputs[4] = {tt_snapshot(&t->q), tt_snapshot(&t->k), tt_snapshot(&t->v), tt_snapshot(&t->mask)};
     bool ok = n > 0;
     if (!ok) snprintf(why, size, "no ISA available");

@@ -58,7 +58,8 @@ bool case_build(const sdpa_case *c, case_tensors *t);
 bool case_rerun_reference(case_tensors *t);
 void case_free(case_tensors *t);
 
-/* The ISAs this machine has among portable, avx2, avx512: every one the registry and CPU offer. */
+/* The ISAs this machine has among portable, avx2, avx512, amx: every one the registry and CPU offer. */
+#define CASE_MAX_ISAS 4
 int case_isas(const char **names, int capacity);
 
 /* Fill out and lse with the sentinel, pick `isa` and `threads`, run af_sdpa. */
