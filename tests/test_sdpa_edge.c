@@ -256,12 +256,13 @@ static row_expect nan_query_row_only(const case_tensors *t, int64_t b, int64_t h
 
 static void nan_in_query_poisons_its_row_only(void **state) {
     (void)state;
-    for (int d = 0; d < 3; d++) {
-        sdpa_case c = case_default(2, 4, 2, 30, 45, 16, 8);
-        c.dtype = all_dtypes[d];
-        c.is_causal = true;
+    for (int d = 0; d < 4; d++) {   /* the fourth: a decode shape, where every split of the row is NaN */
+        sdpa_case c = d < 3 ? case_default(2, 4, 2, 30, 45, 16, 8) : case_default(2, 4, 2, 18, 1300, 16, 8);
+        c.dtype = all_dtypes[d % 3];
+        c.is_causal = d < 3;
         case_tensors t;
         build(&c, &t);
+        assert_true(case_is_split_kv(&c) == (d == 3));
         const poisoned p = {1, 3, 17, 0};
         tt_set(&t.q, (int64_t[]){p.b, p.hk, p.i, 5}, NAN);
         rerun_reference(&t);
