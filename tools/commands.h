@@ -12,6 +12,7 @@ typedef struct {
 int cmd_run(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_verify(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
 
 /* NULL-terminated table of every subcommand (main.c). */
 extern const cli_command cli_commands[];

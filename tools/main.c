@@ -71,5 +71,6 @@ const cli_command cli_commands[] = {
     {"run", cmd_run, "run attention cases (built-in default, or a plan/samples file) and check them against the reference"},
     {"plan", cmd_plan, "choose one plan for the recorded calls of a samples file and write it as JSON"},
     {"verify", cmd_verify, "check a plan's cases against the reference on every ISA this machine has"},
+    {"bench", cmd_bench, "time attention shapes against this machine's measured FMA peak and bandwidth"},
     {NULL, NULL, NULL},
 };

@@ -16,6 +16,8 @@
 
 #define SPLIT_KEYS 512          /* keys per split-KV chunk: fixed by shape, so results never depend on threads */
 #define SPLIT_MAX_ROWS 64       /* split the keys only when one (batch, kv head) has at most this many rows */
+#define DIRECT_MAX_ROWS 16      /* blocks this small read K/V in place (scores_direct/values_direct): nothing to
+                                   amortise a K^T pack over */
 
 typedef struct {
     const af_problem *p;
@@ -27,6 +29,8 @@ typedef struct {
     int64_t row_blocks, splits, split_keys;
     float c;                    /* multiplier folded into the exponent: scale·log2(e), or log2(e) if pre-scaled */
     bool pre_scale;             /* S = S·scale (+ mask) before the softmax: masks and scale <= 0 need it */
+    bool v_direct;              /* f32 V already laid out as the P·V gemm wants it: no V tile is packed */
+    bool direct;                /* few rows: the micro-kernel's direct kernels read K and V in place */
     int exp2_degree;
     size_t elem;                /* bytes per q/k/v element */
     size_t out_elem;            /* bytes per out element */
@@ -57,8 +61,11 @@ static work_item decode_item(const flash_plan *fp, int64_t t) {
 }
 
 /* Copy `n` elements of `dtype` with element stride `stride` into f32 `dst`. */
-static void load_f32(float *dst, const char *src, af_dtype dtype, int64_t stride, int n, size_t elem) {
-    if (dtype == AF_F32 && stride == 1) {
+static void load_f32(const af_ukernel *uk, float *dst, const char *src, af_dtype dtype, int64_t stride, int n,
+                     size_t elem) {
+    if (stride == 1 && uk->convert) {   /* contiguous: the micro-kernel's converter (F16C, ...) */
+        uk->convert(dst, src, dtype, n);
+    } else if (dtype == AF_F32 && stride == 1) {
         memcpy(dst, src, sizeof(float) * (size_t)n);
     } else if (dtype == AF_F32) {
         for (int i = 0; i < n; i++) dst[i] = *(const float *)(src + (size_t)(i * stride) * elem);
@@ -80,10 +87,15 @@ static const char *qrow_ptr(const flash_plan *fp, const work_item *w, int64_t r,
 /* K tile transposed: kt[e][j] for keys j0..j0+cols, zero-padded to a whole vector of columns. */
 static void pack_key_tile(const flash_plan *fp, const work_item *w, int64_t j0, int cols, float *kt, float *row) {
     const af_problem *p = fp->p;
+    if (fp->uk->pack_kt && p->k_stride[3] == 1) {   /* the micro-kernel's transposing packer */
+        const char *src = p->k + (size_t)(w->b * p->k_stride[0] + w->hk * p->k_stride[1] + j0 * p->k_stride[2]) * fp->elem;
+        fp->uk->pack_kt(cols, fp->E, src, (size_t)p->k_stride[2] * fp->elem, p->dtype, kt, fp->keys_pad);
+        return;
+    }
     const int padded = (int)round_up((size_t)cols, AF_TILE_PAD);
     for (int j = 0; j < cols; j++) {
         const char *src = p->k + (size_t)(w->b * p->k_stride[0] + w->hk * p->k_stride[1] + (j0 + j) * p->k_stride[2]) * fp->elem;
-        load_f32(row, src, p->dtype, p->k_stride[3], fp->E, fp->elem);
+        load_f32(fp->uk, row, src, p->dtype, p->k_stride[3], fp->E, fp->elem);
         for (int e = 0; e < fp->E; e++) kt[(size_t)e * fp->keys_pad + j] = row[e];
     }
     if (padded > cols)
@@ -96,7 +108,7 @@ static void pack_value_tile(const flash_plan *fp, const work_item *w, int64_t j0
     for (int j = 0; j < cols; j++) {
         float *dst = vt + (size_t)j * fp->ev_pad;
         const char *src = p->v + (size_t)(w->b * p->v_stride[0] + w->hk * p->v_stride[1] + (j0 + j) * p->v_stride[2]) * fp->elem;
-        load_f32(dst, src, p->dtype, p->v_stride[3], fp->Ev, fp->elem);
+        load_f32(fp->uk, dst, src, p->dtype, p->v_stride[3], fp->Ev, fp->elem);
         memset(dst + fp->Ev, 0, sizeof(float) * (size_t)(fp->ev_pad - fp->Ev));
     }
 }
@@ -165,7 +177,7 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
     for (int r = 0; r < rows; r++) {
         int64_t h, i;
         const char *src = qrow_ptr(fp, &w, r0 + r, &h, &i);
-        load_f32(qb + (size_t)r * fp->E, src, p->dtype, p->q_stride[3], fp->E, fp->elem);
+        load_f32(uk, qb + (size_t)r * fp->E, src, p->dtype, p->q_stride[3], fp->E, fp->elem);
         m[r] = -INFINITY;
         l[r] = 0.0f;
     }
@@ -179,16 +191,30 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
 
     for (int64_t j0 = k_lo; j0 < k_hi; j0 += fp->block_keys) {
         const int cols = (int)(k_hi - j0 < fp->block_keys ? k_hi - j0 : fp->block_keys);
-        pack_key_tile(fp, &w, j0, cols, kt, vt);   /* vt is free until the V tile: a row buffer for the transpose */
-        uk->gemm(rows, cols, fp->E, qb, fp->E, kt, fp->keys_pad, S, fp->keys_pad, false);
+        if (fp->direct) {
+            const char *k = p->k + (size_t)(w.b * p->k_stride[0] + w.hk * p->k_stride[1] + j0 * p->k_stride[2]) * fp->elem;
+            uk->scores_direct(rows, cols, fp->E, qb, fp->E, k, (size_t)p->k_stride[2] * fp->elem, p->dtype, S, fp->keys_pad);
+        } else {
+            pack_key_tile(fp, &w, j0, cols, kt, vt);   /* vt is free until the V tile: a row buffer for the transpose */
+            uk->gemm(rows, cols, fp->E, qb, fp->E, kt, fp->keys_pad, S, fp->keys_pad, false);
+        }
         if (fp->pre_scale) apply_scale_and_mask(fp, &w, r0, rows, j0, cols, S);
         if (j0 + cols > first_visible) apply_causal(fp, r0, rows, j0, cols, S);
         uk->softmax_step(rows, cols, S, fp->keys_pad, fp->c, m, l, alpha, fp->exp2_degree);
         if (fp->Ev == 0) continue;
         for (int r = 0; r < rows; r++)
             if (alpha[r] != 1.0f) uk->scale_row(O + (size_t)r * fp->ev_pad, fp->Ev, alpha[r]);
-        pack_value_tile(fp, &w, j0, cols, vt);
-        uk->gemm(rows, fp->Ev, cols, S, fp->keys_pad, vt, fp->ev_pad, O, fp->ev_pad, true);
+        if (fp->direct) {
+            const char *v = p->v + (size_t)(w.b * p->v_stride[0] + w.hk * p->v_stride[1] + j0 * p->v_stride[2]) * fp->elem;
+            uk->values_direct(rows, fp->Ev, cols, S, fp->keys_pad, v, (size_t)p->v_stride[2] * fp->elem, p->dtype, O,
+                              fp->ev_pad);
+        } else if (fp->v_direct) {
+            const float *v = (const float *)p->v + w.b * p->v_stride[0] + w.hk * p->v_stride[1] + j0 * p->v_stride[2];
+            uk->gemm(rows, fp->Ev, cols, S, fp->keys_pad, v, (int)p->v_stride[2], O, fp->ev_pad, true);
+        } else {
+            pack_value_tile(fp, &w, j0, cols, vt);
+            uk->gemm(rows, fp->Ev, cols, S, fp->keys_pad, vt, fp->ev_pad, O, fp->ev_pad, true);
+        }
     }
 
     if (fp->splits == 1) {
@@ -252,6 +278,7 @@ af_status af_flash_forward(const af_problem *p) {
     fp.elem = af_dtype_size(p->dtype);
     fp.out_elem = af_dtype_size(p->out_dtype);
     fp.uk->blocking(fp.E, fp.Ev, &fp.block_rows, &fp.block_keys);
+    if (fp.block_rows > rows_total) fp.block_rows = (int)rows_total;   /* scratch and split partials sized to use */
     fp.keys_pad = (int)round_up((size_t)fp.block_keys, AF_TILE_PAD);
     fp.ev_pad = (int)round_up((size_t)(fp.Ev > 0 ? fp.Ev : 1), AF_TILE_PAD);
     fp.rows_total = rows_total;
@@ -266,6 +293,13 @@ af_status af_flash_forward(const af_problem *p) {
     fp.pre_scale = p->mask != NULL || !(p->scale > 0.0);
     fp.c = (float)(fp.pre_scale ? log2e : p->scale * log2e);
     fp.exp2_degree = p->dtype == AF_BF16 ? 3 : p->dtype == AF_F16 ? 4 : 5;
+    /* V tiles straight from the caller's f32 tensor when they meet the gemm's B contract: whole vectors of
+     * columns (no padding to zero), leading dim a multiple of AF_TILE_PAD, every tile 64-byte aligned. */
+    fp.v_direct = p->dtype == AF_F32 && p->v_stride[3] == 1 && fp.Ev % AF_TILE_PAD == 0 &&
+                  p->v_stride[2] % AF_TILE_PAD == 0 && p->v_stride[1] % AF_TILE_PAD == 0 &&
+                  p->v_stride[0] % AF_TILE_PAD == 0 && (uintptr_t)p->v % 64 == 0 && p->v_stride[2] <= INT32_MAX;
+    fp.direct = fp.uk->scores_direct && fp.uk->values_direct && p->k_stride[3] == 1 && p->v_stride[3] == 1 &&
+                fp.block_rows <= DIRECT_MAX_ROWS;
 
     const size_t br = (size_t)fp.block_rows, keys_pad = (size_t)fp.keys_pad, ev_pad = (size_t)fp.ev_pad;
     const size_t e_pad = round_up((size_t)fp.E, AF_TILE_PAD);
@@ -285,6 +319,9 @@ af_status af_flash_forward(const af_problem *p) {
         if (__builtin_mul_overflow((size_t)(groups * fp.splits), br * (ev_pad + 2), &count) || count > SIZE_MAX / sizeof(float))
             return af_fail(AF_ERR_NO_MEMORY, "out of memory: split-KV partial results for %lld splits exceed 2^64 bytes",
                            (long long)fp.splits);
+        if (count > ((size_t)1 << 45))   /* 2^47 bytes: more than an x86-64/arm64 process can address */
+            return af_fail(AF_ERR_NO_MEMORY, "out of memory: %zu bytes of split-KV partial results exceed the address space",
+                           sizeof(float) * count);
         if (!(fp.partials = af_alloc(sizeof(float) * count)))
             return af_fail(AF_ERR_NO_MEMORY, "out of memory: %zu bytes of split-KV partial results", sizeof(float) * count);
     }

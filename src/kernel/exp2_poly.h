@@ -1,5 +1,7 @@
 /* Polynomial 2^f on f in [-0.5, 0.5] (Cody–Waite: 2^x = 2^round(x) · 2^f), minimax for relative error.
  * Max relative error: degree 3 7.5e-5 (13.7 bits, enough for bf16), 4 2.6e-6 (18.6 bits, f16), 5 7.5e-8 (f32).
+ * Evaluated in f32 (coefficients rounded to float, Horner) add up to 2 ulp (2^-22); measured over [-125, 8] by
+ * tests/test_ukernel.c: 7.5e-5, 2.7e-6, 2.3e-7.
  * Coefficients fitted for attnforge (Lawson-weighted least squares); c[0] first. */
 #ifndef AF_KERNEL_EXP2_POLY_H
 #define AF_KERNEL_EXP2_POLY_H

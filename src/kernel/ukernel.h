@@ -4,6 +4,9 @@
 #ifndef AF_KERNEL_UKERNEL_H
 #define AF_KERNEL_UKERNEL_H
 #include <stdbool.h>
+#include <stddef.h>
+
+#include "attnforge.h"
 
 /* Every packed tile row is padded to a multiple of this many floats (64 bytes), and every tile is 64-byte
  * aligned, so a micro-kernel may load/store whole vectors up to the padded width. */
@@ -34,6 +37,25 @@ typedef struct af_ukernel {
 
     /* Tile sizes for head dims E (q·k) and Ev (v): query rows per block and keys per block. */
     void (*blocking)(int E, int Ev, int *block_rows, int *block_keys);
+
+    /* Optional packing hooks (NULL: the driver's own loops). Sources are f32, f16 or bf16, contiguous along the
+     * head dim; the result is f32, converted exactly.
+     * pack_kt: the K tile transposed, kt[e·ldkt + j] = K_j[e] for j < cols, e < E, with columns
+     *          cols..round_up(cols, AF_TILE_PAD) zero. Key j starts at (const char *)k + j·key_stride bytes;
+     *          ldkt is a multiple of AF_TILE_PAD, kt 64-byte aligned. cols, E >= 1.
+     * convert: dst[0..n) = src[0..n) as f32 (n >= 1). */
+    void (*pack_kt)(int cols, int E, const void *k, size_t key_stride, af_dtype dtype, float *kt, int ldkt);
+    void (*convert)(float *dst, const void *src, af_dtype dtype, int n);
+
+    /* Optional kernels for few query rows (decode): K and V read where they lie, nothing packed. K/V rows are
+     * f32/f16/bf16 (dtype), contiguous along the head dim, `row_bytes` apart (a multiple of the element size);
+     * nothing past a row's last element is read. m, n, k >= 1.
+     * scores_direct: S[m×n] = A[m×k] · K^T, K's n rows of k elements; S's columns n.. are not written.
+     * values_direct: O[m×n] += P[m×k] · V, V's k rows of n elements; ldo a multiple of AF_TILE_PAD. */
+    void (*scores_direct)(int m, int n, int k, const float *A, int lda, const void *K, size_t row_bytes,
+                          af_dtype dtype, float *S, int lds);
+    void (*values_direct)(int m, int n, int k, const float *P, int ldp, const void *V, size_t row_bytes,
+                          af_dtype dtype, float *O, int ldo);
 } af_ukernel;
 
 extern const af_ukernel af_ukernel_portable;

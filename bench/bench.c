@@ -1,0 +1,452 @@
+/* `attnforge bench`: attention speed against the machine's own FMA peak and read bandwidth, measured in the
+ * same run, plus the speed-up over the portable kernel and the 1-thread → N-thread scaling. */
+#include <jansson.h>
+#include <stdio.h>
+#include <sys/resource.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_memory.h"
+#include "cli_common.h"
+#include "commands.h"
+#include "machine_peak.h"
+#include "sdpa/problem.h"
+
+#define BANDWIDTH_BYTES ((size_t)256 << 20)
+#define DECODE_MAX_L 16
+
+typedef struct {
+    cli_shape shape;
+    int threads;            /* 0: the configured count; 1: a scaling row */
+} bench_case;
+
+typedef struct {
+    int reps;
+    bool json, quick, long_shapes;
+    double portable_max_gflop;   /* skip the portable comparison above this many GFLOP per call */
+} bench_options;
+
+typedef struct {
+    bench_case c;
+    int threads;
+    const char *isa;
+    bool ok, decode;
+    double seconds, gflops, peak_gflops, peak_ratio, gbps, peak_gbps;
+    double cpu_share;            /* process CPU time / (wall time × threads) over the timed calls: < 1 = preempted
+                                    (the machine is shared) or threads idle */
+    double cpu_gflops;           /* FLOPs per CPU-second the calls got: one core's rate, robust to preemption */
+    double peak_cpu_gflops, cpu_peak_ratio;   /* the FMA loop's FLOPs per CPU-second, and the ratio of the two */
+    double portable_seconds;     /* 0: not run */
+    double extra_rss_mib;        /* peak RSS during the calls beyond what was resident before; < 0 unknown */
+} bench_row;
+
+/* ---- the machine's ceilings, measured once per (isa, threads) in this run */
+
+typedef struct { char isa[16]; int threads; double value, per_cpu; } ceiling;
+static ceiling peaks[8], bandwidths[8];
+static int num_peaks, num_bandwidths;
+
+static double fma_peak(const char *isa, int threads, double *per_cpu) {
+    for (int i = 0; i < num_peaks; i++)
+        if (!strcmp(peaks[i].isa, isa) && peaks[i].threads == threads) {
+            if (per_cpu) *per_cpu = peaks[i].per_cpu;
+            return peaks[i].value;
+        }
+    double c = 0.0, v = bench_fma_peak_gflops(isa, threads, &c);
+    if (num_peaks < 8) {
+        snprintf(peaks[num_peaks].isa, sizeof peaks[0].isa, "%s", isa);
+        peaks[num_peaks].threads = threads;
+        peaks[num_peaks].per_cpu = c;
+        peaks[num_peaks++].value = v;
+    }
+    if (per_cpu) *per_cpu = c;
+    return v;
+}
+
+static double read_bandwidth(int threads) {
+    for (int i = 0; i < num_bandwidths; i++)
+        if (bandwidths[i].threads == threads) return bandwidths[i].value;
+    double v = bench_read_bandwidth_gbps(threads, BANDWIDTH_BYTES);
+    if (num_bandwidths < 8) bandwidths[num_bandwidths++] = (ceiling){"", threads, v, 0.0};
+    return v;
+}
+
+/* ---- shapes */
+
+static int default_cases(const bench_options *o, af_dtype only_dtype, bool dtype_given, bool causal_only,
+                         int threads, bench_case *out, int max) {
+    int n = 0;
+#define ADD(label_, B_, Hq_, Hkv_, L_, S_, E_, Ev_, dt_, causal_, thr_)                                          \
+    do {                                                                                                      \
+        if (n < max && (!dtype_given || (dt_) == only_dtype) && (!causal_only || (causal_)))                  \
+            out[n++] = (bench_case){{label_, B_, Hq_, Hkv_, L_, S_, E_, Ev_, dt_, causal_}, thr_};            \
+    } while (0)
+    const int64_t lengths_full[] = {512, 2048, 4096, 8192}, lengths_quick[] = {512, 2048};
+    const int64_t *lengths = o->quick ? lengths_quick : lengths_full;
+    const int num_lengths = o->quick ? 2 : o->long_shapes ? 4 : 3;
+    for (int li = 0; li < num_lengths; li++)
+        for (int64_t E = 64; E <= 128; E += 64)
+            for (int causal = 0; causal <= 1; causal++)
+                ADD("prefill", 1, 16, 16, lengths[li], lengths[li], E, E, AF_F32, causal, 0);
+    const af_dtype reduced[] = {AF_BF16, AF_F16};
+    for (int d = 0; d < 2; d++)
+        for (int li = 1; li < (o->quick ? 2 : 3); li++)   /* L = 2048 (and 4096) */
+            for (int causal = 0; causal <= 1; causal++)
+                ADD("prefill", 1, 16, 16, lengths[li], lengths[li], 128, 128, reduced[d], causal, 0);
+    ADD("decode", 1, 32, 8, 1, 4096, 128, 128, AF_F16, false, 0);
+    ADD("decode", 1, 32, 8, 1, 32768, 128, 128, AF_F16, false, 0);
+    if (threads > 1) {   /* the same shapes on one thread: the scaling figure */
+        ADD("1-thread", 1, 16, 16, 2048, 2048, 128, 128, AF_F32, false, 1);
+        ADD("1-thread", 1, 16, 16, 2048, 2048, 128, 128, AF_F32, true, 1);
+        if (!o->quick) {
+            ADD("1-thread", 1, 16, 16, 4096, 4096, 128, 128, AF_F32, false, 1);
+            ADD("1-thread", 1, 16, 16, 4096, 4096, 128, 128, AF_F32, true, 1);
+        }
+        ADD("1-thread", 1, 32, 8, 1, 32768, 128, 128, AF_F16, false, 1);
+    }
+#undef ADD
+    return n;
+}
+
+static int parse_shape(const char *text, cli_shape *s) {
+    long long v[7];
+    char tail;
+    if (sscanf(text, "%lld,%lld,%lld,%lld,%lld,%lld,%lld%c", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &tail) != 7)
+        return -1;
+    for (int i = 0; i < 7; i++)
+        if (v[i] < (i == 3 || i == 4 ? 0 : 1)) return -1;
+    if (v[1] % v[2]) return -1;
+    s->B = v[0], s->Hq = v[1], s->Hkv = v[2], s->L = v[3], s->S = v[4], s->E = v[5], s->Ev = v[6];
+    return 0;
+}
+
+/* ---- running one row */
+
+typedef struct { cli_tensor q, k, v, out; af_sdpa_args args; } bench_tensors;
+
+static bool make_tensors(bench_tensors *t, const cli_shape *s, uint64_t seed) {
+    const int64_t qs[4] = {s->B, s->Hq, s->L, s->E}, ks[4] = {s->B, s->Hkv, s->S, s->E};
+    const int64_t vs[4] = {s->B, s->Hkv, s->S, s->Ev}, os[4] = {s->B, s->Hq, s->L, s->Ev};
+    memset(t, 0, sizeof *t);
+    bool ok = cli_tensor_random(&t->q, s->dtype, qs, false, &seed, 1.0) &&
+              cli_tensor_random(&t->k, s->dtype, ks, false, &seed, 1.0) &&
+              cli_tensor_random(&t->v, s->dtype, vs, false, &seed, 1.0) && cli_tensor_zeros(&t->out, s->dtype, 4, os);
+    t->args = (af_sdpa_args){.query = &t->q.view, .key = &t->k.view, .value = &t->v.view, .is_causal = s->causal,
+                             .enable_gqa = s->Hq != s->Hkv};
+    return ok;
+}
+
+static void free_tensors(bench_tensors *t) {
+    cli_tensor_free(&t->q);
+    cli_tensor_free(&t->k);
+    cli_tensor_free(&t->v);
+    cli_tensor_free(&t->out);
+}
+
+static double cpu_seconds(void) {   /* user + system time of the whole process */
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return (double)(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * (double)(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+/* Median seconds of `reps` calls after `warmup` untimed ones; < 0 when a call fails. *cpu_per_wall: process CPU
+ * time over the summed wall time of the timed calls; *cpu_per_call: their mean CPU time. */
+static double time_calls(bench_tensors *t, int warmup, int reps, double *cpu_per_wall, double *cpu_per_call) {
+    double times[64], wall = 0.0;
+    if (reps > 64) reps = 64;
+    for (int w = 0; w < warmup; w++)
+        if (af_sdpa(&t->args, &t->out.view, NULL) != AF_OK) return -1.0;
+    const double cpu0 = cpu_seconds();
+    for (int r = 0; r < reps; r++) {
+        const double t0 = cli_now();
+        if (af_sdpa(&t->args, &t->out.view, NULL) != AF_OK) return -1.0;
+        times[r] = cli_now() - t0;
+        wall += times[r];
+    }
+    const double cpu = cpu_seconds() - cpu0;
+    if (cpu_per_wall) *cpu_per_wall = cpu / wall;
+    if (cpu_per_call) *cpu_per_call = cpu / reps;
+    return cli_median(times, reps);
+}
+
+static bench_row run_case(const bench_case *c, const bench_options *o, int configured_threads, uint64_t seed) {
+    bench_row row = {.c = *c, .threads = c->threads ? c->threads : configured_threads, .isa = af_get_isa(),
+                     .extra_rss_mib = -1.0};
+    const cli_shape *s = &c->shape;
+    row.decode = s->L <= DECODE_MAX_L;
+    row.peak_gflops = fma_peak(row.isa, row.threads, &row.peak_cpu_gflops);
+    if (row.decode) row.peak_gbps = read_bandwidth(row.threads);
+    bench_tensors t;
+    if (!make_tensors(&t, s, seed)) {
+        free_tensors(&t);
+        return row;
+    }
+    af_set_num_threads(row.threads);
+    const double resident = bench_reset_peak_rss_mib();
+    double cpu_per_wall = 0.0, cpu_per_call = 0.0;
+    row.seconds = time_calls(&t, 1, o->reps, &cpu_per_wall, &cpu_per_call);
+    row.cpu_share = cpu_per_wall / row.threads;
+    const double peak = bench_peak_rss_mib();
+    if (resident >= 0.0 && peak >= 0.0) row.extra_rss_mib = peak - resident;
+    row.ok = row.seconds > 0.0;
+    const double flops = cli_fa4_flops(s);
+    if (row.ok) {
+        row.gflops = flops / row.seconds * 1e-9;
+        row.peak_ratio = row.gflops / row.peak_gflops;
+        if (cpu_per_call > 0.0) row.cpu_gflops = flops / cpu_per_call * 1e-9;
+        if (row.peak_cpu_gflops > 0.0) row.cpu_peak_ratio = row.cpu_gflops / row.peak_cpu_gflops;
+        const double kv_bytes = (double)(s->B * s->Hkv * s->S * (s->E + s->Ev)) * (double)af_dtype_size(s->dtype);
+        if (row.decode) row.gbps = kv_bytes / row.seconds * 1e-9;
+    }
+    if (row.ok && strcmp(row.isa, "portable") && flops * 1e-9 <= o->portable_max_gflop) {
+        const char *isa = row.isa;
+        af_set_isa("portable");
+        row.portable_seconds = time_calls(&t, flops < 1e9 ? 1 : 0, flops < 1e9 ? o->reps : 3, NULL, NULL);
+        af_set_isa(isa);
+    }
+    af_set_num_threads(configured_threads);
+    free_tensors(&t);
+    return row;
+}
+
+/* ---- printing */
+
+static void print_header(void) {
+    printf("%-9s %-26s %-8s %-3s %3s %10s %8s %6s %7s %5s %4s %7s %11s %8s %7s\n", "case", "B,Hq,Hkv,L,S,E,Ev",
+           "dtype", "cau", "thr", "ms", "GFLOP/s", "%peak", "GB/s", "%bw", "cpu%", "%pk_cpu", "portable_ms", "speedup",
+           "+RSS_MiB");
+}
+
+static void print_row(const bench_row *r, const bench_options *o) {
+    const cli_shape *s = &r->c.shape;
+    if (o->json) {
+        json_t *j = json_pack("{s:s, s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:s, s:b}", "case", s->label,
+                              "dtype", af_dtype_name(s->dtype), "causal", s->causal, "B", (json_int_t)s->B, "Hq",
+                              (json_int_t)s->Hq, "Hkv", (json_int_t)s->Hkv, "L", (json_int_t)s->L, "S",
+                              (json_int_t)s->S, "E", (json_int_t)s->E, "Ev", (json_int_t)s->Ev, "threads", r->threads,
+                              "isa", r->isa, "ok", r->ok);
+        json_object_set_new(j, "seconds", json_real(r->seconds));
+        json_object_set_new(j, "gflops", json_real(r->gflops));
+        json_object_set_new(j, "peak_gflops", json_real(r->peak_gflops));
+        json_object_set_new(j, "peak_ratio", json_real(r->peak_ratio));
+        json_object_set_new(j, "cpu_share", json_real(r->cpu_share));
+        json_object_set_new(j, "cpu_gflops", json_real(r->cpu_gflops));
+        json_object_set_new(j, "peak_cpu_gflops", json_real(r->peak_cpu_gflops));
+        json_object_set_new(j, "cpu_peak_ratio", json_real(r->cpu_peak_ratio));
+        if (r->decode) {
+            json_object_set_new(j, "gbps", json_real(r->gbps));
+            json_object_set_new(j, "peak_gbps", json_real(r->peak_gbps));
+            json_object_set_new(j, "bandwidth_ratio", json_real(r->peak_gbps > 0 ? r->gbps / r->peak_gbps : 0.0));
+        }
+        if (r->portable_seconds > 0) {
+            json_object_set_new(j, "portable_seconds", json_real(r->portable_seconds));
+            json_object_set_new(j, "speedup_vs_portable", json_real(r->portable_seconds / r->seconds));
+        }
+        if (r->extra_rss_mib >= 0) json_object_set_new(j, "extra_rss_mib", json_real(r->extra_rss_mib));
+        char *text = json_dumps(j, JSON_COMPACT);
+        printf("%s\n", text);
+        free(text);
+        json_decref(j);
+        return;
+    }
+    char shape[64], gbps[16] = "-", bw[16] = "-", port[16] = "-", speedup[16] = "-", rss[16] = "-";
+    snprintf(shape, sizeof shape, "%lld,%lld,%lld,%lld,%lld,%lld,%lld", (long long)s->B, (long long)s->Hq,
+             (long long)s->Hkv, (long long)s->L, (long long)s->S, (long long)s->E, (long long)s->Ev);
+    if (!r->ok) {
+        printf("%-9s %-26s %-8s %-3s %3d failed: %s\n", s->label, shape, af_dtype_name(s->dtype), s->causal ? "yes" : "no",
+               r->threads, af_last_error());
+        return;
+    }
+    if (r->decode) {
+        snprintf(gbps, sizeof gbps, "%.1f", r->gbps);
+        snprintf(bw, sizeof bw, "%.0f%%", 100.0 * r->gbps / r->peak_gbps);
+    }
+    if (r->portable_seconds > 0) {
+        snprintf(port, sizeof port, "%.1f", r->portable_seconds * 1e3);
+        snprintf(speedup, sizeof speedup, "%.1fx", r->portable_seconds / r->seconds);
+    } else if (strcmp(r->isa, "portable")) {
+        snprintf(port, sizeof port, "skipped");
+    }
+    if (r->extra_rss_mib >= 0) snprintf(rss, sizeof rss, "%.1f", r->extra_rss_mib);
+    printf("%-9s %-26s %-8s %-3s %3d %10.2f %8.1f %5.0f%% %7s %5s %3.0f%% %6.0f%% %11s %8s %7s\n", s->label, shape,
+           af_dtype_name(s->dtype), s->causal ? "yes" : "no", r->threads, r->seconds * 1e3, r->gflops,
+           100.0 * r->peak_ratio, gbps, bw, 100.0 * r->cpu_share, 100.0 * r->cpu_peak_ratio, port, speedup, rss);
+}
+
+/* One row per N-thread/1-thread pair of the same shape: the scaling figure. */
+static void print_scaling(const bench_row *rows, int n, const bench_options *o) {
+    for (int i = 0; i < n; i++) {
+        if (rows[i].c.threads != 1 || !rows[i].ok) continue;
+        for (int j = 0; j < n; j++) {
+            const cli_shape *a = &rows[i].c.shape, *b = &rows[j].c.shape;
+            if (j == i || rows[j].threads <= 1 || !rows[j].ok || a->L != b->L || a->S != b->S || a->E != b->E ||
+                a->Hq != b->Hq || a->Hkv != b->Hkv || a->causal != b->causal || a->dtype != b->dtype)
+                continue;
+            const double speedup = rows[i].seconds / rows[j].seconds;
+            if (o->json) {
+                printf("{\"scaling\":true,\"L\":%lld,\"S\":%lld,\"E\":%lld,\"causal\":%s,\"dtype\":\"%s\","
+                       "\"threads\":%d,\"speedup_vs_1_thread\":%.3f}\n",
+                       (long long)a->L, (long long)a->S, (long long)a->E, a->causal ? "true" : "false",
+                       af_dtype_name(a->dtype), rows[j].threads, speedup);
+            } else {
+                printf("  L=S=%lld/%lld E=%lld %s %s: %d threads %.2fx one thread (%.1f → %.1f GFLOP/s)\n",
+                       (long long)a->L, (long long)a->S, (long long)a->E, af_dtype_name(a->dtype),
+                       a->causal ? "causal" : "full", rows[j].threads, speedup, rows[i].gflops, rows[j].gflops);
+            }
+        }
+    }
+}
+
+/* ---- a cheap correctness spot check of the kernel being measured */
+
+static int spot_check(const bench_options *o) {
+    const cli_shape shapes[] = {
+        {"check", 1, 4, 2, 77, 133, 64, 64, AF_F32, true},
+        {"check", 2, 2, 2, 40, 40, 128, 80, AF_BF16, false},
+        {"check", 1, 4, 4, 33, 70, 96, 96, AF_F16, true},
+        {"check", 1, 8, 2, 1, 1500, 128, 128, AF_F16, false},
+    };
+    const int n = (int)(sizeof shapes / sizeof shapes[0]);
+    int failures = 0;
+    double worst = 0.0;
+    for (int i = 0; i < n; i++) {
+        const cli_shape *s = &shapes[i];
+        bench_tensors t;
+        cli_tensor ref;
+        const int64_t os[4] = {s->B, s->Hq, s->L, s->Ev};
+        bool ok = make_tensors(&t, s, 99 + (uint64_t)i) && cli_tensor_zeros(&ref, AF_F32, 4, os) &&
+                  af_sdpa(&t.args, &t.out.view, NULL) == AF_OK && af_reference_f32(&t.args, &ref.view, NULL) == AF_OK;
+        if (ok) {
+            cli_compare c = cli_compare_to_reference(&t.args, &t.out.view, &ref.view);
+            ok = c.worst_ratio <= 1.0;
+            if (c.worst_ratio > worst) worst = c.worst_ratio;
+        }
+        failures += !ok;
+        free_tensors(&t);
+        cli_tensor_free(&ref);
+    }
+    if (o->json)
+        printf("{\"spot_check\":true,\"isa\":\"%s\",\"cases\":%d,\"failures\":%d,\"worst_ratio\":%.4f}\n", af_get_isa(),
+               n, failures, worst);
+    else
+        printf("spot check against the double reference (%s): %d of %d within tolerance, worst %.3f of the bound\n",
+               af_get_isa(), n - failures, n, worst);
+    return failures;
+}
+
+/* ---- the command */
+
+static void bench_usage(FILE *f) {
+    fprintf(f,
+            "usage: attnforge bench [--shape B,Hq,Hkv,L,S,E,Ev] [--dtype float32|float16|bfloat16] [--causal]\n"
+            "                       [--threads N] [--isa NAME] [--reps N] [--quick] [--long] [--json]\n"
+            "                       [--portable-max-gflop X]\n\n"
+            "Measures the FMA peak (same ISA and thread count) and the read bandwidth, then times each shape\n"
+            "(median of --reps calls, default 5, after one warm-up) and prints GFLOP/s by FA4's formula\n"
+            "2·B·Hq·L·S'·(E+Ev) (causal: S' = keys actually seen), the share of the peak, for decode (L <= 16)\n"
+            "GB/s of K+V against the bandwidth, the speed-up over the portable kernel (skipped above\n"
+            "--portable-max-gflop, default 6, GFLOP per call), and +RSS_MiB (peak RSS during the calls beyond\n"
+            "the resident inputs and outputs). Default shapes: prefill H=16, L=S in {512, 2048, 4096} (8192 with\n"
+            "--long), E=Ev in {64, 128}, f32 full and causal, bf16/f16 rows; decode L=1, S in {4096, 32768},\n"
+            "Hq/Hkv 32/8, E=128, f16; and 1-thread rows for the scaling figure. --shape runs one shape;\n"
+            "--dtype and --causal select among the defaults otherwise. --json: one JSON object per row.\n");
+}
+
+int cmd_bench(int argc, char **argv) {
+    bench_options o = {.reps = 5, .portable_max_gflop = 6.0};
+    cli_shape one = {.label = "shape", .dtype = AF_F32};
+    bool have_shape = false, dtype_given = false, causal = false;
+    for (int i = 1; i < argc; i++) {
+        const int common = cli_common_option(argc, argv, &i);
+        if (common < 0) return 2;
+        if (common > 0) continue;
+        const char *a = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            bench_usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--json")) {
+            o.json = true;
+        } else if (!strcmp(a, "--quick")) {
+            o.quick = true;
+        } else if (!strcmp(a, "--long")) {
+            o.long_shapes = true;
+        } else if (!strcmp(a, "--causal")) {
+            causal = true;
+        } else if (!strcmp(a, "--shape") && value) {
+            if (parse_shape(value, &one)) {
+                fprintf(stderr, "attnforge bench: --shape wants B,Hq,Hkv,L,S,E,Ev (Hq a multiple of Hkv), got '%s'\n", value);
+                return 2;
+            }
+            have_shape = true;
+            i++;
+        } else if (!strcmp(a, "--dtype") && value) {
+            if (cli_parse_dtype(value, &one.dtype)) {
+                fprintf(stderr, "attnforge bench: --dtype takes float32, float16 or bfloat16, got '%s'\n", value);
+                return 2;
+            }
+            dtype_given = true;
+            i++;
+        } else if (!strcmp(a, "--reps") && value) {
+            o.reps = atoi(value);
+            if (o.reps < 1 || o.reps > 64) {
+                fprintf(stderr, "attnforge bench: --reps takes 1..64\n");
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--portable-max-gflop") && value) {
+            o.portable_max_gflop = atof(value);
+            i++;
+        } else {
+            fprintf(stderr, "attnforge bench: unknown option or missing value '%s'\n", a);
+            bench_usage(stderr);
+            return 2;
+        }
+    }
+    const int threads = af_get_num_threads();
+    enum { MAX_CASES = 64 };
+    bench_case cases[MAX_CASES];
+    int n;
+    if (have_shape) {
+        one.causal = causal;
+        cases[0] = (bench_case){one, 0};
+        n = 1;
+    } else {
+        n = default_cases(&o, one.dtype, dtype_given, causal, threads, cases, MAX_CASES);
+    }
+
+    double peak_per_cpu = 0.0;
+    const double peak = fma_peak(af_get_isa(), threads, &peak_per_cpu), bandwidth = read_bandwidth(threads);
+    if (!o.json) {
+        char cpu[128];
+        bench_cpu_name(cpu, sizeof cpu);
+        printf("attnforge %s bench: isa %s, %d threads, %s\n", af_version(), af_get_isa(), threads, cpu);
+        printf("measured now: f32 FMA peak %.1f GFLOP/s (%s loop, %d threads; %.1f per CPU-second); read bandwidth "
+               "%.1f GB/s (%d threads, %zu MiB)\n", peak, af_get_isa(), threads, peak_per_cpu, bandwidth, threads,
+               BANDWIDTH_BYTES >> 20);
+    } else {
+        printf("{\"machine\":true,\"isa\":\"%s\",\"threads\":%d,\"peak_gflops\":%.3f,\"peak_cpu_gflops\":%.3f,"
+               "\"peak_gbps\":%.3f}\n", af_get_isa(), threads, peak, peak_per_cpu, bandwidth);
+    }
+    const int failures = spot_check(&o);
+    if (!o.json) print_header();
+    bench_row rows[MAX_CASES];
+    for (int c = 0; c < n; c++) {
+        rows[c] = run_case(&cases[c], &o, threads, 4242 + (uint64_t)c);
+        print_row(&rows[c], &o);
+        fflush(stdout);
+    }
+    if (!o.json && threads > 1 && !have_shape) printf("scaling:\n");
+    print_scaling(rows, n, &o);
+    if (!o.json) {
+        for (int i = 0; i < num_peaks; i++)
+            if (strcmp(peaks[i].isa, af_get_isa()) || peaks[i].threads != threads)
+                printf("peak for %d thread(s): %.1f GFLOP/s (%.1f per CPU-second)\n", peaks[i].threads, peaks[i].value,
+                       peaks[i].per_cpu);
+        for (int i = 0; i < num_bandwidths; i++)
+            if (bandwidths[i].threads != threads)
+                printf("read bandwidth for %d thread(s): %.1f GB/s\n", bandwidths[i].threads, bandwidths[i].value);
+    }
+    int errors = failures;
+    for (int c = 0; c < n; c++) errors += !rows[c].ok;
+    return errors ? 1 : 0;
+}

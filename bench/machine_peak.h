@@ -1,0 +1,18 @@
+/* The machine's ceilings, measured in the same run as the benchmark they are compared with. */
+#ifndef AF_BENCH_MACHINE_PEAK_H
+#define AF_BENCH_MACHINE_PEAK_H
+#include <stddef.h>
+
+/* f32 FMA throughput of `threads` threads, each running independent FMA chains on the vectors of `isa`
+ * ("avx512": 16-wide, "avx2": 8-wide; "portable": the avx2 loop when the CPU has it, else scalar C).
+ * Best of a few trials, GFLOP/s (an FMA counts 2). *per_cpu_second (if not NULL): the same FLOPs over the CPU
+ * time the threads actually got — one core's peak, unaffected by other processes preempting them. */
+double bench_fma_peak_gflops(const char *isa, int threads, double *per_cpu_second);
+
+/* Streaming read bandwidth of `threads` threads summing a `bytes` buffer (best of a few passes), GB/s. */
+double bench_read_bandwidth_gbps(int threads, size_t bytes);
+
+/* Run fn(arg, t) on `threads` threads at once (t = 0..threads-1; the caller runs t = 0). */
+void bench_on_threads(int threads, void (*fn)(void *arg, int t), void *arg);
+
+#endif

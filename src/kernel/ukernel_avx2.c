@@ -1,0 +1,61 @@
+/* AVX2 + FMA micro-kernels: the shared vector template (ukernel_simd.inc) on 8-float __m256 vectors.
+ * Register tile 6 rows × 16 columns: 12 accumulators + 2 B vectors + 1 broadcast = 15 of the 16 ymm. */
+#include <immintrin.h>
+
+#include "kernel/ukernel_pack_x86.h"
+
+static inline float avx2_hmax(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+static inline float avx2_hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+#define UK_ISA "avx2"
+#define UK_TABLE af_ukernel_avx2
+#define UK_SUFFIX avx2
+#define VEC __m256
+#define VI __m256i
+#define MASK __m256
+#define VW 8
+#define UK_MR 6
+#define UK_NV 2
+#define UK_KEYS 64
+#define UK_MAX_ROWS 192
+#define UK_L2_FLOATS (256L * 1024 / 4)   /* half of a 512 KiB L2 (Zen 3; Intel client cores have 1-2 MiB) */
+
+#define UK_PACK_KT x86_pack_kt   /* 8×8 AVX2 transposes and F16C: AVX-512 machines have both */
+#define UK_CONVERT x86_convert
+
+#define V_LOAD(p) _mm256_loadu_ps(p)
+#define V_LOAD_CVT(p, dt) x86_load8_f32((p), (dt))
+#define V_LOAD1_CVT(p, dt) x86_load1_f32((p), (dt))
+#define V_STORE(p, v) _mm256_storeu_ps((p), (v))
+#define V_SET1(x) _mm256_set1_ps(x)
+#define V_ZERO() _mm256_setzero_ps()
+#define V_BCAST(p) _mm256_broadcast_ss(p)
+#define V_FMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
+#define V_MUL(a, b) _mm256_mul_ps((a), (b))
+#define V_ADD(a, b) _mm256_add_ps((a), (b))
+#define V_SUB(a, b) _mm256_sub_ps((a), (b))
+#define V_MAX(a, b) _mm256_max_ps((a), (b))
+#define V_HMAX(v) avx2_hmax(v)
+#define V_HSUM(v) avx2_hsum(v)
+#define V_FIRST(v) _mm256_cvtss_f32(v)
+#define V_CVT_NEAREST(v) _mm256_cvtps_epi32(v)
+#define V_CVT_FLOAT(i) _mm256_cvtepi32_ps(i)
+#define V_MUL_POW2(p, n) _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32((n), 23)))
+#define V_LESS(a, b) _mm256_cmp_ps((a), (b), _CMP_LT_OQ)
+#define V_LANES_BELOW(n) \
+    _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)))
+#define V_SELECT(m, a, b) _mm256_blendv_ps((a), (b), (m))
+#define V_ZERO_WHERE(m, v) _mm256_andnot_ps((m), (v))
+
+#include "kernel/ukernel_simd.inc"

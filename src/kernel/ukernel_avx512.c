@@ -1,0 +1,57 @@
+/* AVX-512F micro-kernels: the shared vector template (ukernel_simd.inc) on 16-float __m512 vectors.
+ * Register tile 12 rows × 32 columns: 24 accumulators + 2 B vectors + 1 broadcast = 27 of the 32 zmm.
+ * Masks are __mmask16 (bit i = lane i). vmaxps keeps the x86 rule: the second operand when either is NaN.
+ * Later: AVX512-BF16 (vdpbf16ps) is no faster than f32 FMA on the machines measured (cpu-anchors.md §3);
+ * AVX512-FP16 would need f16 accumulation, which the precision contract does not allow. */
+#include <immintrin.h>
+
+#include "kernel/ukernel_pack_x86.h"
+
+/* 16 elements of `dtype` at p as f32: vcvtph2ps for f16, a 16-bit shift for bf16 (both exact). */
+static inline __m512 avx512_load16_f32(const char *p, af_dtype dtype) {
+    if (dtype == AF_F32) return _mm512_loadu_ps((const float *)p);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    if (dtype == AF_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+#define UK_ISA "avx512"
+#define UK_TABLE af_ukernel_avx512
+#define UK_SUFFIX avx512
+#define VEC __m512
+#define VI __m512i
+#define MASK __mmask16
+#define VW 16
+#define UK_MR 12
+#define UK_NV 2
+#define UK_KEYS 64
+#define UK_MAX_ROWS 240
+#define UK_L2_FLOATS (512L * 1024 / 4)   /* a quarter of a 2 MiB L2 (Sapphire Rapids class) */
+
+#define UK_PACK_KT x86_pack_kt   /* 8×8 AVX2 transposes and F16C: AVX-512 machines have both */
+#define UK_CONVERT x86_convert
+
+#define V_LOAD(p) _mm512_loadu_ps(p)
+#define V_LOAD_CVT(p, dt) avx512_load16_f32((p), (dt))
+#define V_LOAD1_CVT(p, dt) x86_load1_f32((p), (dt))
+#define V_STORE(p, v) _mm512_storeu_ps((p), (v))
+#define V_SET1(x) _mm512_set1_ps(x)
+#define V_ZERO() _mm512_setzero_ps()
+#define V_BCAST(p) _mm512_set1_ps(*(p))
+#define V_FMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
+#define V_MUL(a, b) _mm512_mul_ps((a), (b))
+#define V_ADD(a, b) _mm512_add_ps((a), (b))
+#define V_SUB(a, b) _mm512_sub_ps((a), (b))
+#define V_MAX(a, b) _mm512_max_ps((a), (b))
+#define V_HMAX(v) _mm512_reduce_max_ps(v)
+#define V_HSUM(v) _mm512_reduce_add_ps(v)
+#define V_FIRST(v) _mm512_cvtss_f32(v)
+#define V_CVT_NEAREST(v) _mm512_cvtps_epi32(v)
+#define V_CVT_FLOAT(i) _mm512_cvtepi32_ps(i)
+#define V_MUL_POW2(p, n) _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), _mm512_slli_epi32((n), 23)))
+#define V_LESS(a, b) _mm512_cmp_ps_mask((a), (b), _CMP_LT_OQ)
+#define V_LANES_BELOW(n) ((__mmask16)((n) >= 16 ? 0xffffu : (1u << (n)) - 1u))
+#define V_SELECT(m, a, b) _mm512_mask_blend_ps((m), (a), (b))
+#define V_ZERO_WHERE(m, v) _mm512_mask_mov_ps((v), (m), _mm512_setzero_ps())
+
+#include "kernel/ukernel_simd.inc"

@@ -1,0 +1,84 @@
+/* Packing for the x86 vector micro-kernels (AVX2 + F16C; AVX-512 machines have both): f16/bf16 -> f32 eight
+ * at a time and the K tile transposed in 8×8 register blocks. Shared by ukernel_avx2.c and ukernel_avx512.c. */
+#ifndef AF_KERNEL_UKERNEL_PACK_X86_H
+#define AF_KERNEL_UKERNEL_PACK_X86_H
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "core/dtype.h"
+#include "kernel/ukernel.h"
+
+/* Eight elements of `dtype` at p as f32: F16C for f16, a 16-bit shift for bf16 (both exact). */
+static inline __m256 x86_load8_f32(const char *p, af_dtype dtype) {
+    if (dtype == AF_F32) return _mm256_loadu_ps((const float *)p);
+    const __m128i h = _mm_loadu_si128((const __m128i *)p);
+    if (dtype == AF_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+static inline float x86_load1_f32(const char *p, af_dtype dtype) {
+    uint16_t h;
+    if (dtype == AF_F32) {
+        float f;
+        memcpy(&f, p, 4);
+        return f;
+    }
+    memcpy(&h, p, 2);
+    return dtype == AF_BF16 ? af_bf16_to_f32(h) : af_f16_to_f32(h);
+}
+
+static void x86_convert(float *dst, const void *src, af_dtype dtype, int n) {
+    const char *s = src;
+    const size_t elem = af_dtype_size(dtype);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, x86_load8_f32(s + (size_t)i * elem, dtype));
+    for (; i < n; i++) dst[i] = x86_load1_f32(s + (size_t)i * elem, dtype);
+}
+
+/* r[0..8) rows in, columns out: r[c] becomes (r0[c], r1[c], ..., r7[c]). */
+static inline void x86_transpose8(__m256 r[8]) {
+    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+    r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+    r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+    r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+    r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+/* kt[e][j] = K_j[e]: whole 8-key × 8-element blocks through registers, the ragged edges element by element. */
+static void x86_pack_kt(int cols, int E, const void *k, size_t key_stride, af_dtype dtype, float *kt, int ldkt) {
+    const char *base = k;
+    const size_t elem = af_dtype_size(dtype);
+    const int full_keys = cols / 8 * 8, full_elems = E / 8 * 8;
+    for (int j0 = 0; j0 < full_keys; j0 += 8) {
+        const char *rows = base + (size_t)j0 * key_stride;
+        for (int e0 = 0; e0 < full_elems; e0 += 8) {
+            __m256 r[8];
+            for (int j = 0; j < 8; j++) r[j] = x86_load8_f32(rows + (size_t)j * key_stride + (size_t)e0 * elem, dtype);
+            x86_transpose8(r);
+            for (int e = 0; e < 8; e++) _mm256_storeu_ps(kt + (size_t)(e0 + e) * ldkt + j0, r[e]);
+        }
+        for (int e = full_elems; e < E; e++)
+            for (int j = 0; j < 8; j++)
+                kt[(size_t)e * ldkt + j0 + j] = x86_load1_f32(rows + (size_t)j * key_stride + (size_t)e * elem, dtype);
+    }
+    for (int j = full_keys; j < cols; j++)
+        for (int e = 0; e < E; e++)
+            kt[(size_t)e * ldkt + j] = x86_load1_f32(base + (size_t)j * key_stride + (size_t)e * elem, dtype);
+    const int padded = (cols + AF_TILE_PAD - 1) / AF_TILE_PAD * AF_TILE_PAD;
+    if (padded > cols)
+        for (int e = 0; e < E; e++) memset(kt + (size_t)e * ldkt + cols, 0, sizeof(float) * (size_t)(padded - cols));
+}
+
+#endif
