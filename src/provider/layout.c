@@ -12,7 +12,7 @@ bool af_hnd_is_nhd_contiguous(const int64_t shape[4], const int64_t strides[4]) 
         const int d = nhd_order[i];
         if (shape[d] == 1) continue;                /* a size-1 dim's stride never matters */
         if (strides[d] != expected) return false;
-        expected *= shape[d];
+        if (__builtin_mul_overflow(expected, shape[d], &expected)) return false;   /* > 2^63 elements: no such tensor */
     }
     return true;
 }

@@ -69,7 +69,8 @@ bool af_provider_prepare(af_provider *p, const af_samples *samples) {
     for (size_t i = 1; i < n; i++) {
         af_plan plan;
         af_refusal why;
-        af_sample_plan(&samples->items[i], &plan, &why);
+        if (!af_sample_plan(&samples->items[i], &plan, &why))   /* accepted above: only memory can fail now */
+            return not_supported(p, NULL, "%s (samples[%zu]: %s)", why.message, i, why.detail);
         if (!af_plan_equal(&first, &plan)) {
             char difference[160];
             af_plan_difference(&first, &plan, difference, sizeof difference);

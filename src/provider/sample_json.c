@@ -158,7 +158,10 @@ af_status af_samples_from_json(const char *json, size_t len, af_samples **out) {
     *out = NULL;
     if (!json) return af_fail(AF_ERR_INVALID_ARGUMENT, "json: must not be NULL");
     json_error_t error;
+    memset(&error, 0, sizeof error);   /* jansson leaves the code unset when its first allocation fails */
     json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &error);
+    if (!root && (json_error_code(&error) == json_error_out_of_memory || error.text[0] == '\0'))
+        return af_fail(AF_ERR_NO_MEMORY, "samples file: out of memory while reading the JSON");
     if (!root)
         return af_fail(AF_ERR_PARSE, "samples file: malformed JSON at line %d, column %d: %s", error.line, error.column,
                        error.text);

@@ -1,0 +1,15 @@
+# Every tests/fuzz/fuzz_*.c also builds without libFuzzer as replay_<name> (any compiler), and ctest replays its
+# seed corpus and its regressions (crashes the fuzzers found once) in every build: tests/fuzz/regressions/<name>.
+file(GLOB AF_FUZZ_HARNESSES CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/fuzz_*.c)
+foreach(src ${AF_FUZZ_HARNESSES})
+  get_filename_component(harness ${src} NAME_WE)
+  string(REGEX REPLACE "^fuzz_" "" name ${harness})
+  add_executable(replay_${name} ${src} ${CMAKE_CURRENT_LIST_DIR}/replay_main.c)
+  target_include_directories(replay_${name} PRIVATE ${PROJECT_SOURCE_DIR}/src)
+  target_link_libraries(replay_${name} PRIVATE attnforge_static)
+  set(inputs ${CMAKE_CURRENT_LIST_DIR}/corpus/${name})
+  if(EXISTS ${CMAKE_CURRENT_LIST_DIR}/regressions/${name})
+    list(APPEND inputs ${CMAKE_CURRENT_LIST_DIR}/regressions/${name})
+  endif()
+  add_test(NAME fuzz_replay_${name} COMMAND replay_${name} ${inputs})
+endforeach()
