@@ -95,7 +95,9 @@ AF_API bool af_isa_available(const char *name);
 /* ---------------------------------------------------------------- logging */
 typedef enum { AF_LOG_DEBUG = 10, AF_LOG_INFO = 20, AF_LOG_WARNING = 30, AF_LOG_ERROR = 40, AF_LOG_OFF = 100 } af_log_level;
 typedef void (*af_log_fn)(af_log_level level, const char *message, void *user);
-/* Silent by default. A callback receives every message at or above `min_level`; NULL removes it. */
+/* Silent by default. A callback receives every message at or above `min_level`; NULL removes it. The callback
+ * runs on the thread that logs, with no attnforge lock held; a message already in flight when the callback is
+ * replaced may still reach the old one. */
 AF_API void af_set_log_callback(af_log_fn fn, void *user, af_log_level min_level);
 
 /* Free memory that attnforge returned (JSON strings, ...). */

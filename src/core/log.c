@@ -31,7 +31,11 @@ void af_log(af_log_level level, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(message, sizeof message, fmt, ap);
     va_end(ap);
-    pthread_mutex_lock(&log_lock);   /* held during the call so a callback is never swapped out under us */
-    if (log_fn && level >= log_min) log_fn(level, message, log_user);
+    /* called outside the lock: a callback that takes its own locks (Python's GIL) cannot deadlock against a
+     * thread that is setting the callback; a message in flight may still reach the callback just replaced */
+    pthread_mutex_lock(&log_lock);
+    af_log_fn fn = level >= log_min ? log_fn : NULL;
+    void *user = log_user;
     pthread_mutex_unlock(&log_lock);
+    if (fn) fn(level, message, user);
 }
