@@ -386,52 +386,68 @@ static void set_isa_refuses_unknown_and_unavailable_names(void **state) {
 
 /* ------------------------------------------------------------------ absurd sizes that pass the checks */
 
-/* A key broadcast along S (stride 0) spans one element whatever S is: a valid view of absurd length. */
-static void broadcast_key_call(int64_t keys, float *q1, float *kv1, float *out1, af_tensor *q, af_tensor *k,
-                               af_tensor *out) {
-    *q = af_tensor_contiguous(q1, AF_F32, 4, (int64_t[]){1, 1, 1, 1});
-    *k = (af_tensor){.data = kv1, .dtype = AF_F32, .ndim = 4, .shape = {1, 1, keys, 1}, .strides = {0, 0, 0, 1}};
-    *out = af_tensor_contiguous(out1, AF_F32, 4, (int64_t[]){1, 1, 1, 1});
+enum { DECODE_ROWS = 64 };   /* driver.c splits the keys of calls with at most 64 rows per kv head */
+
+/* `queries` rows against a key broadcast along S (stride 0), which spans one element whatever S is: a valid call
+ * of absurd length. Out is pre-filled with -7. */
+typedef struct { float q[DECODE_ROWS], kv, out[DECODE_ROWS]; af_tensor query, key, out_view; af_sdpa_args args; } long_call;
+
+static void long_call_init(long_call *c, int64_t queries, int64_t keys) {
+    for (int i = 0; i < DECODE_ROWS; i++) c->q[i] = 1.0f, c->out[i] = -7.0f;
+    c->kv = 1.0f;
+    c->query = af_tensor_contiguous(c->q, AF_F32, 4, (int64_t[]){1, 1, queries, 1});
+    c->key = (af_tensor){.data = &c->kv, .dtype = AF_F32, .ndim = 4, .shape = {1, 1, keys, 1}, .strides = {0, 0, 0, 1}};
+    c->out_view = af_tensor_contiguous(c->out, AF_F32, 4, (int64_t[]){1, 1, queries, 1});
+    c->args = (af_sdpa_args){.query = &c->query, .key = &c->key, .value = &c->key};
+}
+
+static bool long_call_out_untouched(const long_call *c) {
+    for (int i = 0; i < DECODE_ROWS; i++)
+        if (c->out[i] != -7.0f) return false;
+    return true;
 }
 
 static void reference_refuses_scratch_past_size_max(void **state) {
     (void)state;
-    float q1 = 1.0f, kv1 = 1.0f, out1 = -7.0f;
-    af_tensor q, k, out;
-    broadcast_key_call((int64_t)1 << 61, &q1, &kv1, &out1, &q, &k, &out);   /* S doubles: 2^64 bytes */
-    af_sdpa_args args = {.query = &q, .key = &k, .value = &k};
-    assert_int_equal(af_sdpa_reference(&args, &out, NULL), AF_ERR_NO_MEMORY);
+    long_call c;
+    long_call_init(&c, 1, (int64_t)1 << 61);   /* S doubles: 2^64 bytes */
+    assert_int_equal(af_sdpa_reference(&c.args, &c.out_view, NULL), AF_ERR_NO_MEMORY);
     assert_non_null(strstr(af_last_error(), "out of memory"));
-    assert_true(out1 == -7.0f);
+    assert_true(long_call_out_untouched(&c));
 }
 
-/* Split-KV partial results for an S whose byte count wraps past 2^64 to a small number: refused, not allocated. */
+/* Split-KV partial results for an S whose byte count wraps past 2^64 to a small number: refused, not allocated.
+ * 64 query rows are cut into row blocks of the micro-kernel's height (or less): each candidate height is tried. */
 static void split_kv_partials_past_size_max_are_refused(void **state) {
     (void)state;
     const char *isas[CASE_MAX_ISAS];
     const int n = case_isas(isas, CASE_MAX_ISAS);
     alarm(60);   /* were the size to wrap, the call would run ~1e15 work items */
+    int tried = 0;
     for (int i = 0; i < n; i++) {
         assert_int_equal(af_set_isa(isas[i]), AF_OK);
-        int rows, keys;
-        af_ukernel_current()->blocking(1, 1, &rows, &keys);
+        int kernel_rows, keys;
+        af_ukernel_current()->blocking(1, 1, &kernel_rows, &keys);
         const uint64_t split_keys = (512 + (uint64_t)keys - 1) / (uint64_t)keys * (uint64_t)keys;
-        const uint64_t split_bytes = sizeof(float) * (uint64_t)rows * (AF_TILE_PAD + 2);   /* Ev = 1: one padded row */
-        const uint64_t splits = UINT64_MAX / split_bytes + 1;   /* splits · split_bytes = 2^64 + a little */
-        if (splits > (uint64_t)INT64_MAX / split_keys) {
-            print_message("%s: blocking %d×%d leaves no such S below 2^63; skipped\n", isas[i], rows, keys);
-            continue;
+        int heights[16], count = 0;
+        for (int r = 1; r <= DECODE_ROWS; r *= 2) heights[count++] = r;
+        heights[count++] = kernel_rows < DECODE_ROWS ? kernel_rows : DECODE_ROWS;
+        for (int h = 0; h < count; h++) {
+            const uint64_t rows = (uint64_t)((DECODE_ROWS + heights[h] - 1) / heights[h] * heights[h]);
+            const uint64_t split_bytes = sizeof(float) * rows * (AF_TILE_PAD + 2);   /* Ev = 1: one padded row */
+            const uint64_t splits = UINT64_MAX / split_bytes + 1;   /* splits · split_bytes = 2^64 + a little */
+            if (splits > (uint64_t)INT64_MAX / split_keys) continue;   /* no such S below 2^63 */
+            long_call c;
+            long_call_init(&c, DECODE_ROWS, (int64_t)(splits * split_keys));
+            const af_status st = af_sdpa(&c.args, &c.out_view, NULL);
+            if (st != AF_ERR_NO_MEMORY) fail_msg("%s, %d rows: %s: %s", isas[i], heights[h], af_status_name(st), af_last_error());
+            assert_non_null(strstr(af_last_error(), "out of memory"));
+            assert_true(long_call_out_untouched(&c));
+            tried++;
         }
-        float q1 = 1.0f, kv1 = 1.0f, out1 = -7.0f;
-        af_tensor q, k, out;
-        broadcast_key_call((int64_t)(splits * split_keys), &q1, &kv1, &out1, &q, &k, &out);
-        af_sdpa_args args = {.query = &q, .key = &k, .value = &k};
-        const af_status st = af_sdpa(&args, &out, NULL);
-        if (st != AF_ERR_NO_MEMORY) fail_msg("%s: %s: %s", isas[i], af_status_name(st), af_last_error());
-        assert_non_null(strstr(af_last_error(), "out of memory"));
-        assert_true(out1 == -7.0f);
     }
     alarm(0);
+    assert_true(tried > 0);
 }
 
 /* af_tensor_contiguous of a shape whose strides pass 2^63 must not overflow, and af_sdpa must refuse it. */
