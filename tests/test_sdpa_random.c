@@ -52,6 +52,7 @@ typedef struct {
     bool bool_shape[32], additive_shape[32], expanded, layout_q[LAYOUT_COUNT], layout_k[LAYOUT_COUNT];
     bool layout_v[LAYOUT_COUNT], layout_out[LAYOUT_COUNT], layout_lse[LAYOUT_COUNT], scale_given, scale_zero_or_negative;
     bool aligned_f32_value;   /* 64-byte aligned f32 V with whole vectors of columns: the driver may read it in place */
+    bool few_rows_in_place[3];/* <= 16 query rows per kv head, K and V rows contiguous: read where they lie, per dtype */
 } coverage;
 
 static void note_case(coverage *cv, const sdpa_case *c) {
@@ -85,6 +86,9 @@ static void note_case(coverage *cv, const sdpa_case *c) {
     cv->scale_given |= c->has_scale;
     cv->scale_zero_or_negative |= c->has_scale && c->scale <= 0.0;
     cv->aligned_f32_value |= c->dtype == AF_F32 && c->v_layout != LAYOUT_SLICED && c->Ev % 16 == 0 && c->S > 0;
+    const int64_t rows = c->L * (c->Hq / c->Hkv);
+    cv->few_rows_in_place[c->dtype] |= rows > 0 && rows <= 16 && c->B > 0 && c->S > 0 && c->k_layout != LAYOUT_SLICED &&
+                                       c->v_layout != LAYOUT_SLICED;
 }
 
 static void generator_covers_every_feature(void **state) {
@@ -108,6 +112,7 @@ static void generator_covers_every_feature(void **state) {
         assert_true(cv.layout_q[l] && cv.layout_k[l] && cv.layout_v[l] && cv.layout_out[l] && cv.layout_lse[l]);
     assert_true(cv.scale_given && cv.scale_zero_or_negative);
     assert_true(cv.aligned_f32_value);
+    for (int d = 0; d < 3; d++) assert_true(cv.few_rows_in_place[d]);
 }
 
 /* The suite must run on at least the portable ISA and must not silently skip any ISA the machine offers. */
