@@ -189,31 +189,37 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
     const int64_t last_visible = af_visible_keys(p, (r0 + rows - 1) / p->group);
     if (k_hi > last_visible) k_hi = last_visible;   /* tiles wholly above the diagonal are never touched */
 
+    int skip = 0;   /* leading rows of the block that see no key of the tile (causal): they sit the tile out */
     for (int64_t j0 = k_lo; j0 < k_hi; j0 += fp->block_keys) {
         const int cols = (int)(k_hi - j0 < fp->block_keys ? k_hi - j0 : fp->block_keys);
+        /* Such a row's scores would all be -inf: P = 0, alpha = 1, m and l unchanged, so skipping it is exact. */
+        while (skip < rows && af_visible_keys(p, (r0 + skip) / p->group) <= j0) skip++;
+        const int n = rows - skip;
+        float *Sn = S + (size_t)skip * fp->keys_pad, *On = O + (size_t)skip * fp->ev_pad;
+        const float *qn = qb + (size_t)skip * fp->E;
         if (fp->direct) {
             const char *k = p->k + (size_t)(w.b * p->k_stride[0] + w.hk * p->k_stride[1] + j0 * p->k_stride[2]) * fp->elem;
-            uk->scores_direct(rows, cols, fp->E, qb, fp->E, k, (size_t)p->k_stride[2] * fp->elem, p->dtype, S, fp->keys_pad);
+            uk->scores_direct(n, cols, fp->E, qn, fp->E, k, (size_t)p->k_stride[2] * fp->elem, p->dtype, Sn, fp->keys_pad);
         } else {
             pack_key_tile(fp, &w, j0, cols, kt, vt);   /* vt is free until the V tile: a row buffer for the transpose */
-            uk->gemm(rows, cols, fp->E, qb, fp->E, kt, fp->keys_pad, S, fp->keys_pad, false);
+            uk->gemm(n, cols, fp->E, qn, fp->E, kt, fp->keys_pad, Sn, fp->keys_pad, false);
         }
-        if (fp->pre_scale) apply_scale_and_mask(fp, &w, r0, rows, j0, cols, S);
-        if (j0 + cols > first_visible) apply_causal(fp, r0, rows, j0, cols, S);
-        uk->softmax_step(rows, cols, S, fp->keys_pad, fp->c, m, l, alpha, fp->exp2_degree);
+        if (fp->pre_scale) apply_scale_and_mask(fp, &w, r0 + skip, n, j0, cols, Sn);
+        if (j0 + cols > first_visible) apply_causal(fp, r0 + skip, n, j0, cols, Sn);
+        uk->softmax_step(n, cols, Sn, fp->keys_pad, fp->c, m + skip, l + skip, alpha + skip, fp->exp2_degree);
         if (fp->Ev == 0) continue;
-        for (int r = 0; r < rows; r++)
+        for (int r = skip; r < rows; r++)
             if (alpha[r] != 1.0f) uk->scale_row(O + (size_t)r * fp->ev_pad, fp->Ev, alpha[r]);
         if (fp->direct) {
             const char *v = p->v + (size_t)(w.b * p->v_stride[0] + w.hk * p->v_stride[1] + j0 * p->v_stride[2]) * fp->elem;
-            uk->values_direct(rows, fp->Ev, cols, S, fp->keys_pad, v, (size_t)p->v_stride[2] * fp->elem, p->dtype, O,
+            uk->values_direct(n, fp->Ev, cols, Sn, fp->keys_pad, v, (size_t)p->v_stride[2] * fp->elem, p->dtype, On,
                               fp->ev_pad);
         } else if (fp->v_direct) {
             const float *v = (const float *)p->v + w.b * p->v_stride[0] + w.hk * p->v_stride[1] + j0 * p->v_stride[2];
-            uk->gemm(rows, fp->Ev, cols, S, fp->keys_pad, v, (int)p->v_stride[2], O, fp->ev_pad, true);
+            uk->gemm(n, fp->Ev, cols, Sn, fp->keys_pad, v, (int)p->v_stride[2], On, fp->ev_pad, true);
         } else {
             pack_value_tile(fp, &w, j0, cols, vt);
-            uk->gemm(rows, fp->Ev, cols, S, fp->keys_pad, vt, fp->ev_pad, O, fp->ev_pad, true);
+            uk->gemm(n, fp->Ev, cols, Sn, fp->keys_pad, vt, fp->ev_pad, On, fp->ev_pad, true);
         }
     }
 
