@@ -228,19 +228,19 @@ static void pool_runs_every_item_exactly_once(void **state) {
     af_set_num_threads(0);
 }
 
-typedef struct { pthread_t first; atomic_int others; } sharing_probe;
+typedef struct { _Atomic pthread_t first; atomic_int others; } sharing_probe;   /* first: set by one thread, read by all */
 
 /* Item 0 waits (up to 5 s) until some other thread has run an item: proof that the work is shared. */
 static void sharing_item(void *ctx, int64_t item, void *scratch) {
     (void)scratch;
     sharing_probe *p = ctx;
     if (item == 0) {
-        p->first = pthread_self();
+        atomic_store(&p->first, pthread_self());
         for (int waited = 0; waited < 5000 && atomic_load(&p->others) == 0; waited++) {
             struct timespec ms = {0, 1000000};
             nanosleep(&ms, NULL);
         }
-    } else if (!pthread_equal(pthread_self(), p->first)) {
+    } else if (!pthread_equal(pthread_self(), atomic_load(&p->first))) {
         atomic_fetch_add(&p->others, 1);
     }
 }
