@@ -3,9 +3,12 @@ BUILD ?= build
 BUILD_SAN ?= build-san
 JOBS ?= $(shell nproc)
 
-.PHONY: deps build run test test-fast test-sanitize fuzz test-python install clean
+.PHONY: deps build run test test-fast test-sanitize test-tsan fuzz valgrind test-python install clean
 BUILD_FUZZ ?= build-fuzz
 FUZZ_SECONDS ?= 60
+BUILD_TSAN ?= build-tsan
+# the tests that run threads: the concurrency test, the provider's infer and fault tests, the thread pool (test_core)
+TSAN_TESTS ?= test_concurrency test_provider_infer test_provider_faults test_core
 
 deps:
 	bash scripts/install-deps.sh
@@ -25,6 +28,18 @@ test-sanitize: deps
 	cmake --build $(BUILD_SAN) -j $(JOBS)
 	cd $(BUILD_SAN) && ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
 
+# ThreadSanitizer over TSAN_TESTS; any data race or lock-order problem fails.
+test-tsan: deps
+	cmake -S . -B $(BUILD_TSAN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DAF_TSAN=ON
+	cmake --build $(BUILD_TSAN) -j $(JOBS) --target $(TSAN_TESTS)
+	cd $(BUILD_TSAN) && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	  ctest --output-on-failure -j $(JOBS) -R '^($(shell echo $(TSAN_TESTS) | tr ' ' '|'))$$'
+
+# Every C test binary of the Release build under valgrind's memcheck (invalid accesses, uninitialised reads, leaks),
+# fewer random cases; about 6 minutes on 2 cores, so a release step (docs/RELIABILITY.md), not part of `make test`.
+valgrind: build
+	bash scripts/valgrind-tests.sh $(BUILD) $(JOBS)
+
 # Each libFuzzer harness for FUZZ_SECONDS from the seed corpus in tests/fuzz/corpus/<name>; any finding fails.
 fuzz: deps
 	CC=clang cmake -S . -B $(BUILD_FUZZ) -DAF_FUZZ=ON -DAF_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
@@ -35,7 +50,7 @@ fuzz: deps
 test-python: build
 	bash scripts/test-python.sh $(BUILD)/attnforge
 
-test: test-fast test-sanitize fuzz test-python
+test: test-fast test-sanitize test-tsan fuzz test-python
 
 install: build
 	cmake --install $(BUILD) --prefix $(or $(PREFIX),/usr/local)

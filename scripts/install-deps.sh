@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what attnforge needs to build and test, from Debian's packages; quick when all are present.
 set -euo pipefail
-packages=(build-essential cmake pkg-config libjansson-dev libcmocka-dev clang libclang-rt-14-dev)
+packages=(build-essential cmake pkg-config libjansson-dev libcmocka-dev clang libclang-rt-14-dev valgrind)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

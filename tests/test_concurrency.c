@@ -1,7 +1,8 @@
 /* Concurrency: one prepared provider called from 8 threads at once (copy-free plan and copy plan) gives bitwise the
  * results of serial calls; a provider restored from JSON in one thread is used in others; af_sdpa from several
  * threads at once shares the library's thread pool (a caller that finds it busy runs alone); thread-count, ISA and
- * log-callback changes while calls run. `make test-tsan` runs this under ThreadSanitizer. */
+ * log-callback changes while calls run. `make test-tsan` runs this under ThreadSanitizer; ATTNFORGE_TEST_CALLS sets
+ * the calls per thread (valgrind, which runs threads one at a time, uses fewer). */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -17,7 +18,13 @@
 #include "test_tensor.h"
 
 #define THREADS 8
-#define CALLS_PER_THREAD 20
+#define DEFAULT_CALLS 20   /* per thread, in the 8-thread provider tests */
+
+static int calls_per_thread(void) {
+    const char *env = getenv("ATTNFORGE_TEST_CALLS");
+    const int n = env ? atoi(env) : DEFAULT_CALLS;
+    return n > 0 ? n : DEFAULT_CALLS;
+}
 
 /* ---- one call's tensors, and its result as bytes */
 
@@ -161,9 +168,9 @@ static void one_provider_from_eight_threads(af_dtype dtype, bool nhd, bool expec
     }
     worker workers[THREADS];
     for (int t = 0; t < THREADS; t++)
-        workers[t] = (worker){.body = infer_repeatedly, .provider = p, .call = &calls[t], .calls = CALLS_PER_THREAD};
+        workers[t] = (worker){.body = infer_repeatedly, .provider = p, .call = &calls[t], .calls = calls_per_thread()};
     run_together(workers, THREADS);
-    print_message("    %d threads x %d calls on one %s provider: bitwise the serial results\n", THREADS, CALLS_PER_THREAD,
+    print_message("    %d threads x %d calls on one %s provider: bitwise the serial results\n", THREADS, calls_per_thread(),
                   expect_copy_free ? "copy-free" : "copy");
     af_provider_free(p);
     for (int t = 0; t < THREADS; t++) call_free(&calls[t]);
@@ -225,7 +232,8 @@ static void restored_provider_used_in_other_threads(void **state) {
     assert_non_null(h.provider);
     worker workers[USERS];                                                      /* threads 3..6: use it at once */
     for (int t = 0; t < USERS; t++)
-        workers[t] = (worker){.body = infer_repeatedly, .provider = h.provider, .call = &calls[t], .calls = 10};
+        workers[t] = (worker){.body = infer_repeatedly, .provider = h.provider, .call = &calls[t],
+                              .calls = (calls_per_thread() + 1) / 2};
     run_together(workers, USERS);
     af_provider_free(h.provider);
     af_free(h.json);
@@ -267,7 +275,8 @@ static void sdpa_from_several_threads(void **state) {
     for (int threads = 1; threads <= 3; threads += 2) {
         af_set_num_threads(threads);
         worker workers[CALLERS];
-        for (int t = 0; t < CALLERS; t++) workers[t] = (worker){.body = sdpa_repeatedly, .call = &calls[t], .calls = 8};
+        for (int t = 0; t < CALLERS; t++)
+            workers[t] = (worker){.body = sdpa_repeatedly, .call = &calls[t], .calls = (calls_per_thread() + 1) / 2};
         run_together(workers, CALLERS);
     }
     af_set_num_threads(0);
@@ -290,7 +299,8 @@ static void thread_count_changes_while_calls_run(void **state) {
     atomic_int running = CALLERS;
     worker workers[CALLERS + 1];
     for (int t = 0; t < CALLERS; t++)
-        workers[t] = (worker){.body = sdpa_repeatedly, .call = &calls[t], .calls = 10, .running = &running};
+        workers[t] = (worker){.body = sdpa_repeatedly, .call = &calls[t], .calls = (calls_per_thread() + 1) / 2,
+                              .running = &running};
     workers[CALLERS] = (worker){.body = change_thread_count, .running = &running};
     run_together(workers, CALLERS + 1);
     af_set_num_threads(0);
@@ -344,7 +354,8 @@ static void isa_changes_while_calls_run(void **state) {
     atomic_int running = CALLERS;
     worker workers[CALLERS + 1];
     for (int t = 0; t < CALLERS; t++)
-        workers[t] = (worker){.body = sdpa_on_any_isa, .extra = &results[t], .calls = 10, .running = &running};
+        workers[t] = (worker){.body = sdpa_on_any_isa, .extra = &results[t], .calls = (calls_per_thread() + 1) / 2,
+                              .running = &running};
     workers[CALLERS] = (worker){.body = change_isa, .running = &running};
     run_together(workers, CALLERS + 1);
     assert_int_equal(af_set_isa(initial), AF_OK);
@@ -385,7 +396,8 @@ static void log_callback_changes_while_calls_log(void **state) {
     atomic_int running = CALLERS;
     worker workers[CALLERS + 1];
     for (int t = 0; t < CALLERS; t++)
-        workers[t] = (worker){.body = infer_repeatedly, .provider = p, .call = &calls[t], .calls = 30, .running = &running};
+        workers[t] = (worker){.body = infer_repeatedly, .provider = p, .call = &calls[t], .calls = calls_per_thread(),
+                              .running = &running};
     workers[CALLERS] = (worker){.body = change_log_callback, .running = &running};
     run_together(workers, CALLERS + 1);
     af_provider_free(p);
