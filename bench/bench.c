@@ -283,15 +283,20 @@ static void print_scaling(const bench_row *rows, int n, const bench_options *o) 
                 a->Hq != b->Hq || a->Hkv != b->Hkv || a->causal != b->causal || a->dtype != b->dtype)
                 continue;
             const double speedup = rows[i].seconds / rows[j].seconds;
+            /* On idle cores N threads would give N × (their FLOPs per CPU-second / one thread's): what the run can
+             * show when other processes hold cores (it hides threads left idle at the end of a call). */
+            const double per_cpu = rows[i].cpu_gflops > 0 ? rows[j].threads * rows[j].cpu_gflops / rows[i].cpu_gflops : 0;
             if (o->json) {
                 printf("{\"scaling\":true,\"L\":%lld,\"S\":%lld,\"E\":%lld,\"causal\":%s,\"dtype\":\"%s\","
-                       "\"threads\":%d,\"speedup_vs_1_thread\":%.3f}\n",
+                       "\"threads\":%d,\"speedup_vs_1_thread\":%.3f,\"speedup_per_cpu_second\":%.3f}\n",
                        (long long)a->L, (long long)a->S, (long long)a->E, a->causal ? "true" : "false",
-                       af_dtype_name(a->dtype), rows[j].threads, speedup);
+                       af_dtype_name(a->dtype), rows[j].threads, speedup, per_cpu);
             } else {
-                printf("  L=S=%lld/%lld E=%lld %s %s: %d threads %.2fx one thread (%.1f → %.1f GFLOP/s)\n",
+                printf("  L=S=%lld/%lld E=%lld %s %s: %d threads %.2fx one thread (%.1f → %.1f GFLOP/s; cpu %.0f%% → %.0f%%);"
+                       " from FLOPs per CPU-second %.2fx\n",
                        (long long)a->L, (long long)a->S, (long long)a->E, af_dtype_name(a->dtype),
-                       a->causal ? "causal" : "full", rows[j].threads, speedup, rows[i].gflops, rows[j].gflops);
+                       a->causal ? "causal" : "full", rows[j].threads, speedup, rows[i].gflops, rows[j].gflops,
+                       100.0 * rows[i].cpu_share, 100.0 * rows[j].cpu_share, per_cpu);
             }
         }
     }
