@@ -148,6 +148,29 @@ static void zero_sizes_run_on_both_plans(void **state) {
         }
 }
 
+/* Ev = 0: out has no elements, so its data may be NULL (a fuzzer's find: the kernel and the reference computed
+ * row addresses from that NULL, undefined behaviour); lse still gets every row. */
+static void value_head_dim_zero_with_null_out(void **state) {
+    (void)state;
+    small_call c;
+    small_call_init(&c);
+    c.tv.shape[3] = c.tout.shape[3] = 0;
+    c.tout.data = NULL;
+    float lse[16];
+    const int64_t ls[3] = {1, 4, 4};
+    af_tensor tlse = af_tensor_contiguous(lse, AF_F32, 3, ls);
+    for (int entry = 0; entry < 4; entry++) {
+        for (int i = 0; i < 16; i++) lse[i] = NAN;
+        af_provider *p = entry >= 2 ? plan(entry == 2) : NULL;
+        const af_status st = entry == 0 ? af_sdpa(&c.args, &c.tout, &tlse)
+                           : entry == 1 ? af_sdpa_reference(&c.args, &c.tout, &tlse)
+                                        : af_provider_infer(p, &c.args, AF_QKV_POSITIONAL, &c.tout, &tlse);
+        if (st != AF_OK) fail_msg("entry %d: %s", entry, af_last_error());
+        for (int i = 0; i < 16; i++) assert_true(isfinite(lse[i]));
+        af_provider_free(p);
+    }
+}
+
 /* add_call records what it is given; prepare (after a JSON round trip) refuses what no tensor can be. */
 static void absurd_recorded_descriptors_are_refused_by_prepare(void **state) {
     (void)state;
@@ -185,6 +208,7 @@ int main(void) {
         cmocka_unit_test(negative_strides_are_refused_on_both_plans),
         cmocka_unit_test(broadcast_view_whose_copy_passes_2_64_bytes),
         cmocka_unit_test(zero_sizes_run_on_both_plans),
+        cmocka_unit_test(value_head_dim_zero_with_null_out),
         cmocka_unit_test(absurd_recorded_descriptors_are_refused_by_prepare),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -149,7 +149,8 @@ static void apply_causal(const flash_plan *fp, int64_t r0, int rows, int64_t j0,
 static void store_row(const flash_plan *fp, int64_t b, int64_t h, int64_t i, float *o, float m, float l) {
     const af_problem *p = fp->p;
     const float inv = l > 0.0f || l != l ? 1.0f / l : 0.0f;   /* no visible key: 0, as documented */
-    char *dst = p->out + (size_t)(b * p->out_stride[0] + h * p->out_stride[1] + i * p->out_stride[2]) * fp->out_elem;
+    const size_t row = (size_t)(b * p->out_stride[0] + h * p->out_stride[1] + i * p->out_stride[2]);
+    char *dst = fp->Ev == 0 ? NULL : p->out + row * fp->out_elem;   /* Ev = 0: out has no elements, may be NULL */
     const int64_t os = p->out_stride[3];
     if (p->out_dtype == AF_F32 && os == 1) {
         float *d = (float *)dst;

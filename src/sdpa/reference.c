@@ -67,7 +67,8 @@ af_status af_reference_forward(const af_problem *p) {
                     }
                 }
                 const double inv = sum > 0.0 || isnan(sum) ? 1.0 / sum : 0.0;
-                char *o = p->out + (b * p->out_stride[0] + h * p->out_stride[1] + i * p->out_stride[2]) * (int64_t)out_size;
+                const int64_t row = b * p->out_stride[0] + h * p->out_stride[1] + i * p->out_stride[2];
+                char *o = p->Ev == 0 ? NULL : p->out + row * (int64_t)out_size;   /* Ev = 0: out may be NULL */
                 for (int64_t e = 0; e < p->Ev; e++)
                     af_store_from_f32(o + e * p->out_stride[3] * (int64_t)out_size, p->out_dtype, (float)(acc[e] * inv));
                 if (p->lse)

@@ -23,7 +23,10 @@ static int64_t next_extent(byte_reader *r) {
     }
 }
 
-/* Bytes a view can reach, or -1 when it is not a valid view (the library must then refuse it unread). */
+#define TOO_BIG (-2)
+
+/* Bytes a view can reach; -1 when it is not a valid view (the library must then refuse it unread); TOO_BIG for a
+ * valid view too large to back (it gets NULL data, which the library must refuse: it cannot know a buffer's size). */
 static int64_t reach_bytes(const af_tensor *t) {
     if (t->ndim < 0 || t->ndim > AF_MAX_DIMS || af_dtype_size(t->dtype) == 0) return -1;
     int64_t last = 0;
@@ -36,7 +39,7 @@ static int64_t reach_bytes(const af_tensor *t) {
         if (__builtin_mul_overflow(t->shape[d] - 1, t->strides[d], &step) || __builtin_add_overflow(last, step, &last))
             return -1;
     }
-    if (last > (1 << 20)) return -1;   /* keep executions small: treat as "do not allocate" */
+    if (last > (1 << 20)) return TOO_BIG;   /* keep executions small: do not allocate */
     return (last + 1) * (int64_t)af_dtype_size(t->dtype);
 }
 
@@ -52,7 +55,7 @@ static void *make_view(byte_reader *r, af_tensor *t, int force_ndim) {
     size_t alloc = bytes > 0 ? (size_t)bytes : 1;
     uint8_t *mem = malloc(alloc);
     for (size_t i = 0; i < alloc; i++) mem[i] = next_byte(r);   /* values: anything, NaN and Inf included */
-    t->data = (kind & 0x40) && bytes <= 0 ? NULL : mem;
+    t->data = ((kind & 0x40) && bytes <= 0) || bytes == TOO_BIG ? NULL : mem;
     return mem;
 }
 

@@ -9,11 +9,13 @@ for fuzzer in "$bin_dir"/fuzz_*; do
   [ -x "$fuzzer" ] || continue
   name=$(basename "$fuzzer")
   seeds="$here/corpus/${name#fuzz_}"
+  regressions=()   # past findings, replayed first (libFuzzer runs every corpus input before mutating it)
+  [ -d "$here/regressions/${name#fuzz_}" ] && regressions=("$here/regressions/${name#fuzz_}")
   work=$(mktemp -d)
   artifacts=$(mktemp -d)
   echo "fuzz: $name for ${seconds}s (seeds: $seeds)"
   if ! "$fuzzer" -max_total_time="$seconds" -print_final_stats=1 -artifact_prefix="$artifacts/" \
-       "$work" "$seeds" > "$work.log" 2>&1; then
+       "$work" "$seeds" "${regressions[@]}" > "$work.log" 2>&1; then
     echo "fuzz: $name FOUND A PROBLEM; reproducer(s) in $artifacts:"; ls "$artifacts"
     tail -40 "$work.log"
     status=1
