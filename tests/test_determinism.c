@@ -13,7 +13,11 @@
 #include "case_gen.h"
 
 static const int THREAD_COUNTS[] = {1, 2, 3, 8};
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define REPEATS 1   /* calls per thread count: sanitizer builds run ~20x slower */
+#else
 #define REPEATS 3   /* calls per thread count */
+#endif
 
 typedef struct {
     const char *name;
