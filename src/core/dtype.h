@@ -46,12 +46,14 @@ static inline uint16_t af_f32_to_f16(float f) {
     return (uint16_t)(sign | ((r - 0x38000000u) >> 13));
 }
 
-/* Read element `p` of `dtype` as f32 (bool reads as 0/1). */
+/* Read element `p` of `dtype` as f32 (bool reads as 0/1); `p` need not be aligned. */
 static inline float af_load_as_f32(const void *p, af_dtype dtype) {
+    float f;
+    uint16_t h;
     switch (dtype) {
-    case AF_F32: return *(const float *)p;
-    case AF_F16: return af_f16_to_f32(*(const uint16_t *)p);
-    case AF_BF16: return af_bf16_to_f32(*(const uint16_t *)p);
+    case AF_F32: memcpy(&f, p, 4); return f;
+    case AF_F16: memcpy(&h, p, 2); return af_f16_to_f32(h);
+    case AF_BF16: memcpy(&h, p, 2); return af_bf16_to_f32(h);
     case AF_BOOL: return *(const uint8_t *)p ? 1.0f : 0.0f;
     }
     return 0.0f;

@@ -17,16 +17,7 @@ static inline __m256 x86_load8_f32(const char *p, af_dtype dtype) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-static inline float x86_load1_f32(const char *p, af_dtype dtype) {
-    uint16_t h;
-    if (dtype == AF_F32) {
-        float f;
-        memcpy(&f, p, 4);
-        return f;
-    }
-    memcpy(&h, p, 2);
-    return dtype == AF_BF16 ? af_bf16_to_f32(h) : af_f16_to_f32(h);
-}
+static inline float x86_load1_f32(const char *p, af_dtype dtype) { return af_load_as_f32(p, dtype); }
 
 static void x86_convert(float *dst, const void *src, af_dtype dtype, int n) {
     const char *s = src;

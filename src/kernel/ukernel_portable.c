@@ -77,22 +77,11 @@ static void blocking_portable(int E, int Ev, int *block_rows, int *block_keys) {
     *block_keys = 64;
 }
 
-static inline float element_f32(const char *p, af_dtype dtype) {
-    uint16_t h;
-    if (dtype == AF_F32) {
-        float f;
-        memcpy(&f, p, 4);
-        return f;
-    }
-    memcpy(&h, p, 2);
-    return dtype == AF_BF16 ? af_bf16_to_f32(h) : af_f16_to_f32(h);
-}
-
 static void convert_portable(float *dst, const void *src, af_dtype dtype, int n) {
     const char *s = src;
     if (dtype == AF_F32) memcpy(dst, s, sizeof(float) * (size_t)n);
-    else if (dtype == AF_BF16) for (int i = 0; i < n; i++) dst[i] = element_f32(s + 2 * (size_t)i, AF_BF16);
-    else for (int i = 0; i < n; i++) dst[i] = element_f32(s + 2 * (size_t)i, AF_F16);
+    else if (dtype == AF_BF16) for (int i = 0; i < n; i++) dst[i] = af_load_as_f32(s + 2 * (size_t)i, AF_BF16);
+    else for (int i = 0; i < n; i++) dst[i] = af_load_as_f32(s + 2 * (size_t)i, AF_F16);
 }
 
 /* Eight keys at a time: each kt row gets 8 contiguous floats while the 8 source rows are read in step. */
@@ -103,7 +92,7 @@ static void pack_kt_portable(int cols, int E, const void *k, size_t key_stride, 
         const int nk = cols - j0 < 8 ? cols - j0 : 8;
         for (int e = 0; e < E; e++)
             for (int j = 0; j < nk; j++)
-                kt[(size_t)e * ldkt + j0 + j] = element_f32((const char *)k + (size_t)(j0 + j) * key_stride + (size_t)e * elem, dtype);
+                kt[(size_t)e * ldkt + j0 + j] = af_load_as_f32((const char *)k + (size_t)(j0 + j) * key_stride + (size_t)e * elem, dtype);
     }
     if (padded > cols)
         for (int e = 0; e < E; e++) memset(kt + (size_t)e * ldkt + cols, 0, sizeof(float) * (size_t)(padded - cols));

@@ -62,16 +62,7 @@ static inline mask16 e_less(vec16 a, vec16 b) {   /* _CMP_LT_OQ: false on NaN */
 }
 static inline mask16 e_lanes_below(int n) { return (mask16)(n >= 16 ? 0xffffu : (1u << n) - 1u); }
 static inline vec16 e_select(mask16 m, vec16 a, vec16 b) { LANEWISE((m >> i) & 1 ? b.l[i] : a.l[i]); }   /* mask_blend */
-static inline float e_load1(const char *p, af_dtype dt) {
-    uint16_t h;
-    if (dt == AF_F32) {
-        float f;
-        memcpy(&f, p, 4);
-        return f;
-    }
-    memcpy(&h, p, 2);
-    return dt == AF_BF16 ? af_bf16_to_f32(h) : af_f16_to_f32(h);
-}
+static inline float e_load1(const char *p, af_dtype dt) { return af_load_as_f32(p, dt); }
 static inline vec16 e_load_cvt(const char *p, af_dtype dt) { LANEWISE(e_load1(p + (size_t)i * (dt == AF_F32 ? 4 : 2), dt)); }
 
 #define UK_ISA "vec16-emulated"
