@@ -36,7 +36,7 @@ test-tsan: deps
 	  ctest --output-on-failure -j $(JOBS) -R '^($(shell echo $(TSAN_TESTS) | tr ' ' '|'))$$'
 
 # Every C test binary of the Release build under valgrind's memcheck (invalid accesses, uninitialised reads, leaks),
-# fewer random cases; about 6 minutes on 2 cores, so a release step (docs/RELIABILITY.md), not part of `make test`.
+# with fewer random cases and calls; about 2 minutes on 2 cores (docs/RELIABILITY.md).
 valgrind: build
 	bash scripts/valgrind-tests.sh $(BUILD) $(JOBS)
 
@@ -50,7 +50,7 @@ fuzz: deps
 test-python: build
 	bash scripts/test-python.sh $(BUILD)/attnforge
 
-test: test-fast test-sanitize test-tsan fuzz test-python
+test: test-fast test-sanitize test-tsan valgrind fuzz test-python
 
 install: build
 	cmake --install $(BUILD) --prefix $(or $(PREFIX),/usr/local)

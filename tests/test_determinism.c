@@ -14,10 +14,17 @@
 
 static const int THREAD_COUNTS[] = {1, 2, 3, 8};
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define REPEATS 1   /* calls per thread count: sanitizer builds run ~20x slower */
+#define DEFAULT_REPEATS 1   /* calls per thread count: sanitizer builds run ~20x slower */
 #else
-#define REPEATS 3   /* calls per thread count */
+#define DEFAULT_REPEATS 3   /* calls per thread count */
 #endif
+
+/* ATTNFORGE_TEST_CALLS: calls per thread count (valgrind, ~50x slower, uses 1) */
+static int repeats(void) {
+    const char *env = getenv("ATTNFORGE_TEST_CALLS");
+    const int n = env ? atoi(env) : DEFAULT_REPEATS;
+    return n > 0 ? n : DEFAULT_REPEATS;
+}
 
 typedef struct {
     const char *name;
@@ -47,7 +54,7 @@ static void check_deterministic(named_case *n) {
         if (!case_matches_reference(&t, NULL, why, sizeof why)) fail_msg("%s on %s: %s", n->name, isas[i], why);
         unsigned char *first_out = tt_snapshot(&t.out), *first_lse = tt_snapshot(&t.lse);
         for (size_t k = 0; k < sizeof THREAD_COUNTS / sizeof THREAD_COUNTS[0]; k++)
-            for (int r = 0; r < REPEATS; r++) {
+            for (int r = 0; r < repeats(); r++) {
                 assert_int_equal(case_run_kernel(&t, isas[i], THREAD_COUNTS[k]), AF_OK);
                 if (!tt_same_as(&t.out, first_out) || !tt_same_as(&t.lse, first_lse))
                     fail_msg("%s on %s: %d threads, call %d: not bitwise the 1-thread result", n->name, isas[i],
@@ -56,7 +63,7 @@ static void check_deterministic(named_case *n) {
         free(first_out);
         free(first_lse);
     }
-    print_message("    %-44s %d ISA(s) x threads {1,2,3,8} x %d calls: identical\n", n->name, isa_count, REPEATS);
+    print_message("    %-44s %d ISA(s) x threads {1,2,3,8} x %d calls: identical\n", n->name, isa_count, repeats());
     case_free(&t);
     af_set_num_threads(0);
 }
