@@ -50,3 +50,10 @@ af_status af_read_text_file(const char *path, char **text, size_t *len) {
     *len = used;
     return AF_OK;
 }
+
+af_status af_error_with_path(af_status st, const char *path) {
+    if (st == AF_OK) return AF_OK;
+    char message[1024];   /* af_last_error is the buffer af_fail writes: copy it first */
+    snprintf(message, sizeof message, "%s", af_last_error());
+    return af_fail(st, "%s: %s", path, message);
+}

@@ -10,4 +10,7 @@
 /* Read `path` into a NUL-terminated buffer (free with af_free). AF_ERR_IO naming the path and the cause. */
 af_status af_read_text_file(const char *path, char **text, size_t *len);
 
+/* `st` unchanged, with `path: ` put before af_last_error()'s message when it is an error. */
+af_status af_error_with_path(af_status st, const char *path);
+
 #endif

@@ -165,10 +165,5 @@ af_status af_provider_load(const char *path, af_provider **out) {
     if (st != AF_OK) return st;
     st = af_provider_from_json(text, len, out);
     af_free(text);
-    if (st != AF_OK) {
-        char message[1024];
-        snprintf(message, sizeof message, "%s", af_last_error());
-        return af_fail(st, "%s: %s", path, message);
-    }
-    return AF_OK;
+    return af_error_with_path(st, path);
 }
