@@ -12,8 +12,43 @@
  * aligned, so a micro-kernel may load/store whole vectors up to the padded width. */
 #define AF_TILE_PAD 16
 
+/* Optional products on a micro-kernel's own operand formats (AMX: bf16 tiles, K and V in VNNI pairs), for calls
+ * whose inputs it accepts; the driver's f32 path (gemm on packed f32 tiles) runs the rest. The driver keeps its
+ * rows, causal skipping, masks, the online softmax (the table's softmax_step on the f32 S block) and the epilogue;
+ * these hooks only pack operands and form S = Q·K^T and O += P·V. The packed formats are the kernel's own: the
+ * driver sizes scratch with *_bytes (each region 64-byte aligned) and passes the buffers back unread.
+ * Precision: f32 accumulation; P may be rounded to the input dtype before P·V (af_error_bound states the cost). */
+typedef struct af_products {
+    /* True when these products take a call with inputs of `dtype` and head dims E (q·k) >= 1 and Ev (v) >= 0. */
+    bool (*accepts)(af_dtype dtype, int E, int Ev);
+    /* Calls with fewer query rows per (batch, kv head) than this use the table's direct kernels instead, when it
+     * has them (a tile product costs the same for 1 row as for 16). */
+    int min_rows;
+    /* Replaces the table's blocking for accepted calls. */
+    void (*blocking)(int E, int Ev, int *block_rows, int *block_keys);
+    /* Scratch bytes: a packed Q block of `rows` rows, a packed K tile and a packed V tile of `keys` keys. */
+    size_t (*q_bytes)(int rows, int E);
+    size_t (*k_bytes)(int keys, int E);
+    size_t (*v_bytes)(int keys, int Ev);
+    /* pack_q: `rows` f32 query rows q[r·ldq + e] (e < E; converted exactly from the accepted dtype) into qpack,
+     *         where row r stays addressable as (qpack, row0 = r) by scores.
+     * pack_k / pack_v: `keys` K rows of E / V rows of Ev elements of `dtype`, contiguous along the head dim, key j
+     *         starting at (const char *)src + j·key_stride bytes; nothing past a row's last element is read.
+     * All three zero whatever padding their format needs. rows, keys >= 1. */
+    void (*pack_q)(int rows, int E, const float *q, int ldq, void *qpack);
+    void (*pack_k)(int keys, int E, const void *k, size_t key_stride, af_dtype dtype, void *kpack);
+    void (*pack_v)(int keys, int Ev, const void *v, size_t key_stride, af_dtype dtype, void *vpack);
+    /* scores: S[r·lds + j] = q_{row0 + r} · k_j for r < rows, j < cols (f32). S's columns cols..round_up(cols,
+     *         AF_TILE_PAD) are writable scratch; lds is a multiple of AF_TILE_PAD. row0 + rows <= the packed rows.
+     * values: O[r·ldo + e] += sum_{j < cols} P[r·ldp + j] · v_j[e] for r < rows, e < Ev; P's columns past cols
+     *         are not read; O's columns Ev..round_up(Ev, AF_TILE_PAD) are writable scratch, ldo a multiple of
+     *         AF_TILE_PAD. rows, cols, Ev >= 1; cols <= the keys packed. */
+    void (*scores)(int rows, int cols, int E, const void *qpack, int row0, const void *kpack, float *S, int lds);
+    void (*values)(int rows, int Ev, int cols, const float *P, int ldp, const void *vpack, float *O, int ldo);
+} af_products;
+
 typedef struct af_ukernel {
-    const char *isa;   /* "portable", "avx2", "avx512" */
+    const char *isa;   /* "portable", "avx2", "avx512", "amx" */
 
     /* C[m×n] = (accumulate ? C : 0) + A[m×k] · B[k×n], all f32 row-major with leading dims lda/ldb/ldc.
      * ldb and ldc are multiples of AF_TILE_PAD; B's columns n..round_up(n, AF_TILE_PAD) are readable (the driver
@@ -56,11 +91,15 @@ typedef struct af_ukernel {
                           af_dtype dtype, float *S, int lds);
     void (*values_direct)(int m, int n, int k, const float *P, int ldp, const void *V, size_t row_bytes,
                           af_dtype dtype, float *O, int ldo);
+
+    /* Optional products on the kernel's own operand formats (above); NULL: none. */
+    const af_products *products;
 } af_ukernel;
 
 extern const af_ukernel af_ukernel_portable;
 extern const af_ukernel af_ukernel_avx2;     /* defined only in x86-64 builds */
 extern const af_ukernel af_ukernel_avx512;
+extern const af_products af_products_amx;   /* AMX tiles (ukernel_amx.c); its table is the AVX-512 one plus these */
 
 /* The micro-kernel af_sdpa uses now (ATTNFORGE_ISA / af_set_isa, else the best the CPU and OS allow). */
 const af_ukernel *af_ukernel_current(void);
