@@ -5,7 +5,6 @@
  * key/value head hk is query position r / G of query head hk·G + r % G, so a K/V tile is packed once for the
  * whole group and causal limits grow monotonically with r. A work item is (batch, kv head, row block, kv split). */
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -123,13 +122,6 @@ static void pack_value_tile(const flash_plan *fp, const work_item *w, int64_t j0
     }
 }
 
-/* Ask for `rows` rows of `bytes` bytes, `stride` bytes apart, to be brought towards L2: the next tile's K and
- * this tile's V come from L3 or memory while the Q·K^T gemm computes on data already in L1/L2. */
-static void prefetch_rows(const char *at, int rows, size_t stride, size_t bytes) {
-    for (int r = 0; r < rows; r++)
-        for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(at + (size_t)r * stride + b, 0, 2);
-}
-
 /* S = S·scale + mask, for the tiles that need the scale applied before the softmax. */
 static void apply_scale_and_mask(const flash_plan *fp, const work_item *w, int64_t r0, int rows, int64_t j0, int cols,
                                  float *S) {
@@ -217,16 +209,6 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
         const int n = rows - skip;
         float *Sn = S + (size_t)skip * fp->keys_pad, *On = O + (size_t)skip * fp->ev_pad;
         const float *qn = qb + (size_t)skip * fp->E;
-        if (getenv("PF")) {
-            const int64_t next = j0 + fp->block_keys;
-            if (next < k_hi) {
-                const int nc = (int)(k_hi - next < fp->block_keys ? k_hi - next : fp->block_keys);
-                prefetch_rows(p->k + (size_t)(w.b * p->k_stride[0] + w.hk * p->k_stride[1] + next * p->k_stride[2]) * fp->elem,
-                              nc, (size_t)p->k_stride[2] * fp->elem, (size_t)fp->E * fp->elem);
-            }
-            prefetch_rows(p->v + (size_t)(w.b * p->v_stride[0] + w.hk * p->v_stride[1] + j0 * p->v_stride[2]) * fp->elem,
-                          cols, (size_t)p->v_stride[2] * fp->elem, (size_t)fp->Ev * fp->elem);
-        }
         if (fp->px) {
             const char *k = p->k + (size_t)(w.b * p->k_stride[0] + w.hk * p->k_stride[1] + j0 * p->k_stride[2]) * fp->elem;
             fp->px->pack_k(cols, fp->E, k, (size_t)p->k_stride[2] * fp->elem, p->dtype, kt);
