@@ -1,7 +1,17 @@
 #include "core/cpu.h"
 
+#include <errno.h>
 #include <pthread.h>
+#include <string.h>
 #include <unistd.h>
+
+#include "core/log.h"
+
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#define ARCH_REQ_XCOMP_PERM 0x1023   /* <asm/prctl.h>, Linux 5.16 */
+#define XFEATURE_XTILEDATA 18
+#endif
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -49,4 +59,26 @@ static void detect(void) {
 const af_cpu_features *af_cpu(void) {
     pthread_once(&features_once, detect);
     return &features;
+}
+
+static bool amx_permitted;
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+
+static void ask_amx_permission(void) {
+    if (!af_cpu()->amx_bf16) return;
+#if defined(__linux__) && defined(__x86_64__)
+    if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0) {
+        amx_permitted = true;
+        af_log(AF_LOG_DEBUG, "cpu: AMX tile data granted by the kernel (ARCH_REQ_XCOMP_PERM)");
+    } else {
+        af_log(AF_LOG_DEBUG, "cpu: AMX tile data refused by the kernel (ARCH_REQ_XCOMP_PERM: %s); no amx", strerror(errno));
+    }
+#else
+    af_log(AF_LOG_DEBUG, "cpu: AMX in CPUID and XCR0, but no known way to ask this OS for tile data; no amx");
+#endif
+}
+
+bool af_cpu_amx_permitted(void) {
+    pthread_once(&amx_once, ask_amx_permission);
+    return amx_permitted;
 }

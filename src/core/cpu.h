@@ -14,4 +14,8 @@ typedef struct {
 
 const af_cpu_features *af_cpu(void);
 
+/* Linux keeps AMX tile data off until a process asks (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)); a tile
+ * instruction before that raises SIGILL. Asks once, only where af_cpu()->amx_bf16; true when granted. */
+bool af_cpu_amx_permitted(void);
+
 #endif

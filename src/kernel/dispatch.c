@@ -7,10 +7,20 @@
 #include "core/cpu.h"
 #include "core/log.h"
 #include "core/status.h"
+#include "kernel/dispatch_testing.h"
 #include "kernel/ukernel.h"
+
+#ifdef AF_HAVE_AMX
+/* "amx": the AVX-512 table (softmax, rescale, blocking and the whole f16/f32 path) plus the AMX products for bf16;
+ * completed in complete_tables() before any use (the AVX-512 table is not a constant expression here). */
+static af_ukernel amx_table = {.isa = "amx"};
+#endif
 
 /* Best first. An entry is compiled in only when the build has that ISA's file (AF_HAVE_*). */
 static const af_ukernel *const registry[] = {
+#ifdef AF_HAVE_AMX
+    &amx_table,
+#endif
 #ifdef AF_HAVE_AVX512
     &af_ukernel_avx512,
 #endif
@@ -22,6 +32,7 @@ static const af_ukernel *const registry[] = {
 enum { REGISTRY_SIZE = sizeof registry / sizeof registry[0] };
 
 static bool cpu_supports(const af_ukernel *k) {
+    if (strcmp(k->isa, "amx") == 0) return af_cpu()->amx_bf16 && af_cpu_amx_permitted();
     if (strcmp(k->isa, "avx512") == 0) return af_cpu()->avx512;
     if (strcmp(k->isa, "avx2") == 0) return af_cpu()->avx2_fma;
     return true;
@@ -34,9 +45,19 @@ static const af_ukernel *find(const char *name) {
 }
 
 static _Atomic(const af_ukernel *) current;
+static const af_ukernel *initial;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
+static void complete_tables(void) {
+#ifdef AF_HAVE_AMX
+    amx_table = af_ukernel_avx512;
+    amx_table.isa = "amx";
+    amx_table.products = &af_products_amx;
+#endif
+}
+
 static void choose_initial(void) {
+    complete_tables();
     const af_ukernel *best = &af_ukernel_portable;
     for (int i = 0; i < REGISTRY_SIZE; i++)
         if (cpu_supports(registry[i])) {
@@ -49,6 +70,7 @@ static void choose_initial(void) {
         if (wanted && cpu_supports(wanted)) best = wanted;
         else af_log(AF_LOG_WARNING, "ATTNFORGE_ISA=%s is not available here; using %s", env, best->isa);
     }
+    initial = best;
     atomic_store(&current, best);
 }
 
@@ -58,6 +80,7 @@ const af_ukernel *af_ukernel_current(void) {
 }
 
 bool af_isa_available(const char *name) {
+    pthread_once(&init_once, choose_initial);
     const af_ukernel *k = name ? find(name) : NULL;
     return k && cpu_supports(k);
 }
@@ -67,8 +90,12 @@ af_status af_set_isa(const char *name) {
     pthread_once(&init_once, choose_initial);
     if (!name) return af_fail(AF_ERR_INVALID_ARGUMENT, "isa: must not be NULL");
     const af_ukernel *k = find(name);
+    static const char *const known[] = {"portable", "avx2", "avx512", "amx"};
+    for (size_t i = 0; !k && i < sizeof known / sizeof known[0]; i++)
+        if (strcmp(name, known[i]) == 0)
+            return af_fail(AF_ERR_UNSUPPORTED, "isa: '%s' is not compiled into this build of attnforge", name);
     if (!k)
-        return af_fail(AF_ERR_INVALID_ARGUMENT, "isa: unknown name '%s'; expected portable, avx2 or avx512", name);
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "isa: unknown name '%s'; expected portable, avx2, avx512 or amx", name);
     if (!cpu_supports(k))
         return af_fail(AF_ERR_UNSUPPORTED, "isa: '%s' is not supported by this CPU and OS", name);
     atomic_store(&current, k);
@@ -76,3 +103,8 @@ af_status af_set_isa(const char *name) {
 }
 
 const char *af_get_isa(void) { return af_ukernel_current()->isa; }
+
+void af_ukernel_force_for_tests(const af_ukernel *k) {
+    pthread_once(&init_once, choose_initial);
+    atomic_store(&current, k ? k : initial);
+}
