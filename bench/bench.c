@@ -31,7 +31,9 @@ typedef struct {
     int threads;
     const char *isa;
     bool ok, decode;
-    double seconds, gflops, peak_gflops, peak_ratio, gbps, peak_gbps;
+    double seconds, gflops, gbps;
+    double peak_gflops, peak_gbps;          /* medians of the ceilings sampled before each timed call */
+    double peak_ratio, bandwidth_ratio;     /* medians of each call's share of the ceiling sampled just before it */
     double cpu_share;            /* process CPU time / (wall time × threads) over the timed calls: < 1 = preempted
                                     (the machine is shared) or threads idle */
     double cpu_gflops;           /* FLOPs per CPU-second the calls got: one core's rate, robust to preemption */
@@ -149,24 +151,46 @@ static double cpu_seconds(void) {   /* user + system time of the whole process *
     return (double)(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * (double)(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
-/* Median seconds of `reps` calls after `warmup` untimed ones; < 0 when a call fails. *cpu_per_wall: process CPU
- * time over the summed wall time of the timed calls; *cpu_per_call: their mean CPU time. */
-static double time_calls(bench_tensors *t, int warmup, int reps, double *cpu_per_wall, double *cpu_per_call) {
-    double times[64], wall = 0.0;
-    if (reps > 64) reps = 64;
+/* The ceilings sampled right before each timed call, so that each call's share of the peak compares two
+ * measurements taken within a second of each other (NULL: no sampling). */
+typedef struct {
+    const char *isa;
+    int threads;
+    bool bandwidth;            /* decode rows: also one read pass per call */
+    double peak[64], gbps[64];
+} pairing;
+
+/* Median seconds of `reps` calls after `warmup` untimed ones, each call's time in times[]; < 0 when a call
+ * fails. *cpu_per_wall: process CPU time over the summed wall time of the timed calls; *cpu_per_call: their mean
+ * CPU time (the sampling in between is not counted). */
+static double time_calls(bench_tensors *t, int warmup, int reps, pairing *pair, double *times, double *cpu_per_wall,
+                         double *cpu_per_call) {
+    double wall = 0.0, cpu = 0.0;
     for (int w = 0; w < warmup; w++)
         if (af_sdpa(&t->args, &t->out.view, NULL) != AF_OK) return -1.0;
-    const double cpu0 = cpu_seconds();
     for (int r = 0; r < reps; r++) {
-        const double t0 = cli_now();
+        if (pair) {
+            pair->peak[r] = bench_fma_peak_sample_gflops(pair->isa, pair->threads);
+            if (pair->bandwidth) pair->gbps[r] = bench_read_bandwidth_sample_gbps(pair->threads, BANDWIDTH_BYTES);
+        }
+        const double cpu0 = cpu_seconds(), t0 = cli_now();
         if (af_sdpa(&t->args, &t->out.view, NULL) != AF_OK) return -1.0;
         times[r] = cli_now() - t0;
+        cpu += cpu_seconds() - cpu0;
         wall += times[r];
     }
-    const double cpu = cpu_seconds() - cpu0;
     if (cpu_per_wall) *cpu_per_wall = cpu / wall;
     if (cpu_per_call) *cpu_per_call = cpu / reps;
-    return cli_median(times, reps);
+    double sorted[64];
+    memcpy(sorted, times, sizeof(double) * (size_t)reps);
+    return cli_median(sorted, reps);
+}
+
+/* Median over the calls of (what call r achieved) / (the ceiling sampled just before it). */
+static double paired_ratio(double amount_per_call, const double *times, const double *ceiling, int reps) {
+    double ratios[64];
+    for (int r = 0; r < reps; r++) ratios[r] = ceiling[r] > 0.0 ? amount_per_call / times[r] / ceiling[r] : 0.0;
+    return cli_median(ratios, reps);
 }
 
 static bench_row run_case(const bench_case *c, const bench_options *o, int configured_threads, uint64_t seed) {
@@ -174,17 +198,19 @@ static bench_row run_case(const bench_case *c, const bench_options *o, int confi
                      .extra_rss_mib = -1.0};
     const cli_shape *s = &c->shape;
     row.decode = s->L <= DECODE_MAX_L;
-    row.peak_gflops = fma_peak(row.isa, row.threads, &row.peak_cpu_gflops);
-    if (row.decode) row.peak_gbps = read_bandwidth(row.threads);
+    fma_peak(row.isa, row.threads, &row.peak_cpu_gflops);   /* per CPU-second: the %pk_cpu column */
     bench_tensors t;
     if (!make_tensors(&t, s, seed)) {
         free_tensors(&t);
         return row;
     }
     af_set_num_threads(row.threads);
+    if (row.decode) bench_read_bandwidth_sample_gbps(row.threads, BANDWIDTH_BYTES);   /* its buffer: resident now */
     const double resident = bench_reset_peak_rss_mib();
-    double cpu_per_wall = 0.0, cpu_per_call = 0.0;
-    row.seconds = time_calls(&t, 1, o->reps, &cpu_per_wall, &cpu_per_call);
+    double cpu_per_wall = 0.0, cpu_per_call = 0.0, times[64];
+    const int reps = o->reps < 64 ? o->reps : 64;
+    pairing pair = {.isa = row.isa, .threads = row.threads, .bandwidth = row.decode};
+    row.seconds = time_calls(&t, 1, reps, &pair, times, &cpu_per_wall, &cpu_per_call);
     row.cpu_share = cpu_per_wall / row.threads;
     const double peak = bench_peak_rss_mib();
     if (resident >= 0.0 && peak >= 0.0) row.extra_rss_mib = peak - resident;
@@ -192,16 +218,24 @@ static bench_row run_case(const bench_case *c, const bench_options *o, int confi
     const double flops = cli_fa4_flops(s);
     if (row.ok) {
         row.gflops = flops / row.seconds * 1e-9;
-        row.peak_ratio = row.gflops / row.peak_gflops;
+        row.peak_ratio = paired_ratio(flops * 1e-9, times, pair.peak, reps);
+        double sorted[64];
+        memcpy(sorted, pair.peak, sizeof(double) * (size_t)reps);
+        row.peak_gflops = cli_median(sorted, reps);
         if (cpu_per_call > 0.0) row.cpu_gflops = flops / cpu_per_call * 1e-9;
         if (row.peak_cpu_gflops > 0.0) row.cpu_peak_ratio = row.cpu_gflops / row.peak_cpu_gflops;
         const double kv_bytes = (double)(s->B * s->Hkv * s->S * (s->E + s->Ev)) * (double)af_dtype_size(s->dtype);
-        if (row.decode) row.gbps = kv_bytes / row.seconds * 1e-9;
+        if (row.decode) {
+            row.gbps = kv_bytes / row.seconds * 1e-9;
+            row.bandwidth_ratio = paired_ratio(kv_bytes * 1e-9, times, pair.gbps, reps);
+            memcpy(sorted, pair.gbps, sizeof(double) * (size_t)reps);
+            row.peak_gbps = cli_median(sorted, reps);
+        }
     }
     if (row.ok && strcmp(row.isa, "portable") && flops * 1e-9 <= o->portable_max_gflop) {
         const char *isa = row.isa;
         af_set_isa("portable");
-        row.portable_seconds = time_calls(&t, flops < 1e9 ? 1 : 0, flops < 1e9 ? o->reps : 3, NULL, NULL);
+        row.portable_seconds = time_calls(&t, flops < 1e9 ? 1 : 0, flops < 1e9 ? reps : 3, NULL, times, NULL, NULL);
         af_set_isa(isa);
     }
     af_set_num_threads(configured_threads);
@@ -236,7 +270,7 @@ static void print_row(const bench_row *r, const bench_options *o) {
         if (r->decode) {
             json_object_set_new(j, "gbps", json_real(r->gbps));
             json_object_set_new(j, "peak_gbps", json_real(r->peak_gbps));
-            json_object_set_new(j, "bandwidth_ratio", json_real(r->peak_gbps > 0 ? r->gbps / r->peak_gbps : 0.0));
+            json_object_set_new(j, "bandwidth_ratio", json_real(r->bandwidth_ratio));
         }
         if (r->portable_seconds > 0) {
             json_object_set_new(j, "portable_seconds", json_real(r->portable_seconds));
@@ -259,7 +293,7 @@ static void print_row(const bench_row *r, const bench_options *o) {
     }
     if (r->decode) {
         snprintf(gbps, sizeof gbps, "%.1f", r->gbps);
-        snprintf(bw, sizeof bw, "%.0f%%", 100.0 * r->gbps / r->peak_gbps);
+        snprintf(bw, sizeof bw, "%.0f%%", 100.0 * r->bandwidth_ratio);
     }
     if (r->portable_seconds > 0) {
         snprintf(port, sizeof port, "%.1f", r->portable_seconds * 1e3);
@@ -349,7 +383,8 @@ static void bench_usage(FILE *f) {
             "Measures the FMA peak (same ISA and thread count) and the read bandwidth, then times each shape\n"
             "(median of --reps calls, default 5, after one warm-up) and prints GFLOP/s by FA4's formula\n"
             "2·B·Hq·L·S'·(E+Ev) (causal: S' = keys actually seen), the share of the peak, for decode (L <= 16)\n"
-            "GB/s of K+V against the bandwidth, the speed-up over the portable kernel (skipped above\n"
+            "GB/s of K+V against the bandwidth (both shares: the median over the calls of each call against\n"
+            "a short FMA trial / read pass run just before it), the speed-up over the portable kernel (skipped above\n"
             "--portable-max-gflop, default 6, GFLOP per call), and +RSS_MiB (peak RSS during the calls beyond\n"
             "the resident inputs and outputs). Default shapes: prefill H=16, L=S in {512, 2048, 4096} (8192 with\n"
             "--long), E=Ev in {64, 128}, f32 full and causal, bf16/f16 rows; decode L=1, S in {4096, 32768},\n"
@@ -451,6 +486,7 @@ int cmd_bench(int argc, char **argv) {
             if (bandwidths[i].threads != threads)
                 printf("read bandwidth for %d thread(s): %.1f GB/s\n", bandwidths[i].threads, bandwidths[i].value);
     }
+    bench_machine_release();
     int errors = failures;
     for (int c = 0; c < n; c++) errors += !rows[c].ok;
     return errors ? 1 : 0;

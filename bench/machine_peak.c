@@ -103,25 +103,45 @@ static void fma_worker(void *arg, int t) {
     job->cpu_seconds[t] = thread_cpu_seconds() - cpu0;
 }
 
-double bench_fma_peak_gflops(const char *isa, int threads, double *per_cpu_second) {
-    if (threads > 256) threads = 256;
-    fma_job job = {.lanes = 1, .iterations = PEAK_ITERATIONS};
+static fma_job fma_job_for(const char *isa, long iterations) {
+    fma_job job = {.lanes = 1, .iterations = iterations};
     if (!strcmp(isa, "avx512") && af_isa_available("avx512")) job.lanes = 16;
     else if (af_isa_available("avx2")) job.lanes = 8;
     else job.iterations /= 8;
+    return job;
+}
+
+/* One trial: GFLOP/s over wall time, and (*per_cpu) over the CPU time the threads got. */
+static double fma_trial(fma_job *job, int threads, double *per_cpu) {
+    const double t0 = cli_now();
+    bench_on_threads(threads, fma_worker, job);
+    const double seconds = cli_now() - t0;
+    const double flops = 2.0 * PEAK_ACCUMULATORS * job->lanes * (double)job->iterations * threads;
+    double cpu = 0.0;
+    for (int t = 0; t < threads; t++) cpu += job->cpu_seconds[t];
+    *per_cpu = cpu > 0.0 ? flops / cpu * 1e-9 : 0.0;
+    return flops / seconds * 1e-9;
+}
+
+double bench_fma_peak_gflops(const char *isa, int threads, double *per_cpu_second) {
+    if (threads > 256) threads = 256;
+    fma_job job = fma_job_for(isa, PEAK_ITERATIONS);
     double best = 0.0, best_per_cpu = 0.0;
     for (int trial = 0; trial < PEAK_TRIALS; trial++) {
-        const double t0 = cli_now();
-        bench_on_threads(threads, fma_worker, &job);
-        const double seconds = cli_now() - t0;
-        const double flops = 2.0 * PEAK_ACCUMULATORS * job.lanes * (double)job.iterations * threads;
-        double cpu = 0.0;
-        for (int t = 0; t < threads; t++) cpu += job.cpu_seconds[t];
-        if (flops / seconds > best) best = flops / seconds;
-        if (cpu > 0.0 && flops / cpu > best_per_cpu) best_per_cpu = flops / cpu;
+        double per_cpu;
+        const double v = fma_trial(&job, threads, &per_cpu);
+        if (v > best) best = v;
+        if (per_cpu > best_per_cpu) best_per_cpu = per_cpu;
     }
-    if (per_cpu_second) *per_cpu_second = best_per_cpu * 1e-9;
-    return best * 1e-9;
+    if (per_cpu_second) *per_cpu_second = best_per_cpu;
+    return best;
+}
+
+double bench_fma_peak_sample_gflops(const char *isa, int threads) {
+    if (threads > 256) threads = 256;
+    fma_job job = fma_job_for(isa, PEAK_ITERATIONS / 4);
+    double per_cpu;
+    return fma_trial(&job, threads, &per_cpu);
 }
 
 /* ---- streaming read: each thread sums its own contiguous share of the buffer. */
@@ -170,6 +190,16 @@ static void touch_worker(void *arg, int t) {   /* first touch by the thread that
     for (size_t i = 0; i < share; i++) x[i] = 1.0f;
 }
 
+/* One timed pass of read_worker over job->data on `threads` threads, GB/s. */
+static double read_pass(read_job *job, int threads) {
+    const double read_bytes = (double)(job->floats / (size_t)threads / 64 * 64) * sizeof(float) * threads;
+    const double t0 = cli_now();
+    bench_on_threads(threads, read_worker, job);
+    const double seconds = cli_now() - t0;
+    sink = job->sums[0];
+    return read_bytes / seconds * 1e-9;
+}
+
 double bench_read_bandwidth_gbps(int threads, size_t bytes) {
     if (threads > 256) threads = 256;
     read_job job = {.floats = bytes / sizeof(float), .threads = threads};
@@ -177,15 +207,32 @@ double bench_read_bandwidth_gbps(int threads, size_t bytes) {
     if (posix_memalign(&memory, 64, bytes) != 0) return 0.0;
     job.data = memory;
     bench_on_threads(threads, touch_worker, &job);
-    const double read_bytes = (double)(job.floats / (size_t)threads / 64 * 64) * sizeof(float) * threads;
     double best = 0.0;
     for (int pass = 0; pass < 5; pass++) {
-        const double t0 = cli_now();
-        bench_on_threads(threads, read_worker, &job);
-        const double seconds = cli_now() - t0;
-        if (read_bytes / seconds > best) best = read_bytes / seconds;
+        const double v = read_pass(&job, threads);
+        if (v > best) best = v;
     }
-    sink = job.sums[0];
     free(memory);
-    return best * 1e-9;
+    return best;
+}
+
+/* The sampling buffer: allocated and first touched on the first sample, kept until bench_machine_release. */
+static read_job sample_job;
+
+double bench_read_bandwidth_sample_gbps(int threads, size_t bytes) {
+    if (threads > 256) threads = 256;
+    if (sample_job.data && (sample_job.floats != bytes / sizeof(float) || sample_job.threads != threads))
+        bench_machine_release();
+    if (!sample_job.data) {
+        void *memory = NULL;
+        if (posix_memalign(&memory, 64, bytes) != 0) return 0.0;
+        sample_job = (read_job){.data = memory, .floats = bytes / sizeof(float), .threads = threads};
+        bench_on_threads(threads, touch_worker, &sample_job);
+    }
+    return read_pass(&sample_job, threads);
+}
+
+void bench_machine_release(void) {
+    free((void *)sample_job.data);
+    sample_job = (read_job){0};
 }
