@@ -86,8 +86,9 @@ AF_API af_status af_sdpa_reference(const af_sdpa_args *args, af_tensor *out, af_
 AF_API void af_set_num_threads(int n);   /* 0 = all cores (the default) */
 AF_API int af_get_num_threads(void);     /* threads a call will use */
 
-/* Kernel ISA: "portable", "avx2", "avx512" (what the CPU and OS allow). The environment variable
- * ATTNFORGE_ISA sets the initial choice. af_set_isa fails with AF_ERR_UNSUPPORTED if the machine lacks it. */
+/* Kernel ISA: "portable", "avx2", "avx512", "amx" (what the CPU and OS allow; "amx" = AVX-512 plus AMX tiles for
+ * bf16 inputs, f16/f32 run its AVX-512 path). The environment variable ATTNFORGE_ISA sets the initial choice.
+ * af_set_isa fails with AF_ERR_UNSUPPORTED if the machine (or this build) lacks it. */
 AF_API af_status af_set_isa(const char *name);
 AF_API const char *af_get_isa(void);     /* the ISA af_sdpa uses now */
 AF_API bool af_isa_available(const char *name);
