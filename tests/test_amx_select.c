@@ -21,6 +21,7 @@
 
 static const char *const all_isas[] = {"amx", "avx512", "avx2", "portable"};   /* best first */
 static char initial_isa[32];   /* what this process started with (ATTNFORGE_ISA may be set) */
+static char self_path[4096];   /* this binary (readlink of /proc/self/exe, which valgrind also answers rightly) */
 
 static bool amx_usable(void) { return af_cpu()->amx_bf16 && af_cpu_amx_permitted(); }
 
@@ -69,7 +70,7 @@ static char *isa_of_fresh_process(const char *env_isa) {
         close(fds[0]);
         if (env_isa) setenv("ATTNFORGE_ISA", env_isa, 1);
         else unsetenv("ATTNFORGE_ISA");
-        execl("/proc/self/exe", "test_amx_select", "--print-isa", (char *)NULL);
+        execl(self_path, "test_amx_select", "--print-isa", (char *)NULL);
         _exit(127);
     }
     close(fds[1]);
@@ -106,6 +107,9 @@ int main(int argc, char **argv) {
         return 0;
     }
     snprintf(initial_isa, sizeof initial_isa, "%s", af_get_isa());
+    const ssize_t len = readlink("/proc/self/exe", self_path, sizeof self_path - 1);
+    if (len <= 0) return 1;
+    self_path[len] = 0;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(availability_follows_cpu_and_os),
         cmocka_unit_test(set_isa_amx),
