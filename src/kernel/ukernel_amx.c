@@ -10,8 +10,14 @@
 #define AMX_TILE_CONFIG(cfg) _tile_loadconfig(cfg)
 #define AMX_TILE_RELEASE() _tile_release()
 #define AMX_TILE_ZERO(t) _tile_zero(t)
-/* tile numbers unparenthesised: gcc's intrinsics paste them into the instruction text (%tmm0) */
-#define AMX_TILE_LOAD(t, p, s) _tile_loadd(t, (p), (s))
+/* Tile numbers unparenthesised: gcc's intrinsics paste them into the instruction text (%tmm0).
+ * gcc (12) writes _tile_loadd as an asm with no memory operand or clobber, so it may not see the load read the P
+ * and O stages just written (it could sink or drop those stores): a compiler barrier goes first. */
+#define AMX_TILE_LOAD(t, p, s)                    \
+    do {                                          \
+        __asm__ volatile("" ::: "memory");        \
+        _tile_loadd(t, (p), (s));                 \
+    } while (0)
 #define AMX_TILE_STORE(t, p, s) _tile_stored(t, (p), (s))
 #define AMX_TILE_DPBF16PS(c, a, b) _tile_dpbf16ps(c, a, b)
 
