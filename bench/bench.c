@@ -37,7 +37,7 @@ typedef struct {
     double cpu_share;            /* process CPU time / (wall time × threads) over the timed calls: < 1 = preempted
                                     (the machine is shared) or threads idle */
     double cpu_gflops;           /* FLOPs per CPU-second the calls got: one core's rate, robust to preemption */
-    double peak_cpu_gflops, cpu_peak_ratio;   /* the FMA loop's FLOPs per CPU-second, and the ratio of the two */
+    double peak_cpu_gflops, cpu_peak_ratio;   /* the FMA samples' FLOPs per CPU-second (median), and the paired ratio */
     double portable_seconds;     /* 0: not run */
     double extra_rss_mib;        /* peak RSS during the calls beyond what was resident before; < 0 unknown */
 } bench_row;
@@ -157,7 +157,8 @@ typedef struct {
     const char *isa;
     int threads;
     bool bandwidth;            /* decode rows: also one read pass per call */
-    double peak[64], gbps[64];
+    double peak[64], peak_cpu[64], gbps[64];   /* per call: GFLOP/s, GFLOP per CPU-second, GB/s */
+    double call_cpu[64];                        /* per call: the process CPU seconds it took */
 } pairing;
 
 /* Median seconds of `reps` calls after `warmup` untimed ones, each call's time in times[]; < 0 when a call
@@ -170,13 +171,15 @@ static double time_calls(bench_tensors *t, int warmup, int reps, pairing *pair, 
         if (af_sdpa(&t->args, &t->out.view, NULL) != AF_OK) return -1.0;
     for (int r = 0; r < reps; r++) {
         if (pair) {
-            pair->peak[r] = bench_fma_peak_sample_gflops(pair->isa, pair->threads);
+            pair->peak[r] = bench_fma_peak_sample_gflops(pair->isa, pair->threads, &pair->peak_cpu[r]);
             if (pair->bandwidth) pair->gbps[r] = bench_read_bandwidth_sample_gbps(pair->threads, BANDWIDTH_BYTES);
         }
         const double cpu0 = cpu_seconds(), t0 = cli_now();
         if (af_sdpa(&t->args, &t->out.view, NULL) != AF_OK) return -1.0;
         times[r] = cli_now() - t0;
-        cpu += cpu_seconds() - cpu0;
+        const double call_cpu = cpu_seconds() - cpu0;
+        if (pair) pair->call_cpu[r] = call_cpu;
+        cpu += call_cpu;
         wall += times[r];
     }
     if (cpu_per_wall) *cpu_per_wall = cpu / wall;
@@ -187,9 +190,10 @@ static double time_calls(bench_tensors *t, int warmup, int reps, pairing *pair, 
 }
 
 /* Median over the calls of (what call r achieved) / (the ceiling sampled just before it). */
-static double paired_ratio(double amount_per_call, const double *times, const double *ceiling, int reps) {
+static double paired_ratio(double amount_per_call, const double *seconds, const double *ceiling, int reps) {
     double ratios[64];
-    for (int r = 0; r < reps; r++) ratios[r] = ceiling[r] > 0.0 ? amount_per_call / times[r] / ceiling[r] : 0.0;
+    for (int r = 0; r < reps; r++)
+        ratios[r] = ceiling[r] > 0.0 && seconds[r] > 0.0 ? amount_per_call / seconds[r] / ceiling[r] : 0.0;
     return cli_median(ratios, reps);
 }
 
@@ -198,7 +202,6 @@ static bench_row run_case(const bench_case *c, const bench_options *o, int confi
                      .extra_rss_mib = -1.0};
     const cli_shape *s = &c->shape;
     row.decode = s->L <= DECODE_MAX_L;
-    fma_peak(row.isa, row.threads, &row.peak_cpu_gflops);   /* per CPU-second: the %pk_cpu column */
     bench_tensors t;
     if (!make_tensors(&t, s, seed)) {
         free_tensors(&t);
@@ -223,7 +226,9 @@ static bench_row run_case(const bench_case *c, const bench_options *o, int confi
         memcpy(sorted, pair.peak, sizeof(double) * (size_t)reps);
         row.peak_gflops = cli_median(sorted, reps);
         if (cpu_per_call > 0.0) row.cpu_gflops = flops / cpu_per_call * 1e-9;
-        if (row.peak_cpu_gflops > 0.0) row.cpu_peak_ratio = row.cpu_gflops / row.peak_cpu_gflops;
+        row.cpu_peak_ratio = paired_ratio(flops * 1e-9, pair.call_cpu, pair.peak_cpu, reps);
+        memcpy(sorted, pair.peak_cpu, sizeof(double) * (size_t)reps);
+        row.peak_cpu_gflops = cli_median(sorted, reps);
         const double kv_bytes = (double)(s->B * s->Hkv * s->S * (s->E + s->Ev)) * (double)af_dtype_size(s->dtype);
         if (row.decode) {
             row.gbps = kv_bytes / row.seconds * 1e-9;

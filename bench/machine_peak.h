@@ -15,7 +15,7 @@ double bench_read_bandwidth_gbps(int threads, size_t bytes);
 /* One short sample of each (an FMA trial of about 20 ms; one read pass over a buffer allocated on the first
  * call and kept until bench_machine_release): the ceiling *now*, to pair with one timed call on a machine whose
  * speed drifts (shared hosts, boost clocks). */
-double bench_fma_peak_sample_gflops(const char *isa, int threads);
+double bench_fma_peak_sample_gflops(const char *isa, int threads, double *per_cpu_second);
 double bench_read_bandwidth_sample_gbps(int threads, size_t bytes);
 void bench_machine_release(void);
 
