@@ -92,6 +92,9 @@ AF_API int af_get_num_threads(void);     /* threads a call will use */
 AF_API af_status af_set_isa(const char *name);
 AF_API const char *af_get_isa(void);     /* the ISA af_sdpa uses now */
 AF_API bool af_isa_available(const char *name);
+/* The index-th ISA compiled into this build, from "portable" up to the best (NULL past the last): the list to loop
+ * over with af_isa_available, rather than names written out. */
+AF_API const char *af_isa_name(int index);
 
 /* ---------------------------------------------------------------- logging */
 typedef enum { AF_LOG_DEBUG = 10, AF_LOG_INFO = 20, AF_LOG_WARNING = 30, AF_LOG_ERROR = 40, AF_LOG_OFF = 100 } af_log_level;

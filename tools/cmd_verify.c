@@ -8,7 +8,7 @@
 static void verify_usage(FILE *f) {
     fprintf(f, "usage: attnforge verify [--plan PLAN.json] [--samples SAMPLES.json] [--threads N]\n\n"
                "Runs the cases of `attnforge run` (the same --plan/--samples choices) once on each kernel ISA this\n"
-               "CPU and OS support (portable, avx2, avx512), through the plan, and checks every output against the\n"
+               "CPU and OS support (portable, avx2, avx512, amx), through the plan, and checks every output against the\n"
                "double reference. Prints one table per ISA.\n"
                "Exit status: 0 every case within tolerance on every ISA, 1 one failed, 2 bad usage or an\n"
                "unreadable/malformed file, 3 the samples are not supported or the plan cannot run here.\n");
@@ -46,15 +46,15 @@ int cmd_verify(int argc, char **argv) {
         return code;
     }
     const char *initial_isa = af_get_isa();
-    static const char *const isas[] = {"portable", "avx2", "avx512"};
     const cli_run_options opt = {.reps = 1, .time_reference = false, .progress = stderr};
     int checks = 0, failures = 0;
     char ran[64] = "";
     printf("attnforge %s, %d threads\n", af_version(), af_get_num_threads());
     cli_plan_cases_print_plan(stdout, &cases);
-    for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
-        if (!af_isa_available(isas[i]) || af_set_isa(isas[i]) != AF_OK) continue;
-        printf("\nisa %s\n", isas[i]);
+    for (int i = 0; af_isa_name(i); i++) {
+        const char *isa = af_isa_name(i);
+        if (!af_isa_available(isa) || af_set_isa(isa) != AF_OK) continue;
+        printf("\nisa %s\n", isa);
         cli_print_table_header(stdout);
         for (int c = 0; c < cases.count; c++) {
             cli_run_result r = cli_plan_case_run(stdout, &cases.cases[c], &opt, 1234 + (uint64_t)c);
@@ -62,7 +62,7 @@ int cmd_verify(int argc, char **argv) {
             checks++;
             failures += !r.ok;
         }
-        snprintf(ran + strlen(ran), sizeof ran - strlen(ran), "%s%s", ran[0] ? ", " : "", isas[i]);
+        snprintf(ran + strlen(ran), sizeof ran - strlen(ran), "%s%s", ran[0] ? ", " : "", isa);
     }
     af_set_isa(initial_isa);
     printf("\n%d of %d checks within tolerance (isa %s)\n", checks - failures, checks, ran);

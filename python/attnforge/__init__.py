@@ -45,7 +45,7 @@ def get_num_threads() -> int:
 
 
 def set_isa(name: str) -> None:
-    """Kernel ISA: "portable", "avx2" or "avx512" (UnsupportedError when this machine lacks it)."""
+    """Kernel ISA: "portable", "avx2", "avx512" or "amx" (UnsupportedError when this machine lacks it)."""
     _C.set_isa(name)
 
 
@@ -55,7 +55,13 @@ def get_isa() -> str:
 
 
 def isa_available(name: str) -> bool:
+    """Whether this machine (CPU and OS) can run the ISA."""
     return _C.isa_available(name)
+
+
+def isas() -> list:
+    """The ISAs compiled into this build, from "portable" up; isa_available says which run here."""
+    return _C.isas()
 
 
 __all__ = [
@@ -64,5 +70,5 @@ __all__ = [
     "FlashAttention4KernelProvider", "SUPPORTED_FUNCTION",
     "scaled_dot_product_attention", "scaled_dot_product_attention_reference",
     "samples_to_json", "save_samples", "load_samples",
-    "set_num_threads", "get_num_threads", "set_isa", "get_isa", "isa_available", "__version__",
+    "set_num_threads", "get_num_threads", "set_isa", "get_isa", "isa_available", "isas", "__version__",
 ]

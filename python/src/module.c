@@ -61,6 +61,16 @@ static PyObject *module_isa_available(PyObject *m, PyObject *arg) {
     return PyBool_FromLong(ok);
 }
 
+static PyObject *module_isas(PyObject *m, PyObject *unused) {
+    PyObject *list = PyList_New(0);
+    for (int i = 0; list && af_isa_name(i); i++) {
+        PyObject *name = PyUnicode_FromString(af_isa_name(i));
+        if (!name || PyList_Append(list, name) < 0) Py_CLEAR(list);
+        Py_XDECREF(name);
+    }
+    return list;
+}
+
 /* The samples file as the C library writes it, from JSON text or (is_path) a file; validates on the way. */
 static PyObject *samples_round_trip(const char *text, Py_ssize_t len, bool is_path) {
     af_samples *samples = NULL;
@@ -103,7 +113,8 @@ static PyMethodDef module_methods[] = {
     {"version", module_version, METH_NOARGS, "The linked library's version."},
     {"set_num_threads", module_set_num_threads, METH_O, "Threads per call; 0 = all cores."},
     {"get_num_threads", module_get_num_threads, METH_NOARGS, "Threads a call will use."},
-    {"set_isa", module_set_isa, METH_O, "Choose the kernels' ISA: 'portable', 'avx2', 'avx512'."},
+    {"set_isa", module_set_isa, METH_O, "Choose the kernels' ISA: 'portable', 'avx2', 'avx512', 'amx'."},
+    {"isas", module_isas, METH_NOARGS, "The ISAs compiled into this build, from 'portable' up."},
     {"get_isa", module_get_isa, METH_NOARGS, "The ISA in use."},
     {"isa_available", module_isa_available, METH_O, "Whether this machine can run the ISA."},
     {"samples_json", module_samples_json, METH_O, "Samples-file JSON as the C library reads and rewrites it."},

@@ -79,6 +79,10 @@ const af_ukernel *af_ukernel_current(void) {
     return atomic_load(&current);
 }
 
+const char *af_isa_name(int index) {
+    return index >= 0 && index < REGISTRY_SIZE ? registry[REGISTRY_SIZE - 1 - index]->isa : NULL;
+}
+
 bool af_isa_available(const char *name) {
     pthread_once(&init_once, choose_initial);
     const af_ukernel *k = name ? find(name) : NULL;

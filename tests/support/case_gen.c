@@ -224,10 +224,9 @@ void case_free(case_tensors *t) {
 }
 
 int case_isas(const char **names, int capacity) {
-    static const char *const all[] = {"portable", "avx2", "avx512", "amx"};   /* amx: DESIGN.md's next one */
     int n = 0;
-    for (int i = 0; i < CASE_MAX_ISAS && n < capacity; i++)
-        if (af_isa_available(all[i])) names[n++] = all[i];
+    for (int i = 0; af_isa_name(i) && n < capacity; i++)
+        if (af_isa_available(af_isa_name(i))) names[n++] = af_isa_name(i);
     return n;
 }
 
