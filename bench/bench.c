@@ -73,6 +73,13 @@ static double read_bandwidth(int threads) {
     return v;
 }
 
+/* The ceiling a row's calls are measured against: the FMA loop of the row's ISA, except that "amx" runs only bf16
+ * on the tiles (against the tile loop) and everything else on its AVX-512 vectors (against their FMA loop). */
+static const char *peak_kind(const char *isa, af_dtype dtype) {
+    if (strcmp(isa, "amx")) return isa;
+    return dtype == AF_BF16 ? "amx" : "avx512";
+}
+
 /* ---- shapes */
 
 static int default_cases(const bench_options *o, af_dtype only_dtype, bool dtype_given, bool causal_only,
@@ -212,7 +219,7 @@ static bench_row run_case(const bench_case *c, const bench_options *o, int confi
     const double resident = bench_reset_peak_rss_mib();
     double cpu_per_wall = 0.0, cpu_per_call = 0.0, times[64];
     const int reps = o->reps < 64 ? o->reps : 64;
-    pairing pair = {.isa = row.isa, .threads = row.threads, .bandwidth = row.decode};
+    pairing pair = {.isa = peak_kind(row.isa, s->dtype), .threads = row.threads, .bandwidth = row.decode};
     row.seconds = time_calls(&t, 1, reps, &pair, times, &cpu_per_wall, &cpu_per_call);
     row.cpu_share = cpu_per_wall / row.threads;
     const double peak = bench_peak_rss_mib();
@@ -460,14 +467,18 @@ int cmd_bench(int argc, char **argv) {
     }
 
     double peak_per_cpu = 0.0;
-    const double peak = fma_peak(af_get_isa(), threads, &peak_per_cpu), bandwidth = read_bandwidth(threads);
+    const char *vector_isa = peak_kind(af_get_isa(), AF_F32);
+    const double peak = fma_peak(vector_isa, threads, &peak_per_cpu), bandwidth = read_bandwidth(threads);
     if (!o.json) {
         char cpu[128];
         bench_cpu_name(cpu, sizeof cpu);
         printf("attnforge %s bench: isa %s, %d threads, %s\n", af_version(), af_get_isa(), threads, cpu);
         printf("measured now: f32 FMA peak %.1f GFLOP/s (%s loop, %d threads; %.1f per CPU-second); read bandwidth "
-               "%.1f GB/s (%d threads, %zu MiB)\n", peak, af_get_isa(), threads, peak_per_cpu, bandwidth, threads,
+               "%.1f GB/s (%d threads, %zu MiB)\n", peak, vector_isa, threads, peak_per_cpu, bandwidth, threads,
                BANDWIDTH_BYTES >> 20);
+        if (!strcmp(af_get_isa(), "amx"))
+            printf("measured now: AMX bf16 tile-loop peak %.1f GFLOP/s (tdpbf16ps on resident tiles, %d threads): the "
+                   "ceiling of the bf16 rows\n", fma_peak("amx", threads, NULL), threads);
     } else {
         printf("{\"machine\":true,\"isa\":\"%s\",\"threads\":%d,\"peak_gflops\":%.3f,\"peak_cpu_gflops\":%.3f,"
                "\"peak_gbps\":%.3f}\n", af_get_isa(), threads, peak, peak_per_cpu, bandwidth);

@@ -1,6 +1,8 @@
 /* FMA peak and streaming bandwidth: tight loops of the benchmark's own ISA, run on the benchmark's threads. */
 #include "machine_peak.h"
 
+#include "amx_peak.h"
+
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -80,7 +82,7 @@ static void fma_loop_scalar(long iterations) {
 }
 
 typedef struct {
-    int lanes;    /* floats per FMA */
+    int lanes;    /* floats per FMA; 0: the AMX bf16 tile loop */
     long iterations;
     double cpu_seconds[256];   /* per thread */
 } fma_job;
@@ -95,7 +97,8 @@ static void fma_worker(void *arg, int t) {
     fma_job *job = arg;
     const double cpu0 = thread_cpu_seconds();
 #if defined(__x86_64__)
-    if (job->lanes == 16) fma_loop_avx512(job->iterations);
+    if (job->lanes == 0) bench_amx_tile_loop(job->iterations);
+    else if (job->lanes == 16) fma_loop_avx512(job->iterations);
     else if (job->lanes == 8) fma_loop_avx2(job->iterations);
     else
 #endif
@@ -105,7 +108,9 @@ static void fma_worker(void *arg, int t) {
 
 static fma_job fma_job_for(const char *isa, long iterations) {
     fma_job job = {.lanes = 1, .iterations = iterations};
-    if (!strcmp(isa, "avx512") && af_isa_available("avx512")) job.lanes = 16;
+    if (!strcmp(isa, "amx") && af_isa_available("amx") && bench_amx_tile_loop_built())   /* ~64× an FMA iteration */
+        job = (fma_job){.lanes = 0, .iterations = iterations / 64};
+    else if ((!strcmp(isa, "avx512") || !strcmp(isa, "amx")) && af_isa_available("avx512")) job.lanes = 16;
     else if (af_isa_available("avx2")) job.lanes = 8;
     else job.iterations /= 8;
     return job;
@@ -116,7 +121,8 @@ static double fma_trial(fma_job *job, int threads, double *per_cpu) {
     const double t0 = cli_now();
     bench_on_threads(threads, fma_worker, job);
     const double seconds = cli_now() - t0;
-    const double flops = 2.0 * PEAK_ACCUMULATORS * job->lanes * (double)job->iterations * threads;
+    const double per_iteration = job->lanes ? 2.0 * PEAK_ACCUMULATORS * job->lanes : BENCH_AMX_FLOPS_PER_ITERATION;
+    const double flops = per_iteration * (double)job->iterations * threads;
     double cpu = 0.0;
     for (int t = 0; t < threads; t++) cpu += job->cpu_seconds[t];
     *per_cpu = cpu > 0.0 ? flops / cpu * 1e-9 : 0.0;

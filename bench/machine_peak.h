@@ -4,7 +4,8 @@
 #include <stddef.h>
 
 /* f32 FMA throughput of `threads` threads, each running independent FMA chains on the vectors of `isa`
- * ("avx512": 16-wide, "avx2": 8-wide; "portable": the avx2 loop when the CPU has it, else scalar C).
+ * ("avx512": 16-wide, "avx2": 8-wide; "portable": the avx2 loop when the CPU has it, else scalar C); "amx": the
+ * bf16 tdpbf16ps tile loop instead (amx_peak.h), where the machine and the build have it.
  * Best of a few trials, GFLOP/s (an FMA counts 2). *per_cpu_second (if not NULL): the same FLOPs over the CPU
  * time the threads actually got — one core's peak, unaffected by other processes preempting them. */
 double bench_fma_peak_gflops(const char *isa, int threads, double *per_cpu_second);
