@@ -23,6 +23,7 @@ typedef struct {
 typedef struct {
     int reps;
     bool json, quick, long_shapes;
+    bool nhd;                    /* q, k, v as (B,H,L,E) views of (B,L,H,E) memory: a transformer's layout */
     double portable_max_gflop;   /* skip the portable comparison above this many GFLOP per call */
 } bench_options;
 
@@ -133,13 +134,13 @@ static int parse_shape(const char *text, cli_shape *s) {
 
 typedef struct { cli_tensor q, k, v, out; af_sdpa_args args; } bench_tensors;
 
-static bool make_tensors(bench_tensors *t, const cli_shape *s, uint64_t seed) {
+static bool make_tensors(bench_tensors *t, const cli_shape *s, bool nhd, uint64_t seed) {
     const int64_t qs[4] = {s->B, s->Hq, s->L, s->E}, ks[4] = {s->B, s->Hkv, s->S, s->E};
     const int64_t vs[4] = {s->B, s->Hkv, s->S, s->Ev}, os[4] = {s->B, s->Hq, s->L, s->Ev};
     memset(t, 0, sizeof *t);
-    bool ok = cli_tensor_random(&t->q, s->dtype, qs, false, &seed, 1.0) &&
-              cli_tensor_random(&t->k, s->dtype, ks, false, &seed, 1.0) &&
-              cli_tensor_random(&t->v, s->dtype, vs, false, &seed, 1.0) && cli_tensor_zeros(&t->out, s->dtype, 4, os);
+    bool ok = cli_tensor_random(&t->q, s->dtype, qs, nhd, &seed, 1.0) &&
+              cli_tensor_random(&t->k, s->dtype, ks, nhd, &seed, 1.0) &&
+              cli_tensor_random(&t->v, s->dtype, vs, nhd, &seed, 1.0) && cli_tensor_zeros(&t->out, s->dtype, 4, os);
     t->args = (af_sdpa_args){.query = &t->q.view, .key = &t->k.view, .value = &t->v.view, .is_causal = s->causal,
                              .enable_gqa = s->Hq != s->Hkv};
     return ok;
@@ -210,7 +211,7 @@ static bench_row run_case(const bench_case *c, const bench_options *o, int confi
     const cli_shape *s = &c->shape;
     row.decode = s->L <= DECODE_MAX_L;
     bench_tensors t;
-    if (!make_tensors(&t, s, seed)) {
+    if (!make_tensors(&t, s, o->nhd, seed)) {
         free_tensors(&t);
         return row;
     }
@@ -271,6 +272,7 @@ static void print_row(const bench_row *r, const bench_options *o) {
                               (json_int_t)s->Hq, "Hkv", (json_int_t)s->Hkv, "L", (json_int_t)s->L, "S",
                               (json_int_t)s->S, "E", (json_int_t)s->E, "Ev", (json_int_t)s->Ev, "threads", r->threads,
                               "isa", r->isa, "ok", r->ok);
+        json_object_set_new(j, "layout", json_string(o->nhd ? "nhd" : "hnd"));
         json_object_set_new(j, "seconds", json_real(r->seconds));
         json_object_set_new(j, "gflops", json_real(r->gflops));
         json_object_set_new(j, "peak_gflops", json_real(r->peak_gflops));
@@ -365,7 +367,7 @@ static int spot_check(const bench_options *o) {
         bench_tensors t;
         cli_tensor ref;
         const int64_t os[4] = {s->B, s->Hq, s->L, s->Ev};
-        bool ok = make_tensors(&t, s, 99 + (uint64_t)i) && cli_tensor_zeros(&ref, AF_F32, 4, os) &&
+        bool ok = make_tensors(&t, s, o->nhd, 99 + (uint64_t)i) && cli_tensor_zeros(&ref, AF_F32, 4, os) &&
                   af_sdpa(&t.args, &t.out.view, NULL) == AF_OK && af_reference_f32(&t.args, &ref.view, NULL) == AF_OK;
         if (ok) {
             cli_compare c = cli_compare_to_reference(&t.args, &t.out.view, &ref.view);
@@ -391,7 +393,7 @@ static void bench_usage(FILE *f) {
     fprintf(f,
             "usage: attnforge bench [--shape B,Hq,Hkv,L,S,E,Ev] [--dtype float32|float16|bfloat16] [--causal]\n"
             "                       [--threads N] [--isa NAME] [--reps N] [--quick] [--long] [--json]\n"
-            "                       [--portable-max-gflop X]\n\n"
+            "                       [--portable-max-gflop X] [--layout hnd|nhd]\n\n"
             "Measures the FMA peak (same ISA and thread count) and the read bandwidth, then times each shape\n"
             "(median of --reps calls, default 5, after one warm-up) and prints GFLOP/s by FA4's formula\n"
             "2·B·Hq·L·S'·(E+Ev) (causal: S' = keys actually seen), the share of the peak, for decode (L <= 16)\n"
@@ -401,7 +403,9 @@ static void bench_usage(FILE *f) {
             "the resident inputs and outputs). Default shapes: prefill H=16, L=S in {512, 2048, 4096} (8192 with\n"
             "--long), E=Ev in {64, 128}, f32 full and causal, bf16/f16 rows; decode L=1, S in {4096, 32768},\n"
             "Hq/Hkv 32/8, E=128, f16; and 1-thread rows for the scaling figure. --shape runs one shape;\n"
-            "--dtype and --causal select among the defaults otherwise. --json: one JSON object per row.\n");
+            "--dtype and --causal select among the defaults otherwise. --json: one JSON object per row.\n"
+            "--layout nhd: q, k and v are (B,H,L,E) views of (B,L,H,E) memory, as a transformer's\n"
+            "x.view(B, L, H, E).transpose(1, 2) gives (default hnd: contiguous (B,H,L,E)).\n");
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -422,6 +426,13 @@ int cmd_bench(int argc, char **argv) {
             o.quick = true;
         } else if (!strcmp(a, "--long")) {
             o.long_shapes = true;
+        } else if (!strcmp(a, "--layout") && value) {
+            if (strcmp(value, "hnd") && strcmp(value, "nhd")) {
+                fprintf(stderr, "attnforge bench: --layout takes hnd or nhd, got '%s'\n", value);
+                return 2;
+            }
+            o.nhd = !strcmp(value, "nhd");
+            i++;
         } else if (!strcmp(a, "--causal")) {
             causal = true;
         } else if (!strcmp(a, "--shape") && value) {

@@ -47,10 +47,17 @@ if "$cli" bench --shape 1,8,2,1,600,32,32 --dtype float16 --reps 2 --json >"$tmp
 else
     fail "bench --shape (decode) exited non-zero: $(cat "$tmp/err")"
 fi
+if "$cli" bench --shape 1,4,4,48,48,32,32 --layout nhd --reps 2 --json >"$tmp/nhd" 2>"$tmp/err"; then
+    check_rows "$tmp/nhd" 0 || fail "nhd rows: $(cat "$tmp/nhd")"
+    grep -q '"layout":"nhd"' "$tmp/nhd" || fail "--layout nhd not reported"
+    grep -q '"failures":0' "$tmp/nhd" || fail "nhd spot check failed: $(cat "$tmp/nhd")"
+else
+    fail "bench --layout nhd exited non-zero: $(cat "$tmp/err")"
+fi
 "$cli" bench --shape 1,2,1,16,16,8,8 --reps 2 --isa portable >"$tmp/table" 2>&1 || fail "bench --isa portable: $(cat "$tmp/table")"
 grep -q 'isa portable' "$tmp/table" || fail "table does not name the portable isa: $(head -3 "$tmp/table")"
 
-for bad in "--shape 1,3,2,8,8,8,8" "--shape 1,2,1,8,8" "--dtype float64" "--threads -1" "--threads x" "--reps 0" "--isa sse9" "--frobnicate"; do
+for bad in "--shape 1,3,2,8,8,8,8" "--shape 1,2,1,8,8" "--dtype float64" "--threads -1" "--threads x" "--reps 0" "--isa sse9" "--layout bhsd" "--frobnicate"; do
     # shellcheck disable=SC2086
     "$cli" bench $bad --reps 1 >"$tmp/out" 2>&1
     code=$?
