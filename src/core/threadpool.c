@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <string.h>
 
 #include "core/alloc.h"
 #include "core/cpu.h"
@@ -101,6 +102,7 @@ af_status af_parallel_for(int64_t n, af_task_fn fn, void *ctx, size_t scratch_by
                            stride, threads);
         }
     }
+    for (int t = 0; t < threads && scratch; t++) memset(scratch + (size_t)t * stride, 0, stride < 64 ? stride : 64);
     pool_job job = {.fn = fn, .ctx = ctx, .n = n, .scratch = scratch, .scratch_stride = stride,
                     .participants = threads};
     atomic_init(&job.next, 0);

@@ -10,7 +10,9 @@ typedef void (*af_task_fn)(void *ctx, int64_t item, void *scratch);
 
 /* Run fn(ctx, i, scratch) for every i in [0, n), items handed out in increasing order to up to
  * af_get_num_threads() threads (the caller is one of them). Each thread gets its own 64-byte aligned
- * scratch of scratch_bytes. Returns AF_ERR_NO_MEMORY, having run nothing, when scratch cannot be had.
+ * scratch of scratch_bytes, kept for all the items it runs in this call; its first 64 bytes (or all of it, if
+ * smaller) start zeroed — room for state a thread carries from item to item. Returns AF_ERR_NO_MEMORY, having
+ * run nothing, when scratch cannot be had.
  * A call made while another call holds the pool runs on the calling thread alone. */
 af_status af_parallel_for(int64_t n, af_task_fn fn, void *ctx, size_t scratch_bytes);
 

@@ -9,6 +9,7 @@
 
 #include "core/alloc.h"
 #include "core/dtype.h"
+#include "core/log.h"
 #include "core/status.h"
 #include "core/threadpool.h"
 #include "kernel/flash.h"
@@ -18,6 +19,16 @@
 #define SPLIT_MAX_ROWS 64       /* split the keys only when one (batch, kv head) has at most this many rows */
 #define DIRECT_MAX_ROWS 16      /* blocks this small read K/V in place (scores_direct/values_direct): nothing to
                                    amortise a K^T pack over */
+#define TILE_CACHE_BYTES ((size_t)16 << 20)   /* all threads' caches of packed K/V tiles together (see below) */
+
+/* The packed K^T and V tiles of the (batch, kv head) a thread last worked on, kept in its scratch so that the next
+ * row block of the same head reuses them instead of packing again (the Kᵀ transpose and the V copy were 11% of a
+ * prefill's time, ~25% on a transformer's (B,L,H,E) memory). Lives in the scratch's first 64 bytes, which
+ * af_parallel_for zeroes. Tiles are packed whole and in order: tiles [0, packed) are valid. */
+typedef struct {
+    int64_t b_plus_1;   /* 0: empty */
+    int64_t hk, packed;
+} tile_cache;
 
 typedef struct {
     const af_problem *p;
@@ -32,6 +43,9 @@ typedef struct {
     bool pre_scale;             /* S = S·scale (+ mask) before the softmax: masks and scale <= 0 need it */
     bool v_direct;              /* f32 V already laid out as the P·V gemm wants it: no V tile is packed */
     bool direct;                /* few rows: the micro-kernel's direct kernels read K and V in place */
+    bool tile_cache;            /* keep every packed tile of the current (batch, kv head): tile_cache above */
+    size_t cache_kt_floats, cache_tile_floats;   /* per cached tile: Kᵀ (E × keys_pad), then V (keys × ev_pad) */
+    size_t off_cache;
     int exp2_degree;
     size_t elem;                /* bytes per q/k/v element */
     size_t out_elem;            /* bytes per out element */
@@ -56,14 +70,10 @@ static work_item decode_item(const flash_plan *fp, int64_t t) {
     work_item w;
     w.split = t % fp->splits;
     t /= fp->splits;
-    if (p->causal != AF_CAUSAL_NONE) {   /* longest row blocks first: they see the most keys */
-        const int64_t heads = p->B * p->Hkv;
-        w.rb = fp->row_blocks - 1 - t / heads;
-        t %= heads;
-    } else {                             /* neighbours share a (batch, head): its K/V stays in cache */
-        w.rb = t % fp->row_blocks;
-        t /= fp->row_blocks;
-    }
+    /* Neighbours share a (batch, head): its K/V stays in cache and a thread's tile cache serves its next item.
+     * Causal: within a head the longest row blocks (the most keys) come first, so the last items are short. */
+    w.rb = p->causal != AF_CAUSAL_NONE ? fp->row_blocks - 1 - t % fp->row_blocks : t % fp->row_blocks;
+    t /= fp->row_blocks;
     w.hk = t % p->Hkv;
     w.b = t / p->Hkv;
     return w;
@@ -217,9 +227,28 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
     const int64_t last_visible = af_visible_keys(p, (r0 + rows - 1) / p->group);
     if (k_hi > last_visible) k_hi = last_visible;   /* tiles wholly above the diagonal are never touched */
 
+    tile_cache *cache = (tile_cache *)base;
+    if (fp->tile_cache && (cache->b_plus_1 != w.b + 1 || cache->hk != w.hk))
+        *cache = (tile_cache){.b_plus_1 = w.b + 1, .hk = w.hk, .packed = 0};
+
     int skip = 0;   /* leading rows of the block that see no key of the tile (causal): they sit the tile out */
     for (int64_t j0 = k_lo; j0 < k_hi; j0 += fp->block_keys) {
         const int cols = (int)(k_hi - j0 < fp->block_keys ? k_hi - j0 : fp->block_keys);
+        /* The tiles this block's products read: cached ones, or the scratch tiles packed for this block alone.
+         * Cached tiles are packed whole, whatever this block's causal limit, so that a later block of the head may
+         * use every key of them (with causal blocks longest first that does not happen, but the cache does not
+         * depend on the order). */
+        float *ktile = kt, *vtile = vt;
+        bool pack = true;
+        int pack_cols = cols;
+        if (fp->tile_cache) {
+            const int64_t ti = j0 / fp->block_keys;   /* k_lo = 0: tiles come in order from the first */
+            ktile = (float *)(base + fp->off_cache) + (size_t)ti * fp->cache_tile_floats;
+            vtile = ktile + fp->cache_kt_floats;
+            pack = ti >= cache->packed;
+            pack_cols = (int)(p->S - j0 < fp->block_keys ? p->S - j0 : fp->block_keys);
+            if (pack) cache->packed = ti + 1;
+        }
         /* Such a row's scores would all be -inf: P = 0, alpha = 1, m and l unchanged, so skipping it is exact. */
         while (skip < rows && af_visible_keys(p, (r0 + skip) / p->group) <= j0) skip++;
         const int n = rows - skip;
@@ -233,8 +262,9 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
             const char *k = p->k + (size_t)(w.b * p->k_stride[0] + w.hk * p->k_stride[1] + j0 * p->k_stride[2]) * fp->elem;
             uk->scores_direct(n, cols, fp->E, qn, fp->E, k, (size_t)p->k_stride[2] * fp->elem, p->dtype, Sn, fp->keys_pad);
         } else {
-            pack_key_tile(fp, &w, j0, cols, kt, vt);   /* vt is free until the V tile: a row buffer for the transpose */
-            uk->gemm(n, cols, fp->E, qn, fp->E, kt, fp->keys_pad, Sn, fp->keys_pad, false);
+            /* vt is free until the V tile: a row buffer for the transpose */
+            if (pack) pack_key_tile(fp, &w, j0, pack_cols, ktile, vt);
+            uk->gemm(n, cols, fp->E, qn, fp->E, ktile, fp->keys_pad, Sn, fp->keys_pad, false);
         }
         if (fp->pre_scale) apply_scale_and_mask(fp, &w, r0 + skip, n, j0, cols, Sn);
         if (j0 + cols > first_visible) apply_causal(fp, r0 + skip, n, j0, cols, Sn);
@@ -254,8 +284,8 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
             const float *v = (const float *)p->v + w.b * p->v_stride[0] + w.hk * p->v_stride[1] + j0 * p->v_stride[2];
             uk->gemm(n, fp->Ev, cols, Sn, fp->keys_pad, v, (int)p->v_stride[2], On, fp->ev_pad, true);
         } else {
-            pack_value_tile(fp, &w, j0, cols, vt, j0 + fp->block_keys, k_hi);
-            uk->gemm(n, fp->Ev, cols, Sn, fp->keys_pad, vt, fp->ev_pad, On, fp->ev_pad, true);
+            if (pack) pack_value_tile(fp, &w, j0, pack_cols, vtile, j0 + fp->block_keys, k_hi);
+            uk->gemm(n, fp->Ev, cols, Sn, fp->keys_pad, vtile, fp->ev_pad, On, fp->ev_pad, true);
         }
     }
 
@@ -359,7 +389,7 @@ af_status af_flash_forward(const af_problem *p) {
 
     const size_t br = (size_t)fp.block_rows, keys_pad = (size_t)fp.keys_pad, ev_pad = (size_t)fp.ev_pad;
     const size_t e_pad = round_up((size_t)fp.E, AF_TILE_PAD);
-    size_t at = 0;
+    size_t at = 64;   /* the tile_cache header */
     fp.off_q = at;  at += round_up(sizeof(float) * br * (size_t)fp.E, 64);
     fp.off_qp = at;
     if (fp.px) {   /* the products' own packed Q block, K tile and V tile */
@@ -376,7 +406,25 @@ af_status af_flash_forward(const af_problem *p) {
     fp.off_l = at;  at += round_up(sizeof(float) * br, 64);
     fp.off_a = at;  at += round_up(sizeof(float) * br, 64);
 
+    /* The tile cache, when a head has more than one row block to share it and every thread's cache fits in
+     * TILE_CACHE_BYTES together (L=S=4096, E=Ev=128: 4.8 MiB per thread; at 8192 two threads no longer fit). */
+    fp.cache_kt_floats = (size_t)fp.E * keys_pad;
+    fp.cache_tile_floats = fp.cache_kt_floats + (size_t)fp.block_keys * ev_pad;
+    const int64_t tiles = (p->S + fp.block_keys - 1) / fp.block_keys;
+    const size_t threads = (size_t)af_get_num_threads();
+    fp.tile_cache = !fp.px && !fp.direct && fp.splits == 1 && fp.row_blocks > 1 && fp.Ev > 0 &&
+                    (double)tiles * (double)fp.cache_tile_floats * sizeof(float) * (double)threads <= (double)TILE_CACHE_BYTES;
+    if (fp.tile_cache) {
+        fp.v_direct = false;   /* V tiles come from the cache */
+        fp.off_cache = at;
+        at += (size_t)tiles * fp.cache_tile_floats * sizeof(float);
+    }
+
     const int64_t groups = p->B * p->Hkv * fp.row_blocks;
+    af_log(AF_LOG_DEBUG, "flash: isa %s, %lld row blocks (of %d rows) over all heads, key tiles of %d, %lld key splits, %s%s", fp.uk->isa,
+           (long long)groups, fp.block_rows, fp.block_keys, (long long)fp.splits,
+           fp.px ? "own-format products" : fp.direct ? "direct K/V reads" : "packed f32 tiles",
+           fp.tile_cache ? ", tile cache on" : "");
     if (fp.splits > 1) {
         size_t count;   /* a broadcast (stride-0) key can make S, hence this size, pass 2^64 */
         if (__builtin_mul_overflow((size_t)(groups * fp.splits), br * (ev_pad + 2), &count) || count > SIZE_MAX / sizeof(float))

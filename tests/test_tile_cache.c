@@ -1,0 +1,109 @@
+/* The driver's per-thread tile cache (driver.c): a thread keeps the packed Kᵀ and V tiles of its current (batch,
+ * kv head) and the next row block of that head reuses them. Shapes with several row blocks per head on every ISA
+ * (AVX2 blocks are 192 rows, so L·G must pass that), each checked against the double reference on every ISA and
+ * for 1 and 2 threads (bitwise equal), and a debug-log assertion that the cache really was on: causal top-left
+ * and bottom-right with L ≠ S (tiles packed whole though a block stops early), GQA, masks, (B,L,H,E) memory,
+ * several batches and heads (the cache must follow the head), and f16/bf16. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "attnforge.h"
+#include "case_gen.h"
+
+typedef struct {
+    int cache_on, cache_off;   /* "flash:" debug lines with and without "tile cache on" */
+} log_count;
+
+static void count_flash_lines(af_log_level level, const char *message, void *user) {
+    (void)level;
+    log_count *c = user;
+    if (strncmp(message, "flash:", 6)) return;
+    if (strstr(message, "tile cache on")) c->cache_on++;
+    else c->cache_off++;
+}
+
+static void check_case(const sdpa_case *c) {
+    case_tensors t;
+    if (!case_build(c, &t)) fail_msg("could not build the case: %s", af_last_error());
+    log_count count = {0, 0};
+    af_set_log_callback(count_flash_lines, &count, AF_LOG_DEBUG);
+    char why[640] = "", desc[640];
+    const bool ok = case_verify_everywhere(&t, why, sizeof why);
+    af_set_log_callback(NULL, NULL, AF_LOG_OFF);
+    case_describe(c, desc, sizeof desc);
+    if (!ok) fail_msg("%s\n    %s", desc, why);
+    /* every ISA × {1, 2} threads ran the driver with the cache on (portable: 32-row blocks; avx2: 192) */
+    if (count.cache_on == 0 || count.cache_off != 0)
+        fail_msg("%s: the tile cache was on in %d calls and off in %d (want on in all)", desc, count.cache_on,
+                 count.cache_off);
+    case_free(&t);
+}
+
+static void causal_top_left_gqa(void **state) {
+    (void)state;
+    sdpa_case c = case_default(1, 4, 2, 420, 300, 40, 24);   /* 840 packed rows per kv head; L > S */
+    c.is_causal = true;
+    c.enable_gqa = true;
+    c.seed = 11;
+    check_case(&c);
+}
+
+static void causal_bottom_right_longer_keys(void **state) {
+    (void)state;
+    sdpa_case c = case_default(2, 2, 2, 230, 517, 32, 48);   /* blocks stop at different keys of a partial tile */
+    c.causal_bottom_right = true;   /* FlashAttention's alignment, instead of is_causal */
+    c.seed = 12;
+    check_case(&c);
+}
+
+static void masked_nhd_f16(void **state) {
+    (void)state;
+    sdpa_case c = case_default(1, 3, 3, 400, 333, 64, 64);
+    c.dtype = AF_F16;
+    c.mask = MASK_ADDITIVE;
+    c.mask_shape = "LS";
+    c.mask_keep = 0.9;
+    c.q_layout = c.k_layout = c.v_layout = LAYOUT_NHD;
+    c.seed = 13;
+    check_case(&c);
+}
+
+static void many_heads_bf16(void **state) {
+    (void)state;
+    sdpa_case c = case_default(2, 8, 2, 210, 190, 24, 40);   /* the cache must change with the (batch, head) */
+    c.dtype = AF_BF16;
+    c.enable_gqa = true;
+    c.seed = 14;
+    check_case(&c);
+}
+
+static void bool_mask_scale_sliced(void **state) {
+    (void)state;
+    sdpa_case c = case_default(1, 2, 1, 260, 200, 20, 36);
+    c.enable_gqa = true;
+    c.mask = MASK_BOOL;
+    c.mask_shape = "B1LS";
+    c.mask_keep = 0.7;
+    c.has_scale = true;
+    c.scale = 0.3;
+    c.k_layout = c.v_layout = LAYOUT_SLICED;
+    c.seed = 15;
+    check_case(&c);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(causal_top_left_gqa),
+        cmocka_unit_test(causal_bottom_right_longer_keys),
+        cmocka_unit_test(masked_nhd_f16),
+        cmocka_unit_test(many_heads_bf16),
+        cmocka_unit_test(bool_mask_scale_sliced),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
