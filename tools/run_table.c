@@ -61,11 +61,13 @@ cli_run_result cli_run_call(FILE *f, const char *label, const af_sdpa_args *call
                          cv->shape[3], cq->dtype, call->is_causal};
     const int64_t os[4] = {s.B, s.Hq, s.L, s.Ev};
     const int64_t one[4] = {1, 1, 1, 1};
-    bool allocated = cli_tensor_random_like(&q, cq, &seed, 1.0) & cli_tensor_random_like(&k, ck, &seed, 1.0) &
-                     cli_tensor_random_like(&v, cv, &seed, 1.0) &
-                     (!call->attn_mask || cli_tensor_random_like(&mask, call->attn_mask, &seed, 1.0)) &
-                     cli_tensor_zeros(&out, cq->dtype, 4, four_d ? os : one) &
-                     cli_tensor_zeros(&ref, AF_F32, 4, four_d ? os : one);
+    /* every allocation is attempted (no short-circuit): each tensor is freed below either way */
+    int allocated = (int)cli_tensor_random_like(&q, cq, &seed, 1.0);
+    allocated &= (int)cli_tensor_random_like(&k, ck, &seed, 1.0);
+    allocated &= (int)cli_tensor_random_like(&v, cv, &seed, 1.0);
+    allocated &= (int)(!call->attn_mask || cli_tensor_random_like(&mask, call->attn_mask, &seed, 1.0));
+    allocated &= (int)cli_tensor_zeros(&out, cq->dtype, 4, four_d ? os : one);
+    allocated &= (int)cli_tensor_zeros(&ref, AF_F32, 4, four_d ? os : one);
     char shape_text[96];
     shape_text_of(call, shape_text, sizeof shape_text);
     if (!allocated) {
