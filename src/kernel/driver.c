@@ -103,17 +103,28 @@ static const char *qrow_ptr(const flash_plan *fp, const work_item *w, int64_t r,
     return p->q + (size_t)(w->b * p->q_stride[0] + h * p->q_stride[1] + i * p->q_stride[2]) * fp->elem;
 }
 
+/* Where key / value row j of the work item's (batch, kv head) starts. */
+static const char *key_row(const flash_plan *fp, const work_item *w, int64_t j) {
+    const af_problem *p = fp->p;
+    return p->k + (size_t)(w->b * p->k_stride[0] + w->hk * p->k_stride[1] + j * p->k_stride[2]) * fp->elem;
+}
+
+static const char *value_row(const flash_plan *fp, const work_item *w, int64_t j) {
+    const af_problem *p = fp->p;
+    return p->v + (size_t)(w->b * p->v_stride[0] + w->hk * p->v_stride[1] + j * p->v_stride[2]) * fp->elem;
+}
+
 /* K tile transposed: kt[e][j] for keys j0..j0+cols, zero-padded to a whole vector of columns. */
 static void pack_key_tile(const flash_plan *fp, const work_item *w, int64_t j0, int cols, float *kt, float *row) {
     const af_problem *p = fp->p;
     if (fp->uk->pack_kt && p->k_stride[3] == 1) {   /* the micro-kernel's transposing packer */
-        const char *src = p->k + (size_t)(w->b * p->k_stride[0] + w->hk * p->k_stride[1] + j0 * p->k_stride[2]) * fp->elem;
+        const char *src = key_row(fp, w, j0);
         fp->uk->pack_kt(cols, fp->E, src, (size_t)p->k_stride[2] * fp->elem, p->dtype, kt, fp->keys_pad);
         return;
     }
     const int padded = (int)round_up((size_t)cols, AF_TILE_PAD);
     for (int j = 0; j < cols; j++) {
-        const char *src = p->k + (size_t)(w->b * p->k_stride[0] + w->hk * p->k_stride[1] + (j0 + j) * p->k_stride[2]) * fp->elem;
+        const char *src = key_row(fp, w, j0 + j);
         load_f32(fp->uk, row, src, p->dtype, p->k_stride[3], fp->E, fp->elem);
         for (int e = 0; e < fp->E; e++) kt[(size_t)e * fp->keys_pad + j] = row[e];
     }
@@ -127,8 +138,8 @@ static void pack_key_tile(const flash_plan *fp, const work_item *w, int64_t j0, 
 static void prefetch_next_row(const flash_plan *fp, const work_item *w, int64_t next, int64_t next_end, int j) {
     const af_problem *p = fp->p;
     if (next + j >= next_end) return;
-    const char *k = p->k + (size_t)(w->b * p->k_stride[0] + w->hk * p->k_stride[1] + (next + j) * p->k_stride[2]) * fp->elem;
-    const char *v = p->v + (size_t)(w->b * p->v_stride[0] + w->hk * p->v_stride[1] + (next + j) * p->v_stride[2]) * fp->elem;
+    const char *k = key_row(fp, w, next + j);
+    const char *v = value_row(fp, w, next + j);
     if (p->k_stride[3] == 1)   /* a strided head dim spans too many lines to be worth it */
         for (size_t b = 0; b < (size_t)fp->E * fp->elem; b += 64) __builtin_prefetch(k + b, 0, 2);
     if (p->v_stride[3] == 1)
@@ -141,7 +152,7 @@ static void pack_value_tile(const flash_plan *fp, const work_item *w, int64_t j0
     const af_problem *p = fp->p;
     for (int j = 0; j < cols; j++) {
         float *dst = vt + (size_t)j * fp->ev_pad;
-        const char *src = p->v + (size_t)(w->b * p->v_stride[0] + w->hk * p->v_stride[1] + (j0 + j) * p->v_stride[2]) * fp->elem;
+        const char *src = value_row(fp, w, j0 + j);
         prefetch_next_row(fp, w, next, next_end, j);
         load_f32(fp->uk, dst, src, p->dtype, p->v_stride[3], fp->Ev, fp->elem);
         memset(dst + fp->Ev, 0, sizeof(float) * (size_t)(fp->ev_pad - fp->Ev));
@@ -255,11 +266,11 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
         float *Sn = S + (size_t)skip * fp->keys_pad, *On = O + (size_t)skip * fp->ev_pad;
         const float *qn = qb + (size_t)skip * fp->E;
         if (fp->px) {
-            const char *k = p->k + (size_t)(w.b * p->k_stride[0] + w.hk * p->k_stride[1] + j0 * p->k_stride[2]) * fp->elem;
+            const char *k = key_row(fp, &w, j0);
             fp->px->pack_k(cols, fp->E, k, (size_t)p->k_stride[2] * fp->elem, p->dtype, kt);
             fp->px->scores(n, cols, fp->E, qpack, skip, kt, Sn, fp->keys_pad);
         } else if (fp->direct) {
-            const char *k = p->k + (size_t)(w.b * p->k_stride[0] + w.hk * p->k_stride[1] + j0 * p->k_stride[2]) * fp->elem;
+            const char *k = key_row(fp, &w, j0);
             uk->scores_direct(n, cols, fp->E, qn, fp->E, k, (size_t)p->k_stride[2] * fp->elem, p->dtype, Sn, fp->keys_pad);
         } else {
             /* vt is free until the V tile: a row buffer for the transpose */
@@ -273,11 +284,11 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
         for (int r = skip; r < rows; r++)
             if (alpha[r] != 1.0f) uk->scale_row(O + (size_t)r * fp->ev_pad, fp->Ev, alpha[r]);
         if (fp->px) {
-            const char *v = p->v + (size_t)(w.b * p->v_stride[0] + w.hk * p->v_stride[1] + j0 * p->v_stride[2]) * fp->elem;
+            const char *v = value_row(fp, &w, j0);
             fp->px->pack_v(cols, fp->Ev, v, (size_t)p->v_stride[2] * fp->elem, p->dtype, vt);
             fp->px->values(n, fp->Ev, cols, Sn, fp->keys_pad, vt, On, fp->ev_pad);
         } else if (fp->direct) {
-            const char *v = p->v + (size_t)(w.b * p->v_stride[0] + w.hk * p->v_stride[1] + j0 * p->v_stride[2]) * fp->elem;
+            const char *v = value_row(fp, &w, j0);
             uk->values_direct(n, fp->Ev, cols, Sn, fp->keys_pad, v, (size_t)p->v_stride[2] * fp->elem, p->dtype, On,
                               fp->ev_pad);
         } else if (fp->v_direct) {
@@ -412,8 +423,9 @@ af_status af_flash_forward(const af_problem *p) {
     fp.cache_tile_floats = fp.cache_kt_floats + (size_t)fp.block_keys * ev_pad;
     const int64_t tiles = (p->S + fp.block_keys - 1) / fp.block_keys;
     const size_t threads = (size_t)af_get_num_threads();
+    const double cache_bytes = (double)tiles * (double)fp.cache_tile_floats * sizeof(float) * (double)threads;
     fp.tile_cache = !fp.px && !fp.direct && fp.splits == 1 && fp.row_blocks > 1 && fp.Ev > 0 &&
-                    (double)tiles * (double)fp.cache_tile_floats * sizeof(float) * (double)threads <= (double)TILE_CACHE_BYTES;
+                    cache_bytes <= (double)TILE_CACHE_BYTES;
     if (fp.tile_cache) {
         fp.v_direct = false;   /* V tiles come from the cache */
         fp.off_cache = at;
@@ -421,8 +433,8 @@ af_status af_flash_forward(const af_problem *p) {
     }
 
     const int64_t groups = p->B * p->Hkv * fp.row_blocks;
-    af_log(AF_LOG_DEBUG, "flash: isa %s, %lld row blocks (of %d rows) over all heads, key tiles of %d, %lld key splits, %s%s", fp.uk->isa,
-           (long long)groups, fp.block_rows, fp.block_keys, (long long)fp.splits,
+    af_log(AF_LOG_DEBUG, "flash: isa %s, %lld row blocks (of %d rows) over all heads, key tiles of %d, %lld key splits, %s%s",
+           fp.uk->isa, (long long)groups, fp.block_rows, fp.block_keys, (long long)fp.splits,
            fp.px ? "own-format products" : fp.direct ? "direct K/V reads" : "packed f32 tiles",
            fp.tile_cache ? ", tile cache on" : "");
     if (fp.splits > 1) {
