@@ -69,16 +69,6 @@ static void p_rounding_needs_its_term(void **state) {
 
 /* ------------------------------------------------------------------------------------------------ 2. f16 */
 
-/* af_error_bound's scale for the case (as case_gen.c computes it): from the original f16 tensors. */
-static af_error_scale error_scale(const case_tensors *t) {
-    double q_abs, q_norm, k_abs, k_norm, v_abs, v_norm, m_abs = 0.0, m_norm;
-    tt_magnitudes(&t->q, &q_abs, &q_norm);
-    tt_magnitudes(&t->k, &k_abs, &k_norm);
-    tt_magnitudes(&t->v, &v_abs, &v_norm);
-    if (t->args.attn_mask && t->args.attn_mask->dtype != AF_BOOL) tt_magnitudes(&t->mask, &m_abs, &m_norm);
-    const double scale = t->c.has_scale ? t->c.scale : 1.0 / sqrt((double)t->c.E);
-    return (af_error_scale){.value_max = v_abs, .logit_max = fabs(scale) * q_norm * k_norm + m_abs, .E = t->c.E, .S = t->c.S};
-}
 
 /* A contiguous copy of `src` in `dtype` (values rounded to it). */
 static bool convert(const test_tensor *src, af_dtype dtype, test_tensor *dst) {
@@ -119,7 +109,7 @@ static const char *const route_names[ROUTES] = {
 
 /* The three routes on one f16 case; false when the case has nothing to compare. */
 static bool measure_case(case_tensors *t, const char *vector_isa, route_error *r) {
-    const af_error_scale es = error_scale(t);
+    const af_error_scale es = case_error_scale(t);
     /* the library's f16 path */
     assert_int_equal(case_run_kernel(t, vector_isa, 1), AF_OK);
     r[ROUTE_F32] = compare(t, &es, &t->out);

@@ -18,6 +18,7 @@
 #include "amx_tile_emulated.h"
 #include "attnforge.h"
 #include "core/dtype.h"
+#include "test_tensor.h"
 #include "kernel/ukernel.h"
 #include "ukernel_amx_emulated.h"
 
@@ -25,14 +26,9 @@
 
 static const af_products *px(void) { return &af_products_amx_emulated; }
 
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static test_rng rng = {0x9E3779B97F4A7C15ull};
 
-static double uniform(void) {   /* [0, 1) */
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (double)(rng_state >> 11) * (1.0 / 9007199254740992.0);
-}
+static double uniform(void) { return rng_uniform(&rng); }   /* [0, 1) */
 
 static int range(int lo, int hi) { return lo + (int)(uniform() * (hi - lo + 1)); }
 static int round_up(int x, int to) { return (x + to - 1) / to * to; }

@@ -31,16 +31,8 @@
 #define SPLIT_KV_EVERY 10
 #define PRODUCTS_MIN_ROWS 4   /* af_products_amx_emulated.min_rows: fewer rows take the direct vector kernels */
 
-static int case_count(void) {
-    const char *env = getenv("ATTNFORGE_TEST_CASES");
-    const int n = env ? atoi(env) : DEFAULT_CASES;
-    return n > 0 ? n : DEFAULT_CASES;
-}
-
-static uint64_t suite_seed(void) {
-    const char *env = getenv("ATTNFORGE_TEST_SEED");
-    return env ? strtoull(env, NULL, 10) : DEFAULT_SEED;
-}
+static int case_count(void) { return case_suite_count(DEFAULT_CASES); }
+static uint64_t suite_seed(void) { return case_suite_seed(DEFAULT_SEED); }
 
 static af_status run_on(case_tensors *t, const af_ukernel *uk, int threads) {
     tt_fill_bytes(&t->out, TT_SENTINEL_BYTE);

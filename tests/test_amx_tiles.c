@@ -19,15 +19,11 @@
 
 #include "amx_tile_emulated.h"
 #include "core/dtype.h"
+#include "test_tensor.h"
 
-static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
+static test_rng rng = {0x2545F4914F6CDD1Dull};
 
-static double uniform(void) {   /* [0, 1) */
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (double)(rng_state >> 11) * (1.0 / 9007199254740992.0);
-}
+static double uniform(void) { return rng_uniform(&rng); }   /* [0, 1) */
 
 static int range(int lo, int hi) { return lo + (int)(uniform() * (hi - lo + 1)); }
 

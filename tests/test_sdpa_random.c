@@ -22,16 +22,8 @@
 #define SPLIT_KV_EVERY 10   /* one case in ten is a split-KV decode shape */
 #define COVERAGE_CASES 300  /* the generator's coverage is checked over the full-size suite */
 
-static int case_count(void) {
-    const char *env = getenv("ATTNFORGE_TEST_CASES");
-    const int n = env ? atoi(env) : DEFAULT_CASES;
-    return n > 0 ? n : DEFAULT_CASES;
-}
-
-static uint64_t suite_seed(void) {
-    const char *env = getenv("ATTNFORGE_TEST_SEED");
-    return env ? strtoull(env, NULL, 10) : DEFAULT_SEED;
-}
+static int case_count(void) { return case_suite_count(DEFAULT_CASES); }
+static uint64_t suite_seed(void) { return case_suite_seed(DEFAULT_SEED); }
 
 static void random_case(void **state) {
     const sdpa_case *c = *state;

@@ -223,6 +223,17 @@ void case_free(case_tensors *t) {
     tt_free(&t->ref_lse);
 }
 
+int case_suite_count(int default_count) {
+    const char *env = getenv("ATTNFORGE_TEST_CASES");
+    const int n = env ? atoi(env) : default_count;
+    return n > 0 ? n : default_count;
+}
+
+uint64_t case_suite_seed(uint64_t default_seed) {
+    const char *env = getenv("ATTNFORGE_TEST_SEED");
+    return env ? strtoull(env, NULL, 10) : default_seed;
+}
+
 int case_isas(const char **names, int capacity) {
     int n = 0;
     for (int i = 0; af_isa_name(i) && n < capacity; i++)
@@ -240,7 +251,7 @@ af_status case_run_kernel(case_tensors *t, const char *isa, int threads) {
 }
 
 /* What af_error_bound needs: the largest |v|, and a bound on |logit| (scale·‖q‖·‖k‖ plus the largest |mask|). */
-static af_error_scale error_scale(const case_tensors *t) {
+af_error_scale case_error_scale(const case_tensors *t) {
     double q_abs, q_norm, k_abs, k_norm, v_abs, v_norm, m_abs = 0.0, m_norm;
     tt_magnitudes(&t->q, &q_abs, &q_norm);
     tt_magnitudes(&t->k, &k_abs, &k_norm);
@@ -259,12 +270,12 @@ static double lse_bound(const case_tensors *t, const af_error_scale *es, double 
 }
 
 double case_lse_bound(const case_tensors *t, double ref) {
-    const af_error_scale es = error_scale(t);
+    const af_error_scale es = case_error_scale(t);
     return lse_bound(t, &es, ref);
 }
 
 double case_out_bound(const case_tensors *t, double ref) {
-    const af_error_scale es = error_scale(t);
+    const af_error_scale es = case_error_scale(t);
     return af_error_bound(t->c.dtype, ref, &es);
 }
 
@@ -310,7 +321,7 @@ static bool compare_lse(const case_tensors *t, const af_error_scale *es, double 
 }
 
 bool case_matches_reference(const case_tensors *t, double *worst_ratio, char *why, size_t size) {
-    const af_error_scale es = error_scale(t);
+    const af_error_scale es = case_error_scale(t);
     double worst = 0.0;
     const bool ok = compare_out(t, &es, &worst, why, size) && compare_lse(t, &es, &worst, why, size);
     if (worst_ratio) *worst_ratio = worst;

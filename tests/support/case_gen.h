@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "attnforge.h"
+#include "sdpa/tolerance.h"
 #include "test_tensor.h"
 
 typedef enum { MASK_NONE = 0, MASK_BOOL, MASK_ADDITIVE } mask_kind;
@@ -57,6 +58,15 @@ bool case_build(const sdpa_case *c, case_tensors *t);
 /* Re-run the reference after a test changed the inputs (NaN, Inf, ...). */
 bool case_rerun_reference(case_tensors *t);
 void case_free(case_tensors *t);
+
+/* A suite's size and seed: ATTNFORGE_TEST_CASES (a positive count) / ATTNFORGE_TEST_SEED when set, else the
+ * defaults given. */
+int case_suite_count(int default_count);
+uint64_t case_suite_seed(uint64_t default_seed);
+
+/* What af_error_bound needs for the case: the largest |v|, and a bound on |logit| (scale·‖q‖·‖k‖ plus the largest
+ * |mask|), from the case's input tensors. */
+af_error_scale case_error_scale(const case_tensors *t);
 
 /* The ISAs this machine has among portable, avx2, avx512, amx: every one the registry and CPU offer. */
 #define CASE_MAX_ISAS 4
