@@ -51,12 +51,20 @@ typedef enum { AF_F32 = 0, AF_F16 = 1, AF_BF16 = 2, AF_BOOL = 3 } af_dtype;
 AF_API const char *af_dtype_name(af_dtype dtype);      /* "float32", "float16", "bfloat16", "bool" */
 AF_API size_t af_dtype_size(af_dtype dtype);           /* bytes per element; 0 for an unknown dtype */
 
+typedef enum { AF_DEVICE_CPU = 0, AF_DEVICE_CUDA = 1 } af_device_type;
+
+typedef struct {                 /* where a tensor's data lives; zero-initialised = the CPU */
+    af_device_type type;
+    int index;                   /* CUDA device ordinal (0 for the CPU) */
+} af_device;
+
 typedef struct {                 /* a strided view, like a torch.Tensor */
-    void *data;
+    void *data;                  /* host memory, or device memory of `device` */
     af_dtype dtype;
     int ndim;
     int64_t shape[AF_MAX_DIMS];
     int64_t strides[AF_MAX_DIMS];/* in elements, like torch.Tensor.stride(); may be 0 (broadcast), never negative */
+    af_device device;            /* zero = CPU */
 } af_tensor;
 
 /* A contiguous (row-major) view of `data` with the given shape. */
@@ -73,10 +81,16 @@ typedef struct {                 /* torch.nn.functional.scaled_dot_product_atten
     bool enable_gqa;
     bool causal_bottom_right;              /* FlashAttention's causal: row i sees keys j <= i + S - L.
                                               Explicit option of its own; never combined with is_causal. */
+    void *stream;                          /* CUDA tensors: the cudaStream_t the call is enqueued on (NULL = the
+                                              legacy default stream); ignored on the CPU */
 } af_sdpa_args;                  /* zero-initialised = SDPA's defaults */
 
 /* out (B,Hq,L,Ev) in query's dtype, any non-overlapping strides; lse NULL or f32 (B,Hq,L), natural log.
- * Rows that can see no key get out = 0 and lse = -inf. */
+ * Rows that can see no key get out = 0 and lse = -inf.
+ * The call runs where its tensors live: all on the CPU, or all on one CUDA device (else AF_ERR_INVALID_ARGUMENT
+ * naming the tensors). On CUDA every argument is checked on the host before anything is enqueued on
+ * args->stream; the call returns once the work is enqueued (asynchronous, like any CUDA operation). A CUDA call
+ * needs libattnforge_cuda.so, a driver and a GPU, else AF_ERR_RUNTIME_UNAVAILABLE says which is missing. */
 AF_API af_status af_sdpa(const af_sdpa_args *args, af_tensor *out, af_tensor *lse);
 
 /* The plain reference: double accumulation, one row at a time. Slow; for tests and `attnforge verify`. */

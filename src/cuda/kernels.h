@@ -1,0 +1,34 @@
+/* The kernel launchers src/cuda/backend.cu calls. Each enqueues on `stream` and returns cudaSuccess or the
+ * launch error; none synchronises. The problem passed af_sdpa_check; backend.cu arranges the preconditions
+ * stated per launcher (copying a tensor that breaks them, with a warning). */
+#ifndef AF_CUDA_KERNELS_H
+#define AF_CUDA_KERNELS_H
+#include <stddef.h>
+
+#include "cuda/device.h"
+#include "sdpa/problem.h"
+
+typedef struct {
+    int sm_count;                   /* multiprocessors */
+    int cc_major, cc_minor;         /* compute capability */
+    int max_smem_per_block;         /* opt-in dynamic shared memory per block, bytes */
+} af_cuda_device;
+
+/* f16/bf16 on the tensor cores (mma.sync m16n8k16), prefill and decode (split-KV + combine when L is small).
+ * Preconditions: dtype f16 or bf16; q, k, v have stride[3] == 1, every other stride a multiple of 8 elements and
+ * 16-byte aligned base pointers; E <= 256 and Ev <= 256. out, lse and the mask may have any strides.
+ * `workspace` holds af_cuda_mma_workspace_bytes(p, dev) bytes of device memory (split-KV partials), or is NULL
+ * when that is 0. */
+size_t af_cuda_mma_workspace_bytes(const af_problem *p, const af_cuda_device *dev);
+cudaError_t af_cuda_mma_forward(const af_problem *p, const af_cuda_device *dev, void *workspace, cudaStream_t stream);
+
+/* Every problem the CPU path accepts (f32 mainly; any strides, any head dims up to 1024) on the CUDA cores:
+ * correct, slower. */
+cudaError_t af_cuda_simt_forward(const af_problem *p, const af_cuda_device *dev, cudaStream_t stream);
+
+/* dst (contiguous, shape[4]) <- src (strides in elements), elem_size 2 or 4 bytes: the copy backend.cu makes of a
+ * q/k/v that breaks the tensor-core path's stride rules. */
+cudaError_t af_cuda_copy_4d(void *dst, const void *src, const int64_t shape[4], const int64_t src_stride[4],
+                            int elem_size, cudaStream_t stream);
+
+#endif

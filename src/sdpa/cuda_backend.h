@@ -1,0 +1,42 @@
+/* The interface between libattnforge and its CUDA backend, libattnforge_cuda.so (src/cuda/), which is opened
+ * with dlopen on the first call on CUDA tensors, so libattnforge never links CUDA. Both sides are built from
+ * this one header; the version refuses a backend built from another attnforge. */
+#ifndef AF_SDPA_CUDA_BACKEND_H
+#define AF_SDPA_CUDA_BACKEND_H
+#include <stddef.h>
+
+#include "sdpa/problem.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define AF_CUDA_BACKEND_ABI_VERSION 2
+#define AF_CUDA_LIBRARY "libattnforge_cuda.so"        /* ATTNFORGE_CUDA_LIBRARY overrides the path */
+#define AF_CUDA_ENTRY "af_cuda_backend"               /* const af_cuda_backend_ops *af_cuda_backend(void) */
+
+typedef void (*af_cuda_log_fn)(int level, const char *message);   /* level: af_log_level */
+
+typedef struct {
+    int abi_version;                /* AF_CUDA_BACKEND_ABI_VERSION */
+    const char *name;               /* "cuda" */
+    /* Driver and devices: AF_OK and the number of CUDA devices (>= 1), else AF_ERR_RUNTIME_UNAVAILABLE with
+     * the reason in err (no driver, driver too old, no device) and how to fix it. */
+    int (*probe)(int *device_count, char *err, size_t err_size);
+    /* Enqueue one checked problem (af_sdpa_check passed; every pointer is memory of CUDA device `device`) on
+     * `stream` (a cudaStream_t; NULL = the legacy default stream). AF_OK once enqueued, else a status and
+     * CUDA's own text in err; nothing is written to out/lse unless AF_OK. */
+    int (*forward)(const af_problem *p, int device, void *stream, char *err, size_t err_size);
+    /* Where the backend's warnings go (e.g. a tensor copied because its rows are not 16-byte aligned). */
+    void (*set_log)(af_cuda_log_fn log);
+} af_cuda_backend_ops;
+
+/* libattnforge side: open the backend on first need and keep it for the process; a failure is not cached.
+ * AF_ERR_RUNTIME_UNAVAILABLE says which of library / driver / GPU is missing and how to get it. */
+af_status af_cuda_backend_load(const af_cuda_backend_ops **ops);
+bool af_cuda_backend_is_loaded(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
