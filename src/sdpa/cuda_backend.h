@@ -3,6 +3,7 @@
  * this one header; the version refuses a backend built from another attnforge. */
 #ifndef AF_SDPA_CUDA_BACKEND_H
 #define AF_SDPA_CUDA_BACKEND_H
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "sdpa/problem.h"
@@ -29,6 +30,13 @@ typedef struct {
     int (*forward)(const af_problem *p, int device, void *stream, char *err, size_t err_size);
     /* Where the backend's warnings go (e.g. a tensor copied because its rows are not 16-byte aligned). */
     void (*set_log)(af_cuda_log_fn log);
+    /* Device memory for the command line's verify/bench and the tests (the library itself never allocates
+     * the caller's tensors): cudaMalloc / cudaFree / cudaMemcpy (to_device: host -> device, else device -> host,
+     * synchronous) / cudaStreamSynchronize, on `device`. Each returns AF_OK or a status with CUDA's text. */
+    int (*device_alloc)(int device, size_t bytes, void **ptr, char *err, size_t err_size);
+    int (*device_free)(int device, void *ptr, char *err, size_t err_size);
+    int (*copy)(int device, void *dst, const void *src, size_t bytes, bool to_device, char *err, size_t err_size);
+    int (*synchronize)(int device, void *stream, char *err, size_t err_size);
 } af_cuda_backend_ops;
 
 /* libattnforge side: open the backend on first need and keep it for the process; a failure is not cached.
