@@ -1,0 +1,192 @@
+/* The device-feature contract of src/cuda/device.h emulated on the CPU (built with AF_CUDA_EMULATED, no nvcc).
+ * A launch runs the whole grid synchronously on the calling thread: blocks one after another in an order
+ * permuted by ATTNFORGE_EMU_SEED, each block's threads as cooperatively scheduled fibers that yield at barriers
+ * and warp collectives. Warp collectives (mma, ldmatrix, shuffles) are computed from all 32 lanes' inputs with the
+ * PTX ISA fragment layouts; cp.async copies land in shared memory only at this thread's wait_group; breaking the
+ * rules (divergent barriers, mismatched collectives, shared-memory races on the async/collective paths) prints a
+ * message to stderr and aborts. The host runtime subset of device.h works on host memory. See README.md. */
+#ifndef AF_CUDA_EMULATED_H
+#define AF_CUDA_EMULATED_H
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define AF_EMU_UNUSED __attribute__((unused))
+
+/* ---- Host runtime types, with CUDA's names and numeric values (CUDA 13) ---- */
+typedef enum cudaError {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInitializationError = 3,
+    cudaErrorInvalidConfiguration = 9,
+    cudaErrorInvalidDevicePointer = 17,
+    cudaErrorInvalidMemcpyDirection = 21,
+    cudaErrorInsufficientDriver = 35,
+    cudaErrorInvalidDeviceFunction = 98,
+    cudaErrorNoDevice = 100,
+    cudaErrorInvalidDevice = 101,
+    cudaErrorInvalidKernelImage = 200,
+    cudaErrorNoKernelImageForDevice = 209,
+    cudaErrorInvalidResourceHandle = 400,
+    cudaErrorNotReady = 600,
+    cudaErrorIllegalAddress = 700,
+    cudaErrorLaunchOutOfResources = 701,
+    cudaErrorLaunchFailure = 719,
+    cudaErrorNotSupported = 801,
+    cudaErrorUnknown = 999
+} cudaError_t;
+
+typedef struct CUstream_st *cudaStream_t;
+
+enum cudaMemcpyKind {
+    cudaMemcpyHostToHost = 0,
+    cudaMemcpyHostToDevice = 1,
+    cudaMemcpyDeviceToHost = 2,
+    cudaMemcpyDeviceToDevice = 3,
+    cudaMemcpyDefault = 4
+};
+
+enum cudaMemoryType {
+    cudaMemoryTypeUnregistered = 0,
+    cudaMemoryTypeHost = 1,
+    cudaMemoryTypeDevice = 2,
+    cudaMemoryTypeManaged = 3
+};
+
+struct cudaPointerAttributes {
+    enum cudaMemoryType type;
+    int device;
+    void *devicePointer;
+    void *hostPointer;
+    long reserved[8];
+};
+
+enum cudaDeviceAttr {
+    cudaDevAttrMaxThreadsPerBlock = 1,
+    cudaDevAttrMaxSharedMemoryPerBlock = 8,
+    cudaDevAttrMultiProcessorCount = 16,
+    cudaDevAttrComputeCapabilityMajor = 75,
+    cudaDevAttrComputeCapabilityMinor = 76,
+    cudaDevAttrMaxSharedMemoryPerBlockOptin = 97
+};
+
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+
+/* ---- Host runtime functions (CUDA's signatures; streams run synchronously) ---- */
+const char *cudaGetErrorString(cudaError_t error);
+const char *cudaGetErrorName(cudaError_t error);
+cudaError_t cudaGetLastError(void);
+cudaError_t cudaPeekAtLastError(void);
+cudaError_t cudaGetDeviceCount(int *count);
+cudaError_t cudaGetDevice(int *device);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device);
+cudaError_t cudaDeviceSynchronize(void);
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaMalloc(void **dev_ptr, size_t size);
+cudaError_t cudaFree(void *dev_ptr);
+cudaError_t cudaMallocAsync(void **dev_ptr, size_t size, cudaStream_t stream);
+cudaError_t cudaFreeAsync(void *dev_ptr, cudaStream_t stream);
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind, cudaStream_t stream);
+cudaError_t cudaMemset(void *dev_ptr, int value, size_t count);
+cudaError_t cudaMemsetAsync(void *dev_ptr, int value, size_t count, cudaStream_t stream);
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, const void *ptr);
+cudaError_t cudaDriverGetVersion(int *version);
+cudaError_t cudaRuntimeGetVersion(int *version);
+
+/* ---- Kernels and launches ---- */
+typedef struct af_emu_kernel {
+    const char *name;
+    void (*entry)(const void *params); /* calls the kernel with *(const Params *)params */
+    int max_threads;                   /* the kernel's launch bound */
+    int max_dynamic_smem;              /* bytes allowed by AF_SET_MAX_SMEM; 0: the 48 KiB default */
+} af_emu_kernel;
+
+cudaError_t af_emu_launch(af_emu_kernel *kernel, long long gx, long long gy, long long gz, long long threads,
+                          long long smem_bytes, cudaStream_t stream, const void *params);
+cudaError_t af_emu_set_max_smem(af_emu_kernel *kernel, long long bytes);
+
+#define AF_DEVICE static inline
+
+/* Defines `static void name(const Params p)`, its record (launch bound, smem attribute), the trampoline the
+ * emulator calls per thread and a typed launcher that takes the parameters by value. */
+#define AF_KERNEL(name, Params, p, max_threads)                                                                 \
+    static void name(const Params p) AF_EMU_UNUSED;                                                             \
+    AF_EMU_UNUSED static void name##_af_entry(const void *af_params) { name(*(const Params *)af_params); }      \
+    AF_EMU_UNUSED static af_emu_kernel name##_af_kernel = {#name, name##_af_entry, (max_threads), 0};          \
+    AF_EMU_UNUSED static cudaError_t name##_af_launch(long long af_gx, long long af_gy, long long af_gz,       \
+                                                      long long af_threads, long long af_smem,                 \
+                                                      cudaStream_t af_stream, const Params af_params)          \
+    {                                                                                                           \
+        return af_emu_launch(&name##_af_kernel, af_gx, af_gy, af_gz, af_threads, af_smem, af_stream,           \
+                             &af_params);                                                                       \
+    }                                                                                                           \
+    static void name(const Params p)
+
+#define AF_LAUNCH(name, gx, gy, gz, threads, smem_bytes, stream, params)                                       \
+    name##_af_launch((long long)(gx), (long long)(gy), (long long)(gz), (long long)(threads),                \
+                     (long long)(smem_bytes), (stream), (params))
+#define AF_SET_MAX_SMEM(name, bytes) af_emu_set_max_smem(&name##_af_kernel, (long long)(bytes))
+
+/* ---- Indices: the running fiber's view (thread-local: host threads may launch at the same time) ---- */
+typedef struct af_emu_thread_view {
+    int thread_idx;
+    int block_dim;
+    int block_idx[3];
+    int grid_dim[3];
+    char *shared_memory;
+} af_emu_thread_view;
+
+extern __thread const af_emu_thread_view *af_emu_self;
+
+#define AF_THREAD_IDX (af_emu_self->thread_idx)
+#define AF_BLOCK_DIM (af_emu_self->block_dim)
+#define AF_BLOCK_IDX_X (af_emu_self->block_idx[0])
+#define AF_BLOCK_IDX_Y (af_emu_self->block_idx[1])
+#define AF_BLOCK_IDX_Z (af_emu_self->block_idx[2])
+#define AF_GRID_DIM_X (af_emu_self->grid_dim[0])
+#define AF_GRID_DIM_Y (af_emu_self->grid_dim[1])
+#define AF_GRID_DIM_Z (af_emu_self->grid_dim[2])
+
+static inline int af_lane(void) { return af_emu_self->thread_idx % 32; }
+static inline int af_warp(void) { return af_emu_self->thread_idx / 32; }
+
+/* ---- Memory ---- */
+static inline char *af_shared_memory(void) { return af_emu_self->shared_memory; }
+void af_syncthreads(void);
+
+/* ---- Warp collectives (all 32 lanes, same collective) ---- */
+float af_shfl_xor(float v, int lane_mask);
+void af_mma_16816_f16(float d[4], const uint32_t a[4], const uint32_t b[2]);
+void af_mma_16816_bf16(float d[4], const uint32_t a[4], const uint32_t b[2]);
+void af_ldmatrix_x4(uint32_t r[4], const void *smem_row);
+void af_ldmatrix_x4_trans(uint32_t r[4], const void *smem_row);
+void af_ldmatrix_x2(uint32_t r[2], const void *smem_row);
+void af_ldmatrix_x2_trans(uint32_t r[2], const void *smem_row);
+
+/* ---- Asynchronous copies (per thread) ---- */
+void af_cp_async_16(void *smem_dst, const void *gmem_src, int src_bytes);
+void af_cp_async_commit(void);
+void af_cp_async_wait_0(void);
+void af_cp_async_wait_1(void);
+void af_cp_async_wait_2(void);
+
+/* ---- Numbers ---- */
+float af_ex2(float x);
+uint32_t af_pack_f16x2(float lo, float hi);
+uint32_t af_pack_bf16x2(float lo, float hi);
+float af_f16_to_float(uint16_t h);
+float af_bf16_to_float(uint16_t h);
+uint16_t af_float_to_f16(float x);
+uint16_t af_float_to_bf16(float x);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
