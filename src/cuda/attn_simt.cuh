@@ -1,0 +1,232 @@
+/* af_cuda_simt_forward: attention on the CUDA cores, for every problem af_sdpa_check accepts (f32 above all, and
+ * whatever the tensor-core path does not take). Correct first, reasonably fast:
+ *   - a block of AF_SIMT_WARPS warps, one query row each: rows (head of the GQA group, query index) of one
+ *     (batch, kv head), so every K/V tile staged in shared memory serves all of them;
+ *   - keys in tiles of 32: lane j scores key j (q row broadcast from shared memory, K staged in column chunks);
+ *   - online softmax in log2 units (af_ex2), max and sum over the tile by af_shfl_xor butterflies;
+ *   - lanes split the value columns (column lane + 32·c), f32 accumulators in registers, V staged in chunks;
+ *   - key tiles past the block's last visible key (causality) are never loaded.
+ * Matches src/sdpa/reference.c: masked keys contribute nothing (even against Inf/NaN values), a NaN score makes the
+ * row NaN, a row that sees no key gets out = 0 and lse = -inf. */
+#ifndef AF_CUDA_ATTN_SIMT_CUH
+#define AF_CUDA_ATTN_SIMT_CUH
+#include <math.h>
+#include <stdint.h>
+
+#include "cuda/kernels.h"
+
+#define AF_SIMT_WARPS 4                            /* query rows per block */
+#define AF_SIMT_THREADS (AF_SIMT_WARPS * 32)
+#define AF_SIMT_KEYS 32                            /* keys per tile: one per lane */
+#define AF_SIMT_K_CHUNK 64                         /* head-dim columns of a K tile staged at a time */
+#define AF_SIMT_K_PITCH (AF_SIMT_K_CHUNK + 1)      /* lane j reads row j: an odd pitch keeps the banks apart */
+#define AF_SIMT_V_CHUNK 128                        /* value columns staged at a time: 4 per lane */
+#define AF_SIMT_MAX_BLOCKS 0x7fffffffLL            /* CUDA's grid x limit; blocks stride over what is left */
+#define AF_SIMT_LOG2E 1.4426950408889634
+#define AF_SIMT_LN2 0.6931471805599453f
+
+#if defined(__CUDACC__)
+#define AF_SIMT_UNROLL _Pragma("unroll")           /* keeps the accumulators in registers */
+#else
+#define AF_SIMT_UNROLL
+#endif
+
+typedef struct {
+    af_problem p;
+    float scale_log2;       /* scale·log2(e): scores in log2 units for ex2 */
+    int64_t row_blocks;     /* blocks per (batch, kv head): ceil(group·L / AF_SIMT_WARPS) */
+    int64_t blocks;         /* B·Hkv·row_blocks */
+} af_simt_params;
+
+/* Shared memory: q rows (f32, one per warp), a K chunk, a V chunk, each warp's 32 weights. */
+static inline size_t af_simt_smem_bytes(int64_t E) {
+    return sizeof(float) * (size_t)(AF_SIMT_WARPS * E + AF_SIMT_KEYS * AF_SIMT_K_PITCH +
+                                    AF_SIMT_KEYS * AF_SIMT_V_CHUNK + AF_SIMT_WARPS * AF_SIMT_KEYS);
+}
+
+AF_DEVICE float af_simt_load(const char *base, af_dtype dtype, int64_t index) {
+    if (dtype == AF_F32) return ((const float *)base)[index];
+    const uint16_t bits = ((const uint16_t *)base)[index];
+    return dtype == AF_F16 ? af_f16_to_float(bits) : af_bf16_to_float(bits);
+}
+
+AF_DEVICE void af_simt_store(char *base, af_dtype dtype, int64_t index, float x) {
+    if (dtype == AF_F32) ((float *)base)[index] = x;
+    else ((uint16_t *)base)[index] = dtype == AF_F16 ? af_float_to_f16(x) : af_float_to_bf16(x);
+}
+
+/* af_visible_keys (src/sdpa/problem.h) for device code: keys j < this are visible to query row i. */
+AF_DEVICE int64_t af_simt_visible_keys(const af_problem *p, int64_t i) {
+    int64_t limit = p->S;
+    if (p->causal == AF_CAUSAL_TOP_LEFT) limit = i + 1;
+    else if (p->causal == AF_CAUSAL_BOTTOM_RIGHT) limit = i + 1 + p->S - p->L;
+    return limit < 0 ? 0 : limit > p->S ? p->S : limit;
+}
+
+/* Lane j's score of key key0 + j in log2 units: scale·q·k, then causality / mask as -inf or additive terms. */
+AF_DEVICE float af_simt_score(const af_simt_params *prm, float dot, int64_t key, int64_t limit, int64_t mask_row) {
+    const af_problem *p = &prm->p;
+    if (key >= limit) return -INFINITY;
+    float s = dot * prm->scale_log2;
+    if (p->mask) {
+        const int64_t m = mask_row + key * p->mask_stride[3];
+        if (p->mask_dtype == AF_BOOL) s = ((const unsigned char *)p->mask)[m] ? s : -INFINITY;
+        else s += af_simt_load(p->mask, p->mask_dtype, m) * (float)AF_SIMT_LOG2E;
+    }
+    return s;
+}
+
+/* q·k of key0 + lane, for this warp's row: K staged chunk by chunk (every warp of the block takes part in the
+ * staging and its barriers, live or not). */
+AF_DEVICE float af_simt_dot(const af_simt_params *prm, float *q_smem, float *k_smem, int64_t k_base, int64_t key0,
+                            int64_t keys, int live) {
+    const af_problem *p = &prm->p;
+    const int lane = af_lane();
+    float dot = 0.0f;
+    for (int64_t e0 = 0; e0 < p->E; e0 += AF_SIMT_K_CHUNK) {
+        af_syncthreads();   /* every warp is done with the previous chunk (and the q rows are stored) */
+        for (int t = AF_THREAD_IDX; t < AF_SIMT_KEYS * AF_SIMT_K_CHUNK; t += AF_SIMT_THREADS) {
+            const int64_t j = key0 + t / AF_SIMT_K_CHUNK, e = e0 + t % AF_SIMT_K_CHUNK;
+            k_smem[t / AF_SIMT_K_CHUNK * AF_SIMT_K_PITCH + t % AF_SIMT_K_CHUNK] =
+                j < keys && e < p->E ? af_simt_load(p->k, p->dtype, k_base + j * p->k_stride[2] + e * p->k_stride[3])
+                                     : 0.0f;
+        }
+        af_syncthreads();
+        if (!live) continue;
+        const int n = p->E - e0 < AF_SIMT_K_CHUNK ? (int)(p->E - e0) : AF_SIMT_K_CHUNK;
+        const float *k_row = k_smem + lane * AF_SIMT_K_PITCH, *q_row = q_smem + e0;
+        float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;   /* four chains: shorter sums, more in flight */
+        int e = 0;
+        for (; e + 4 <= n; e += 4) {
+            d0 += q_row[e] * k_row[e];
+            d1 += q_row[e + 1] * k_row[e + 1];
+            d2 += q_row[e + 2] * k_row[e + 2];
+            d3 += q_row[e + 3] * k_row[e + 3];
+        }
+        for (; e < n; e++) d0 += q_row[e] * k_row[e];
+        dot += (d0 + d1) + (d2 + d3);
+    }
+    return dot;
+}
+
+/* One block's rows: `slots` accumulators per lane cover value columns lane + 32·c, c < slots (slots·32 >= Ev,
+ * a multiple of 4, a constant after inlining so acc[] stays in registers). */
+AF_DEVICE void af_simt_block(const af_simt_params prm, int64_t block, const int slots) {
+    const af_problem *p = &prm.p;
+    float *q_smem = (float *)af_shared_memory();
+    float *k_smem = q_smem + AF_SIMT_WARPS * p->E;
+    float *v_smem = k_smem + AF_SIMT_KEYS * AF_SIMT_K_PITCH;
+    float *p_smem = v_smem + AF_SIMT_KEYS * AF_SIMT_V_CHUNK;
+    const int lane = af_lane(), warp = af_warp();
+    const int64_t rows = p->group * p->L;   /* per (batch, kv head): row r is head hk·group + r / L, query r % L */
+    const int64_t first_row = block % prm.row_blocks * AF_SIMT_WARPS, bh = block / prm.row_blocks;
+    const int64_t hk = bh % p->Hkv, b = bh / p->Hkv, row = first_row + warp;
+    const int active = row < rows;
+    const int64_t h = hk * p->group + (active ? row / p->L : 0), i = active ? row % p->L : 0;
+    const int64_t limit = active ? af_simt_visible_keys(p, i) : 0;
+    int64_t keys = 0;   /* keys any row of the block sees: the tiles to load */
+    for (int w = 0; w < AF_SIMT_WARPS && first_row + w < rows; w++) {
+        const int64_t visible = af_simt_visible_keys(p, (first_row + w) % p->L);
+        if (visible > keys) keys = visible;
+    }
+
+    af_syncthreads();   /* the previous block's readers of q_smem / p_smem are done */
+    float *q_own = q_smem + warp * p->E;
+    const int64_t q_row = b * p->q_stride[0] + h * p->q_stride[1] + i * p->q_stride[2];
+    for (int64_t e = lane; e < p->E; e += 32)
+        q_own[e] = active ? af_simt_load(p->q, p->dtype, q_row + e * p->q_stride[3]) : 0.0f;
+
+    const int64_t k_base = b * p->k_stride[0] + hk * p->k_stride[1];
+    const int64_t v_base = b * p->v_stride[0] + hk * p->v_stride[1];
+    const int64_t mask_row = b * p->mask_stride[0] + h * p->mask_stride[1] + i * p->mask_stride[2];
+    float acc[32];
+    AF_SIMT_UNROLL
+    for (int c = 0; c < slots; c++) acc[c] = 0.0f;
+    float m = -INFINITY, l = 0.0f;   /* running max (log2 units) and sum of weights; equal on every lane */
+
+    for (int64_t key0 = 0; key0 < keys; key0 += AF_SIMT_KEYS) {
+        const int live = key0 < limit;   /* this row sees a key of the tile */
+        const float dot = af_simt_dot(&prm, q_own, k_smem, k_base, key0, keys, live);
+        if (live) {
+            const float s = af_simt_score(&prm, dot, key0 + lane, limit, mask_row);
+            float tile_max = s, tile_sum;
+            for (int o = 16; o > 0; o >>= 1) tile_max = fmaxf(tile_max, af_shfl_xor(tile_max, o));   /* NaN-free */
+            const float m_new = fmaxf(m, tile_max);
+            const float alpha = m_new == m ? 1.0f : af_ex2(m - m_new);
+            const float weight = s == -INFINITY ? 0.0f : af_ex2(s - m_new);   /* NaN stays NaN */
+            p_smem[warp * AF_SIMT_KEYS + lane] = weight;
+            tile_sum = weight;
+            for (int o = 16; o > 0; o >>= 1) tile_sum += af_shfl_xor(tile_sum, o);
+            l = l * alpha + tile_sum;
+            m = m_new;
+            if (alpha != 1.0f) {
+                AF_SIMT_UNROLL
+                for (int c = 0; c < slots; c++) acc[c] *= alpha;
+            }
+        }
+        for (int64_t c0 = 0; c0 < p->Ev; c0 += AF_SIMT_V_CHUNK) {
+            af_syncthreads();   /* the previous V chunk is consumed; this tile's weights are stored */
+            for (int t = AF_THREAD_IDX; t < AF_SIMT_KEYS * AF_SIMT_V_CHUNK; t += AF_SIMT_THREADS) {
+                const int64_t j = key0 + t / AF_SIMT_V_CHUNK, col = c0 + t % AF_SIMT_V_CHUNK;
+                v_smem[t] = j < keys && col < p->Ev
+                                ? af_simt_load(p->v, p->dtype, v_base + j * p->v_stride[2] + col * p->v_stride[3])
+                                : 0.0f;
+            }
+            af_syncthreads();
+            if (!live) continue;
+            const int chunk = (int)(c0 / AF_SIMT_V_CHUNK);
+            AF_SIMT_UNROLL
+            for (int cc = 0; cc < slots / 4; cc++) {   /* constant indices into acc[]: chunk cc holds acc[4cc..4cc+3] */
+                if (cc != chunk) continue;
+                for (int j = 0; j < AF_SIMT_KEYS; j++) {
+                    const float w = p_smem[warp * AF_SIMT_KEYS + j];
+                    if (w == 0.0f) continue;   /* a masked key adds nothing, even an Inf/NaN value */
+                    const float *v_row = v_smem + j * AF_SIMT_V_CHUNK + lane;
+                    AF_SIMT_UNROLL
+                    for (int c = 0; c < 4; c++) acc[cc * 4 + c] += w * v_row[c * 32];
+                }
+            }
+        }
+    }
+    if (!active) return;
+    const int seen = l > 0.0f || l != l;   /* a row that saw no key: out = 0, lse = -inf */
+    const float inv = seen ? 1.0f / l : 0.0f;
+    const int64_t out_row = b * p->out_stride[0] + h * p->out_stride[1] + i * p->out_stride[2];
+    AF_SIMT_UNROLL
+    for (int c = 0; c < slots; c++) {
+        const int64_t col = lane + 32 * c;
+        if (col < p->Ev) af_simt_store(p->out, p->out_dtype, out_row + col * p->out_stride[3], acc[c] * inv);
+    }
+    if (p->lse && lane == 0)
+        p->lse[b * p->lse_stride[0] + h * p->lse_stride[1] + i * p->lse_stride[2]] =
+            seen ? m * AF_SIMT_LN2 + logf(l) : -INFINITY;
+}
+
+/* One kernel per accumulator count: Ev <= 128, 256, 512, 1024. */
+#define AF_SIMT_KERNEL(name, slots)                                                          \
+    AF_KERNEL(name, af_simt_params, p, AF_SIMT_THREADS) {                                    \
+        for (int64_t block = AF_BLOCK_IDX_X; block < p.blocks; block += AF_GRID_DIM_X)       \
+            af_simt_block(p, block, slots);                                                  \
+    }
+AF_SIMT_KERNEL(af_simt_kernel_4, 4)
+AF_SIMT_KERNEL(af_simt_kernel_8, 8)
+AF_SIMT_KERNEL(af_simt_kernel_16, 16)
+AF_SIMT_KERNEL(af_simt_kernel_32, 32)
+
+cudaError_t af_cuda_simt_forward(const af_problem *p, const af_cuda_device *dev, cudaStream_t stream) {
+    (void)dev;   /* the shared memory stays under the 48 KiB every device allows */
+    if (p->B == 0 || p->Hq == 0 || p->L == 0) return cudaSuccess;   /* no query row */
+    af_simt_params prm;
+    prm.p = *p;
+    prm.scale_log2 = (float)(p->scale * AF_SIMT_LOG2E);
+    prm.row_blocks = (p->group * p->L + AF_SIMT_WARPS - 1) / AF_SIMT_WARPS;
+    prm.blocks = p->B * p->Hkv * prm.row_blocks;
+    const int grid = (int)(prm.blocks < AF_SIMT_MAX_BLOCKS ? prm.blocks : AF_SIMT_MAX_BLOCKS);
+    const size_t smem = af_simt_smem_bytes(p->E);
+    if (p->Ev <= 128) return AF_LAUNCH(af_simt_kernel_4, grid, 1, 1, AF_SIMT_THREADS, smem, stream, prm);
+    if (p->Ev <= 256) return AF_LAUNCH(af_simt_kernel_8, grid, 1, 1, AF_SIMT_THREADS, smem, stream, prm);
+    if (p->Ev <= 512) return AF_LAUNCH(af_simt_kernel_16, grid, 1, 1, AF_SIMT_THREADS, smem, stream, prm);
+    return AF_LAUNCH(af_simt_kernel_32, grid, 1, 1, AF_SIMT_THREADS, smem, stream, prm);
+}
+
+#endif
