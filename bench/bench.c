@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_cuda.h"
 #include "bench_memory.h"
 #include "cli_common.h"
 #include "commands.h"
@@ -393,7 +394,7 @@ static void bench_usage(FILE *f) {
     fprintf(f,
             "usage: attnforge bench [--shape B,Hq,Hkv,L,S,E,Ev] [--dtype float32|float16|bfloat16] [--causal]\n"
             "                       [--threads N] [--isa NAME] [--reps N] [--quick] [--long] [--json]\n"
-            "                       [--portable-max-gflop X] [--layout hnd|nhd]\n\n"
+            "                       [--portable-max-gflop X] [--layout hnd|nhd] [--device cpu|cuda|cuda:N]\n\n"
             "Measures the FMA peak (same ISA and thread count) and the read bandwidth, then times each shape\n"
             "(median of --reps calls, default 5, after one warm-up) and prints GFLOP/s by FA4's formula\n"
             "2·B·Hq·L·S'·(E+Ev) (causal: S' = keys actually seen), the share of the peak, for decode (L <= 16)\n"
@@ -405,17 +406,33 @@ static void bench_usage(FILE *f) {
             "Hq/Hkv 32/8, E=128, f16; and 1-thread rows for the scaling figure. --shape runs one shape;\n"
             "--dtype and --causal select among the defaults otherwise. --json: one JSON object per row.\n"
             "--layout nhd: q, k and v are (B,H,L,E) views of (B,L,H,E) memory, as a transformer's\n"
-            "x.view(B, L, H, E).transpose(1, 2) gives (default hnd: contiguous (B,H,L,E)).\n");
+            "x.view(B, L, H, E).transpose(1, 2) gives (default hnd: contiguous (B,H,L,E)).\n\n"
+            "--device cuda[:N] (default cpu) times af_sdpa on tensors in that GPU's memory instead: a spot check of\n"
+            "small shapes against the double reference, then per shape the median of --reps samples, each sample\n"
+            "back-to-back calls between two synchronizes (about 20 ms), as ms per call, TFLOP/s by the same formula,\n"
+            "and GB/s of K+V for decode. Default GPU shapes: prefill bf16/f16, E in {64, 128}, L=S in {1k, 2k, 4k,\n"
+            "8k} (16k with --long), full and causal, H=16 and B*L = 16k; one f32 row (the CUDA-core path); decode\n"
+            "L=1, S in {8k, 32k}, Hq/Hkv 32/8, B=4. --quick: L=S=2k with E=128 and S=32k decode. --isa and\n"
+            "--portable-max-gflop do not apply. Needs libattnforge_cuda.so (ATTNFORGE_CUDA_LIBRARY overrides the\n"
+            "path), a driver and a GPU, else exit status 3 with the reason (docs/CUDA.md).\n"
+            "Exit status: 0, 1 the spot check or a shape failed, 2 bad usage, 3 the device is not available.\n");
 }
 
 int cmd_bench(int argc, char **argv) {
     bench_options o = {.reps = 5, .portable_max_gflop = 6.0};
     cli_shape one = {.label = "shape", .dtype = AF_F32};
-    bool have_shape = false, dtype_given = false, causal = false;
+    bool have_shape = false, dtype_given = false, causal = false, isa_given = false;
+    af_device device = {AF_DEVICE_CPU, 0};
     for (int i = 1; i < argc; i++) {
+        const int device_option = cli_device_option(argc, argv, &i, &device, "attnforge bench");
+        if (device_option < 0) return 2;
+        if (device_option > 0) continue;
         const int common = cli_common_option(argc, argv, &i);
         if (common < 0) return 2;
-        if (common > 0) continue;
+        if (common > 0) {
+            isa_given = isa_given || !strcmp(argv[i - 1], "--isa");
+            continue;
+        }
         const char *a = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             bench_usage(stdout);
@@ -464,6 +481,20 @@ int cmd_bench(int argc, char **argv) {
             bench_usage(stderr);
             return 2;
         }
+    }
+    if (device.type == AF_DEVICE_CUDA) {
+        if (isa_given) {
+            fprintf(stderr, "attnforge bench: --isa chooses a CPU kernel; it does not apply with --device cuda\n");
+            return 2;
+        }
+        cli_device dev;
+        const int code = cli_device_open(&dev, device, "attnforge bench");
+        if (code) return code;
+        one.causal = causal;
+        const bench_cuda_options co = {.reps = o.reps, .json = o.json, .quick = o.quick, .long_shapes = o.long_shapes,
+                                       .nhd = o.nhd, .one = have_shape ? &one : NULL, .dtype_given = dtype_given,
+                                       .dtype = one.dtype, .causal_only = causal};
+        return bench_cuda(&co, &dev);
     }
     const int threads = af_get_num_threads();
     enum { MAX_CASES = 64 };

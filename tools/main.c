@@ -16,7 +16,9 @@ static void usage(FILE *f) {
     fprintf(f, "usage: attnforge <command> [options]\n\ncommands:\n");
     for (const cli_command *c = cli_commands; c->name; c++) fprintf(f, "  %-8s %s\n", c->name, c->summary);
     fprintf(f, "\n`attnforge <command> --help` describes a command. With no command, `attnforge run` runs the built-in\n"
-               "default. Environment: ATTNFORGE_LOG=debug|info|warning, ATTNFORGE_ISA=portable|avx2|avx512|amx.\n");
+               "default. `verify` and `bench` take --device cpu|cuda|cuda:N (docs/CUDA.md). Environment:\n"
+               "ATTNFORGE_LOG=debug|info|warning, ATTNFORGE_ISA=portable|avx2|avx512|amx, ATTNFORGE_CUDA_LIBRARY=PATH\n"
+               "(the CUDA backend, libattnforge_cuda.so).\n");
 }
 
 int cli_common_option(int argc, char **argv, int *i) {

@@ -200,6 +200,10 @@ cli_run_result cli_plan_case_run(FILE *f, const cli_plan_case *c, const cli_run_
         return (cli_run_result){0};
     }
     const af_sdpa_args call = af_sample_call_args(&c->call);
+    af_plan plan;
+    const bool cuda_plan = af_provider_get_plan(c->provider, &plan) == AF_OK && plan.backend == AF_BACKEND_CUDA;
+    if (cli_device_is_cuda(opt->device) && !cuda_plan)   /* a CPU plan cannot take device tensors: af_sdpa itself */
+        return cli_run_call(f, c->label, &call, cli_exec_sdpa, NULL, opt, seed);
     return cli_run_call(f, c->label, &call, exec_through_plan, (void *)c, opt, seed);
 }
 

@@ -28,7 +28,8 @@ int cli_plan_cases_load(cli_plan_cases *cases, const char *command, const char *
                         FILE *progress);
 void cli_plan_cases_free(cli_plan_cases *cases);
 
-/* One table row: the case through its provider (af_provider_infer), checked against the reference. */
+/* One table row: the case through its provider (af_provider_infer), checked against the reference. On a CUDA
+ * device (opt->device) a case whose plan is a CPU plan runs af_sdpa on the device tensors directly. */
 cli_run_result cli_plan_case_run(FILE *f, const cli_plan_case *c, const cli_run_options *opt, uint64_t seed);
 
 /* "provider: NAME" and "plan: JSON" when every case runs one plan (a samples or plan file). */

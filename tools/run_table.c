@@ -50,6 +50,78 @@ cli_run_result cli_run_case(FILE *f, const cli_shape *s, bool nhd, cli_exec_fn e
     return cli_run_call(f, s->label, &call, exec, ctx, opt, seed);
 }
 
+static int clamp_reps(int reps) {
+    return reps < 1 ? 1 : reps > 64 ? 64 : reps;
+}
+
+/* The warm-up call (its output is the one checked) and opt->reps timed calls on host tensors. */
+static bool run_on_host(FILE *f, const char *label, const char *shape_text, cli_exec_fn exec, void *ctx,
+                        const af_sdpa_args *args, af_tensor *out, const cli_run_options *opt, double *seconds) {
+    const af_status st = exec(ctx, args, out);
+    if (st != AF_OK) {
+        fprintf(f, "%-14s %-30s failed: %s: %s\n", label, shape_text, af_status_name(st), af_last_error());
+        return false;
+    }
+    double times[64];
+    const int reps = clamp_reps(opt->reps);
+    for (int r = 0; r < reps; r++) {
+        double t0 = cli_now();
+        exec(ctx, args, out);
+        times[r] = cli_now() - t0;
+    }
+    *seconds = cli_median(times, reps);
+    return true;
+}
+
+/* The same on the device: q/k/v/mask copied there, out allocated there and copied back after the checked call;
+ * each timed call is followed by a synchronize so that it measures the kernels, not the enqueueing. */
+static bool run_on_device(FILE *f, const char *label, const char *shape_text, cli_exec_fn exec, void *ctx,
+                          const af_sdpa_args *args, af_tensor *out, const cli_run_options *opt, double *seconds) {
+    const cli_device *d = opt->device;
+    cli_device_tensor q, k, v, mask, dout;
+    cli_device_tensor *all[5] = {&q, &k, &v, &mask, &dout};
+    for (int i = 0; i < 5; i++) memset(all[i], 0, sizeof *all[i]);
+    char err[512] = "";
+    bool ok = cli_device_tensor_like(d, &q, args->query, true, err, sizeof err);
+    ok = ok && cli_device_tensor_like(d, &k, args->key, true, err, sizeof err);
+    ok = ok && cli_device_tensor_like(d, &v, args->value, true, err, sizeof err);
+    ok = ok && (!args->attn_mask || cli_device_tensor_like(d, &mask, args->attn_mask, true, err, sizeof err));
+    ok = ok && cli_device_tensor_like(d, &dout, out, false, err, sizeof err);
+    if (!ok) {
+        fprintf(f, "%-14s %-30s device memory: %s\n", label, shape_text, err);
+    } else {
+        af_sdpa_args dargs = *args;
+        dargs.query = &q.view;
+        dargs.key = &k.view;
+        dargs.value = &v.view;
+        dargs.attn_mask = args->attn_mask ? &mask.view : NULL;
+        const af_status st = exec(ctx, &dargs, &dout.view);
+        if (st != AF_OK) {
+            fprintf(f, "%-14s %-30s failed: %s: %s\n", label, shape_text, af_status_name(st), af_last_error());
+            ok = false;
+        }
+        ok = ok && cli_device_synchronize(d, dargs.stream, err, sizeof err) &&
+             cli_device_tensor_download(d, out, &dout, err, sizeof err);
+        if (st == AF_OK && !ok) fprintf(f, "%-14s %-30s after the call: %s\n", label, shape_text, err);
+        double times[64];
+        const int reps = clamp_reps(opt->reps);
+        for (int r = 0; ok && r < reps; r++) {
+            const double t0 = cli_now();
+            if (exec(ctx, &dargs, &dout.view) != AF_OK) {
+                snprintf(err, sizeof err, "%s", af_last_error());
+                ok = false;
+            } else {
+                ok = cli_device_synchronize(d, dargs.stream, err, sizeof err);
+            }
+            times[r] = cli_now() - t0;
+            if (!ok) fprintf(f, "%-14s %-30s timed call: %s\n", label, shape_text, err);
+        }
+        if (ok) *seconds = cli_median(times, reps);
+    }
+    for (int i = 0; i < 5; i++) cli_device_tensor_free(d, all[i]);
+    return ok;
+}
+
 cli_run_result cli_run_call(FILE *f, const char *label, const af_sdpa_args *call, cli_exec_fn exec, void *ctx,
                             const cli_run_options *opt, uint64_t seed) {
     cli_run_result res = {0};
@@ -80,21 +152,12 @@ cli_run_result cli_run_call(FILE *f, const char *label, const af_sdpa_args *call
     args.value = &v.view;
     args.attn_mask = call->attn_mask ? &mask.view : NULL;
     if (opt->progress) fprintf(opt->progress, "running %s (%s, %s)...\n", label, shape_text, af_dtype_name(s.dtype));
-    af_status st = exec(ctx, &args, &out.view);   /* warm-up, and the result we check */
-    if (st != AF_OK) {
-        fprintf(f, "%-14s %-30s failed: %s: %s\n", label, shape_text, af_status_name(st), af_last_error());
-        goto done;
-    }
-    double times[64];
-    const int reps = opt->reps < 1 ? 1 : opt->reps > 64 ? 64 : opt->reps;
-    for (int r = 0; r < reps; r++) {
-        double t0 = cli_now();
-        exec(ctx, &args, &out.view);
-        times[r] = cli_now() - t0;
-    }
-    res.seconds = cli_median(times, reps);
+    const bool ran = cli_device_is_cuda(opt->device)
+                         ? run_on_device(f, label, shape_text, exec, ctx, &args, &out.view, opt, &res.seconds)
+                         : run_on_host(f, label, shape_text, exec, ctx, &args, &out.view, opt, &res.seconds);
+    if (!ran) goto done;
     double t0 = cli_now();
-    st = af_reference_f32(&args, &ref.view, NULL);
+    const af_status st = af_reference_f32(&args, &ref.view, NULL);
     res.reference_seconds = cli_now() - t0;
     if (st != AF_OK) {
         fprintf(f, "%-14s %-30s reference failed: %s\n", label, shape_text, af_last_error());

@@ -4,6 +4,7 @@
 #include <stdio.h>
 
 #include "cli_common.h"
+#include "cli_device.h"
 
 /* How a case is computed: af_sdpa directly, or through a provider's plan. */
 typedef af_status (*cli_exec_fn)(void *ctx, const af_sdpa_args *args, af_tensor *out);
@@ -12,6 +13,8 @@ typedef struct {
     int reps;               /* timed repetitions; the median is reported */
     bool time_reference;    /* also time the double reference (slow) */
     FILE *progress;         /* NULL, or where to say which case is running */
+    const cli_device *device;   /* NULL or the CPU: host tensors; CUDA: copies on the device, af_sdpa there, the
+                                   output copied back (each timed call ends with a synchronize) */
 } cli_run_options;
 
 typedef struct {
