@@ -34,7 +34,15 @@ expect 0 '' "$cli" plan $data/causal_nhd.samples.json -o "$tmp/plan.json"
 grep -qF '"softmax_scale": 0.125' "$tmp/plan.json" || { echo "FAIL: -o did not write the plan"; failures=$((failures + 1)); }
 expect 3 'not supported: FlashAttention-4 provider does not support attn_mask' "$cli" plan $data/mask.samples.json
 expect 3 "FlashAttention-4 provider does not support kwargs: ['softcap', 'window']" "$cli" plan $data/unknown_kwarg.samples.json
-expect 3 'libattnforge_cuda.so' "$cli" plan $data/cuda.samples.json
+# cuda samples: a cuda plan, made without a GPU and without loading the CUDA backend
+expect 0 '"copy_free_layout": false, "backend": "cuda"}' "$cli" plan $data/cuda.samples.json
+expect 0 '"flash_kwargs": {"causal": true, "pack_gqa": false}, "copy_free_layout": true, "backend": "cuda"}' "$cli" plan $data/cuda_two_gpus.samples.json
+expect 3 "requires query, key and value on one device (samples[0]: query is on 'cuda:0', key on 'cpu', value on 'cuda:0')" "$cli" plan $data/cuda_mixed.samples.json
+expect 3 'requires consistent representative samples (samples[1] differs from samples[0]: backend cpu vs cuda)' "$cli" plan $data/cuda_and_cpu.samples.json
+expect 3 "supports devices 'cpu' and 'cuda' only (samples[0]: query is on 'mps')" "$cli" plan $data/mps.samples.json
+if env ATTNFORGE_LOG=debug "$cli" plan $data/cuda.samples.json 2>&1 | grep -q 'CUDA backend'; then
+    echo "FAIL: plan on cuda samples touched the CUDA backend"; failures=$((failures + 1))
+fi
 expect 3 'requires consistent representative samples (samples[1] differs from samples[0]: is_causal true vs false)' "$cli" plan $data/inconsistent.samples.json
 expect 3 'requires consistent representative samples (the list is empty)' "$cli" plan $data/empty.samples.json
 expect 3 'FlashAttention-4 not supported due to: FlashAttention-4 provider does not support attn_mask' env ATTNFORGE_LOG=debug "$cli" plan $data/mask.samples.json
@@ -64,7 +72,7 @@ expect 0 '2 of 2 cases within tolerance' "$cli" run --plan "$tmp/gqa.plan.json" 
 expect 3 'not supported: FlashAttention-4 provider does not support attn_mask' "$cli" run --samples $data/mask.samples.json
 expect 2 'malformed JSON' "$cli" run --samples $data/malformed.samples.json
 expect 2 'plan: version: format 2 is newer than this attnforge' "$cli" run --plan $data/newer.plan.json
-expect 3 "attnforge's CUDA backend is not available" "$cli" run --plan $data/cuda.plan.json
+expect 3 'not supported here: ' "$cli" run --plan $data/cuda.plan.json   # the loader's message (no GPU here)
 expect 2 "unknown option or missing value '--plan'" "$cli" run --plan
 expect 0 'usage: attnforge run [--plan PLAN.json] [--samples SAMPLES.json]' "$cli" run --help
 

@@ -65,6 +65,30 @@ static void matching_calls_pass_and_others_are_named(void **state) {
     af_provider_free(p);
 }
 
+/* The device rule: a plan made from cuda:0 samples covers calls on any one CUDA device, never CPU calls. */
+static void cuda_plans_cover_any_one_cuda_device(void **state) {
+    af_tensor q = nhd_view(q_shape), k = nhd_view(kv_shape), v = nhd_view(kv_shape);
+    q.device = k.device = v.device = (af_device){AF_DEVICE_CUDA, 0};
+    af_sdpa_args args = {.query = &q, .key = &k, .value = &v};
+    af_provider *p = prepared(&args, AF_QKV_POSITIONAL);
+    af_plan plan;
+    assert_int_equal(af_provider_get_plan(p, &plan), AF_OK);
+    assert_int_equal(plan.backend, AF_BACKEND_CUDA);
+    assert_int_equal(af_provider_check_call(p, &args, AF_QKV_POSITIONAL), AF_OK);
+    q.device = k.device = v.device = (af_device){AF_DEVICE_CUDA, 7};
+    assert_int_equal(af_provider_check_call(p, &args, AF_QKV_POSITIONAL), AF_OK);
+    v.device = (af_device){AF_DEVICE_CUDA, 0};
+    assert_int_equal(af_provider_check_call(p, &args, AF_QKV_POSITIONAL), AF_ERR_PLAN_MISMATCH);
+    assert_non_null(strstr(af_last_error(), "q/k/v are on different devices: query cuda:7, key cuda:7, value cuda:0"));
+    q.device = k.device = v.device = (af_device){AF_DEVICE_CPU, 0};
+    assert_int_equal(af_provider_check_call(p, &args, AF_QKV_POSITIONAL), AF_ERR_PLAN_MISMATCH);
+    assert_non_null(strstr(af_last_error(), "query, key and value are on cpu, the plan runs on cuda"));
+    q.device.type = k.device.type = v.device.type = (af_device_type)5;   /* not a device attnforge knows */
+    assert_int_equal(af_provider_check_call(p, &args, AF_QKV_POSITIONAL), AF_ERR_PLAN_MISMATCH);
+    assert_non_null(strstr(af_last_error(), "query is on device type 5, the plan runs on cuda"));
+    af_provider_free(p);
+}
+
 static void unprepared_and_null(void **state) {
     af_tensor q = nhd_view(q_shape), k = nhd_view(kv_shape), v = nhd_view(kv_shape);
     af_sdpa_args args = {.query = &q, .key = &k, .value = &v};
@@ -82,6 +106,7 @@ static void unprepared_and_null(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(matching_calls_pass_and_others_are_named),
+        cmocka_unit_test(cuda_plans_cover_any_one_cuda_device),
         cmocka_unit_test(unprepared_and_null),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

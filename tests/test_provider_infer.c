@@ -17,6 +17,7 @@
 #include "core/alloc.h"
 #include "provider/provider.h"
 #include "provider_fixtures.h"
+#include "sdpa/cuda_backend.h"
 #include "sdpa/problem.h"
 
 /* ---- a kernel spy: what the provider hands its kernel (the seed's tests patch flash_attn_func the same way) */
@@ -28,6 +29,7 @@ static struct {
     bool is_causal, has_scale, enable_gqa;
     double scale;
     bool has_mask;
+    void *stream_seen;
 } seen;
 
 static af_status spy_kernel(const af_sdpa_args *args, af_tensor *out, af_tensor *lse) {
@@ -457,20 +459,42 @@ static void lse_passes_through(void **state) {
     call_free(&c);
 }
 
+#define CUDA_PLAN "{'type': 'FlashAttention4KernelProvider', 'version': 1, 'qkv_source': 'positional_qkv', " \
+                  "'flash_kwargs': {'causal': false}, 'copy_free_layout': true, 'backend': 'cuda'}"
+
+/* The loader's own message for this machine (no library here, or no driver): what a cuda plan must report. */
+static void loader_message(char *text, size_t size) {
+    const af_cuda_backend_ops *ops;
+    assert_int_equal(af_cuda_backend_load(&ops), AF_ERR_RUNTIME_UNAVAILABLE);
+    snprintf(text, size, "%s", af_last_error());
+    assert_true(text[0] != '\0');
+}
+
+static void set_device(call_data *c, af_device device) {
+    c->q.view.device = c->k.view.device = c->v.view.device = c->out.view.device = device;
+}
+
 static void cuda_plans_load_their_backend_lazily(void **state) {
     (void)state;
-    af_provider *p = NULL;
-    assert_int_equal(fx_plan_from("{'type': 'FlashAttention4KernelProvider', 'version': 1, 'qkv_source': 'positional_qkv', "
-                                  "'flash_kwargs': {'causal': false}, 'copy_free_layout': true, 'backend': 'cuda'}", &p), AF_OK);
-    assert_non_null(strstr(af_provider_name(p), "(cuda, not loaded)"));
     unsetenv("ATTNFORGE_CUDA_LIBRARY");
+    char expected[2048];
+    loader_message(expected, sizeof expected);
+    af_provider *p = NULL;
+    assert_int_equal(fx_plan_from(CUDA_PLAN, &p), AF_OK);
+    char name[128];
+    snprintf(name, sizeof name, "attnforge FlashAttention-4 (cuda) %s", AF_VERSION_STRING);
+    assert_string_equal(af_provider_name(p), name);
     assert_int_equal(af_provider_load_runtime_dependencies(p), AF_ERR_RUNTIME_UNAVAILABLE);
-    assert_non_null(strstr(af_last_error(), "CUDA backend is not available"));
-    assert_non_null(strstr(af_last_error(), "libattnforge_cuda.so"));
-    assert_non_null(strstr(af_last_error(), "ATTNFORGE_CUDA_LIBRARY"));
+    assert_string_equal(af_last_error(), expected);
+    /* CUDA tensors that match the plan: the plan's backend is needed, and missing; nothing is read or written
+     * (the data pointers are host memory here, which a CUDA kernel must never be handed) */
     call_data c;
-    call_make(&c, AF_F32, Q_SHAPE, KV_SHAPE, true, 90);
+    call_make(&c, AF_F16, Q_SHAPE, KV_SHAPE, true, 90);
+    set_device(&c, (af_device){AF_DEVICE_CUDA, 1});
     assert_int_equal(af_provider_infer(p, &c.args, AF_QKV_POSITIONAL, &c.out.view, NULL), AF_ERR_RUNTIME_UNAVAILABLE);
+    assert_string_equal(af_last_error(), expected);
+    assert_int_equal(af_provider_check_call(p, &c.args, AF_QKV_POSITIONAL), AF_OK);   /* the guard accepts it */
+    assert_false(af_provider_runtime_loaded(p));
     /* a library that is not an attnforge backend */
     setenv("ATTNFORGE_CUDA_LIBRARY", "libm.so.6", 1);
     assert_int_equal(af_provider_load_runtime_dependencies(p), AF_ERR_RUNTIME_UNAVAILABLE);
@@ -479,6 +503,94 @@ static void cuda_plans_load_their_backend_lazily(void **state) {
     assert_false(af_provider_runtime_loaded(p));
     call_free(&c);
     af_provider_free(p);
+}
+
+/* The guard reads af_tensor.device: CPU tensors under a cuda plan (and CUDA tensors under a cpu plan) run on the
+ * general path, af_sdpa where the tensors live, without the plan's backend. */
+static void calls_on_the_other_device_take_the_general_path(void **state) {
+    (void)state;
+    unsetenv("ATTNFORGE_CUDA_LIBRARY");
+    af_provider *p = NULL;
+    assert_int_equal(fx_plan_from(CUDA_PLAN, &p), AF_OK);
+    af_provider_set_kernel(p, spy_kernel);
+    call_data c;
+    call_make(&c, AF_F32, Q_SHAPE, KV_SHAPE, true, 91);
+    assert_int_equal(af_provider_check_call(p, &c.args, AF_QKV_POSITIONAL), AF_ERR_PLAN_MISMATCH);
+    assert_non_null(strstr(af_last_error(), "query, key and value are on cpu, the plan runs on cuda"));
+    assert_int_equal(af_provider_infer(p, &c.args, AF_QKV_POSITIONAL, &c.out.view, NULL), AF_OK);
+    check_against_reference(&c, &c.args);
+    assert_int_equal(fx_log_count("(query, key and value are on cpu, the plan runs on cuda); running it on the "
+                                  "general path"), 1);
+    af_provider_stats stats = af_provider_get_stats(p);
+    assert_int_equal(stats.general_calls, 1);
+    assert_int_equal(stats.plan_calls, 0);
+    assert_false(af_provider_runtime_loaded(p));   /* the CPU call never needed the CUDA backend */
+    af_provider_free(p);
+
+    /* a cpu plan and CUDA tensors: the general path is af_sdpa on the CUDA backend, unavailable here */
+    p = provider_for(&c.args, AF_QKV_POSITIONAL);
+    char expected[2048];
+    loader_message(expected, sizeof expected);
+    set_device(&c, (af_device){AF_DEVICE_CUDA, 0});
+    assert_int_equal(af_provider_check_call(p, &c.args, AF_QKV_POSITIONAL), AF_ERR_PLAN_MISMATCH);
+    assert_non_null(strstr(af_last_error(), "query, key and value are on cuda:0, the plan runs on cpu"));
+    seen.calls = 0;
+    assert_int_equal(af_provider_infer(p, &c.args, AF_QKV_POSITIONAL, &c.out.view, NULL), AF_ERR_RUNTIME_UNAVAILABLE);
+    assert_string_equal(af_last_error(), expected);
+    assert_int_equal(seen.calls, 1);   /* handed on unchanged: the call's own arguments */
+    assert_int_equal(af_provider_get_stats(p).general_calls, 1);
+
+    /* q/k/v on two devices: named by the guard, refused by af_sdpa (nothing runs) */
+    c.k.view.device = (af_device){AF_DEVICE_CUDA, 1};
+    assert_int_equal(af_provider_check_call(p, &c.args, AF_QKV_POSITIONAL), AF_ERR_PLAN_MISMATCH);
+    assert_non_null(strstr(af_last_error(), "q/k/v are on different devices: query cuda:0, key cuda:1, value cuda:0"));
+    assert_int_equal(af_provider_infer(p, &c.args, AF_QKV_POSITIONAL, &c.out.view, NULL), AF_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(af_last_error(), "key"));
+    af_provider_free(p);
+    call_free(&c);
+}
+
+/* A cuda plan hands the kernel the caller's views and stream, also for a copy plan (no host copy of device
+ * memory); the spy stands in for the CUDA kernels and sees descriptors only. */
+static af_status descriptor_spy(const af_sdpa_args *args, af_tensor *out, af_tensor *lse) {
+    (void)out;
+    (void)lse;
+    seen.calls++;
+    for (int i = 0; i < 3; i++) seen.data[i] = (&args->query)[i]->data;
+    seen.is_causal = args->is_causal;
+    seen.has_scale = args->has_scale;
+    seen.scale = args->scale;
+    seen.stream_seen = args->stream;
+    return AF_OK;
+}
+
+static void cuda_plans_pass_views_and_stream_through(void **state) {
+    (void)state;
+    af_provider *p = NULL;
+    assert_int_equal(fx_plan_from("{'type': 'FlashAttention4KernelProvider', 'version': 1, 'qkv_source': 'keyword_qkv', "
+                                  "'flash_kwargs': {'causal': true, 'softmax_scale': 0.25}, 'copy_free_layout': false, "
+                                  "'backend': 'cuda'}", &p), AF_OK);
+    af_provider_set_kernel(p, descriptor_spy);
+    call_data c;
+    call_make(&c, AF_F16, Q_SHAPE, KV_SHAPE, false, 92);   /* contiguous HND: the CPU copy plan would copy */
+    set_device(&c, (af_device){AF_DEVICE_CUDA, 3});
+    c.args.is_causal = true;
+    c.args.has_scale = true;
+    c.args.scale = 0.25;
+    c.args.stream = (void *)0x5eed;
+    seen.calls = 0;
+    assert_int_equal(af_provider_infer(p, &c.args, AF_QKV_KEYWORD, &c.out.view, NULL), AF_OK);
+    assert_int_equal(seen.calls, 1);
+    assert_ptr_equal(seen.data[0], c.q.view.data);
+    assert_ptr_equal(seen.data[2], c.v.view.data);
+    assert_ptr_equal(seen.stream_seen, (void *)0x5eed);
+    assert_true(seen.is_causal && seen.has_scale && seen.scale == 0.25);
+    af_provider_stats stats = af_provider_get_stats(p);
+    assert_int_equal(stats.plan_calls, 1);
+    assert_int_equal(stats.copied_tensors, 0);
+    assert_int_equal(stats.scratch_allocations + stats.temporary_allocations, 0);
+    af_provider_free(p);
+    call_free(&c);
 }
 
 static void load_runtime_dependencies_is_idempotent(void **state) {
@@ -605,6 +717,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(broadcast_views_are_copied, setup, teardown),
         cmocka_unit_test_setup_teardown(lse_passes_through, setup, teardown),
         cmocka_unit_test_setup_teardown(cuda_plans_load_their_backend_lazily, setup, teardown),
+        cmocka_unit_test_setup_teardown(calls_on_the_other_device_take_the_general_path, setup, teardown),
+        cmocka_unit_test_setup_teardown(cuda_plans_pass_views_and_stream_through, setup, teardown),
         cmocka_unit_test_setup_teardown(load_runtime_dependencies_is_idempotent, setup, teardown),
         cmocka_unit_test_setup_teardown(concurrent_infer_on_one_provider, setup, teardown),
         cmocka_unit_test_setup_teardown(allocation_failures_are_reported, setup, teardown),

@@ -264,16 +264,56 @@ static void argument_types_are_checked(void **state) {
     assert_false(plan.has_softmax_scale);
 }
 
-static void devices_other_than_cpu_are_refused(void **state) {
+#define ON(device) "{'shape': [1,2,8,64], 'dtype': 'float16', 'device': '" device "'}"
+#define ALL_ON(device, kwargs) POS(ON(device), ON(device), ON(device), kwargs)
+
+/* cuda samples give cuda plans (no GPU needed, nothing loaded); one device per sample; other devices by name */
+static void cuda_samples_give_cuda_plans(void **state) {
     (void)state;
-    expect_refused(SAMPLES(POS("{'shape': [1,2,8,64], 'dtype': 'float16', 'device': 'cuda:0'}", "{'shape': [1,2,8,64], 'dtype': 'float16', 'device': 'cuda:0'}",
-                               "{'shape': [1,2,8,64], 'dtype': 'float16', 'device': 'cuda:0'}", "")),
-                   "has no CUDA backend in this build (samples[0]: query is on 'cuda:0'; attnforge's CUDA backend (libattnforge_cuda.so) is not built yet");
-    expect_refused(SAMPLES(POS(T("[1,2,8,16]"), "{'shape': [1,2,8,16], 'dtype': 'float32', 'device': 'cuda'}", T("[1,2,8,16]"), "")),
-                   "key is on 'cuda'");
-    expect_refused(SAMPLES(POS(T("[1,2,8,16]"), T("[1,2,8,16]"), "{'shape': [1,2,8,16], 'dtype': 'float32', 'device': 'mps'}", "")),
-                   "supports device 'cpu' only (samples[0]: value is on 'mps')");
-    expect_plan(SAMPLES(POS("{'shape': [1,2,8,16], 'dtype': 'float32', 'device': 'cpu'}", T("[1,2,8,16]"), T("[1,2,8,16]"), "")));
+    af_plan plan = expect_plan(SAMPLES(ALL_ON("cuda:0", "'is_causal': true")));
+    assert_int_equal(plan.backend, AF_BACKEND_CUDA);
+    assert_true(plan.causal);
+    assert_false(plan.copy_free_layout);   /* the seed's flag, recorded as for the CPU */
+    assert_int_equal(fx_log_count("must copy query, key, and value"), 0);   /* no host copies on CUDA: no warning */
+    assert_int_equal(expect_plan(SAMPLES(ALL_ON("cuda", ""))).backend, AF_BACKEND_CUDA);   /* "cuda" = "cuda:0" */
+    assert_int_equal(expect_plan(SAMPLES(ALL_ON("cpu", ""))).backend, AF_BACKEND_CPU);
+    assert_int_equal(expect_plan(SAMPLES(MHA)).backend, AF_BACKEND_CPU);   /* no device: the CPU */
+    /* the plan keeps the backend, not the index: samples from two GPUs (a model split across them) agree */
+    assert_int_equal(expect_plan(SAMPLES2(ALL_ON("cuda:0", ""), ALL_ON("cuda:1", ""))).backend, AF_BACKEND_CUDA);
+    /* prepare loads no backend for a cuda plan either */
+    af_samples *samples = fx_samples(SAMPLES(ALL_ON("cuda:3", "")));
+    af_provider *p = af_provider_new();
+    assert_true(af_provider_prepare(p, samples));
+    assert_false(af_provider_runtime_loaded(p));
+    af_provider_free(p);
+    af_samples_free(samples);
+}
+
+static void devices_are_checked(void **state) {
+    (void)state;
+    expect_refused(SAMPLES(POS(ON("cuda:0"), ON("cpu"), ON("cuda:0"), "")),
+                   "requires query, key and value on one device (samples[0]: query is on 'cuda:0', key on 'cpu', "
+                   "value on 'cuda:0')");
+    expect_refused(SAMPLES(POS(ON("cuda:0"), ON("cuda:1"), ON("cuda:1"), "")),
+                   "requires query, key and value on one device (samples[0]: query is on 'cuda:0', key on 'cuda:1'");
+    expect_refused(SAMPLES(POS(ON("cuda:0"), ON("cuda:0"), ON("mps"), "")),
+                   "supports devices 'cpu' and 'cuda' only (samples[0]: value is on 'mps')");
+    expect_refused(SAMPLES(ALL_ON("xpu:0", "")), "supports devices 'cpu' and 'cuda' only (samples[0]: query is on 'xpu:0')");
+    expect_refused(SAMPLES(ALL_ON("cuda:x", "")), "query is on 'cuda:x'");
+    expect_refused(SAMPLES(ALL_ON("cuda:", "")), "query is on 'cuda:'");
+    expect_refused(SAMPLES(ALL_ON("cudax", "")), "query is on 'cudax'");
+    expect_refused(SAMPLES(ALL_ON("cuda:-1", "")), "query is on 'cuda:-1'");
+    /* cpu and cuda samples are two backends: not one plan */
+    expect_refused(SAMPLES2(ALL_ON("cpu", ""), ALL_ON("cuda:0", "")),
+                   "requires consistent representative samples (samples[1] differs from samples[0]: backend cpu vs cuda)");
+    expect_refused(SAMPLES2(ALL_ON("cuda:1", ""), MHA), "(samples[1] differs from samples[0]: ");
+    /* the kernel checks apply on CUDA too */
+    expect_refused(SAMPLES(POS("{'shape': [1,2,8,16], 'dtype': 'float64', 'device': 'cuda:0'}",
+                               "{'shape': [1,2,8,16], 'dtype': 'float64', 'device': 'cuda:0'}",
+                               "{'shape': [1,2,8,16], 'dtype': 'float64', 'device': 'cuda:0'}", "")),
+                   "requires float32, float16 or bfloat16 query, key and value");
+    /* the seed's own rules still come first */
+    expect_refused(SAMPLES(ALL_ON("mps", "'dropout_p': 0.1")), "only supports dropout_p=0.0");
 }
 
 static void dtypes_the_kernel_lacks_are_refused(void **state) {
@@ -455,6 +495,46 @@ static void samples_from_c_calls(void **state) {
     af_samples_free(samples);
 }
 
+/* add_call with no device name records each tensor's own af_device; get_call gives it back in the views */
+static void samples_record_where_tensors_live(void **state) {
+    (void)state;
+    af_tensor q = af_tensor_contiguous(NULL, AF_BF16, 4, (int64_t[]){1, 2, 8, 64});
+    af_tensor kv = q;
+    q.device = (af_device){AF_DEVICE_CUDA, 2};
+    kv.device = q.device;
+    af_sdpa_args args = {.query = &q, .key = &kv, .value = &kv};
+    af_samples *samples = af_samples_new();
+    assert_int_equal(af_samples_add_call(samples, &args, AF_QKV_POSITIONAL, NULL, 1), AF_OK);
+    char *json = NULL;
+    assert_int_equal(af_samples_to_json(samples, &json), AF_OK);
+    assert_non_null(strstr(json, "\"device\": \"cuda:2\""));
+    af_free(json);
+    af_sample_call call;
+    assert_int_equal(af_samples_get_call(samples, 0, &call), AF_OK);
+    assert_string_equal(call.device, "cuda:2");
+    assert_int_equal(call.query.device.type, AF_DEVICE_CUDA);
+    assert_int_equal(call.value.device.index, 2);
+    af_provider *p = af_provider_new();
+    assert_true(af_provider_prepare(p, samples));
+    af_plan plan;
+    assert_int_equal(af_provider_get_plan(p, &plan), AF_OK);
+    assert_int_equal(plan.backend, AF_BACKEND_CUDA);
+    /* key on the CPU: recorded as such, refused as two devices */
+    af_tensor cpu_key = af_tensor_contiguous(NULL, AF_BF16, 4, (int64_t[]){1, 2, 8, 64});
+    args.key = &cpu_key;
+    assert_int_equal(af_samples_add_call(samples, &args, AF_QKV_POSITIONAL, NULL, 1), AF_OK);
+    assert_false(af_provider_prepare(p, samples));
+    assert_non_null(strstr(af_provider_reason(p), "query is on 'cuda:2', key on 'cpu', value on 'cuda:2'"));
+    /* an explicit name wins (the Python recorder passes str(tensor.device)); a device attnforge lacks is kept by
+     * name and refused by get_call */
+    args.key = &kv;
+    assert_int_equal(af_samples_add_call(samples, &args, AF_QKV_POSITIONAL, "mps", 1), AF_OK);
+    assert_int_equal(af_samples_get_call(samples, 2, &call), AF_ERR_UNSUPPORTED);
+    assert_non_null(strstr(af_last_error(), "samples[2].query: device 'mps' is not one attnforge runs on"));
+    af_provider_free(p);
+    af_samples_free(samples);
+}
+
 static void get_call_refuses_what_args_cannot_express(void **state) {
     (void)state;
     af_samples *s = fx_samples(SAMPLES5("{'args': [" Q ", " KV "]}", POS("null", KV, KV, ""), POS(Q, KV, KV, "'x': 1"),
@@ -494,7 +574,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(samples_must_agree_on_one_plan, setup, teardown),
         cmocka_unit_test_setup_teardown(checks_run_in_the_seeds_order, setup, teardown),
         cmocka_unit_test_setup_teardown(argument_types_are_checked, setup, teardown),
-        cmocka_unit_test_setup_teardown(devices_other_than_cpu_are_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(cuda_samples_give_cuda_plans, setup, teardown),
+        cmocka_unit_test_setup_teardown(devices_are_checked, setup, teardown),
         cmocka_unit_test_setup_teardown(dtypes_the_kernel_lacks_are_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(head_dims_strides_and_sizes_are_checked, setup, teardown),
         cmocka_unit_test_setup_teardown(copy_free_rule, setup, teardown),
@@ -504,6 +585,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(name_and_supported_function, setup, teardown),
         cmocka_unit_test_setup_teardown(samples_from_c_calls, setup, teardown),
         cmocka_unit_test_setup_teardown(get_call_refuses_what_args_cannot_express, setup, teardown),
+        cmocka_unit_test_setup_teardown(samples_record_where_tensors_live, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -76,6 +76,9 @@ static af_status read_tensor(const af_value *value, const char *name, size_t ind
         return af_fail(AF_ERR_UNSUPPORTED, "samples[%zu].%s: dtype %s is not one attnforge computes in", index, name,
                        value->tensor.dtype_name);
     *out = value->tensor.view;
+    if (!af_device_from_name(value->tensor.device, &out->device))   /* the view says where the call runs */
+        return af_fail(AF_ERR_UNSUPPORTED, "samples[%zu].%s: device '%s' is not one attnforge runs on (cpu, cuda:N)",
+                       index, name, value->tensor.device);
     return AF_OK;
 }
 

@@ -13,12 +13,39 @@
 #include "provider/provider.h"
 #include "sdpa/problem.h"
 
+static const char *const qkv_names[3] = {"query", "key", "value"};
+
+/* q/k/v on one device of the plan's backend (any CUDA device for a cuda plan); else true and why not. */
+static bool device_mismatch(const af_plan *plan, const af_tensor *const qkv[3], char *why, size_t size) {
+    char names[3][AF_DEVICE_NAME_MAX];
+    for (int i = 0; i < 3; i++) af_device_name(qkv[i]->device, names[i], sizeof names[i]);
+    for (int i = 1; i < 3; i++)
+        if (qkv[i]->device.type != qkv[0]->device.type || qkv[i]->device.index != qkv[0]->device.index) {
+            snprintf(why, size, "q/k/v are on different devices: query %s, key %s, value %s", names[0], names[1],
+                     names[2]);
+            return true;
+        }
+    if (qkv[0]->device.type != AF_DEVICE_CPU && qkv[0]->device.type != AF_DEVICE_CUDA) {
+        snprintf(why, size, "query is on device type %d, the plan runs on %s", (int)qkv[0]->device.type,
+                 af_backend_name(plan->backend));
+        return true;
+    }
+    const af_backend runs_on = qkv[0]->device.type == AF_DEVICE_CUDA ? AF_BACKEND_CUDA : AF_BACKEND_CPU;
+    if (runs_on != plan->backend) {
+        snprintf(why, size, "query, key and value are on %s, the plan runs on %s", names[0],
+                 af_backend_name(plan->backend));
+        return true;
+    }
+    return false;
+}
+
 /* Why the call cannot run as the plan (into `why`), or NULL when it matches. */
 static const char *plan_mismatch(const af_plan *plan, const af_sdpa_args *a, af_qkv_source source, char *why,
                                  size_t size) {
     const af_tensor *qkv[3] = {a->query, a->key, a->value};
     for (int i = 0; i < 3; i++)
         if (!qkv[i] || qkv[i]->ndim != 4) return "q/k/v are not three 4-D tensors";   /* af_sdpa says which */
+    if (device_mismatch(plan, qkv, why, size)) return why;
     if (source != plan->qkv_source) {
         snprintf(why, size, "q/k/v passed as %s, the plan has %s", af_qkv_source_name(source),
                  af_qkv_source_name(plan->qkv_source));
@@ -50,9 +77,8 @@ static const char *plan_mismatch(const af_plan *plan, const af_sdpa_args *a, af_
     if (plan->copy_free_layout)
         for (int i = 0; i < 3; i++)
             if (!af_hnd_is_nhd_contiguous(qkv[i]->shape, qkv[i]->strides)) {
-                static const char *const names[3] = {"query", "key", "value"};
                 snprintf(why, size, "%s is no longer an HND view of NHD-contiguous memory (the plan is copy-free)",
-                         names[i]);
+                         qkv_names[i]);
                 return why;
             }
     return NULL;
@@ -120,24 +146,29 @@ af_status af_provider_infer(af_provider *p, const af_sdpa_args *args, af_qkv_sou
     if (!p->prepared)
         return af_fail(AF_ERR_NOT_PREPARED, "Kernel provider %s must be prepared before inference", af_provider_name(p));
     if (!args) return af_fail(AF_ERR_INVALID_ARGUMENT, "args: must not be NULL");
-    const af_backend_ops *backend;
-    af_status st = af_provider_backend(p, &backend);
-    if (st != AF_OK) return st;
-    const af_kernel_fn kernel = p->kernel_override ? p->kernel_override : backend->sdpa;
 
     char why[256];
     const char *mismatch = plan_mismatch(&p->plan, args, source, why, sizeof why);
-    if (mismatch) {
+    if (mismatch) {   /* af_sdpa runs it where its tensors live: a cpu call never needs a cuda plan's backend */
         af_log(AF_LOG_DEBUG, "FlashAttention-4 plan does not match this call (%s); running it on the general path",
                mismatch);
         atomic_fetch_add(&p->general_calls, 1);
-        return kernel(args, out, lse);
+        return (p->kernel_override ? p->kernel_override : af_sdpa)(args, out, lse);
+    }
+    af_kernel_fn kernel = p->kernel_override;   /* a test's stand-in replaces the backend, which is then not loaded */
+    if (!kernel) {
+        const af_backend_ops *backend;
+        af_status st = af_provider_backend(p, &backend);
+        if (st != AF_OK) return st;
+        kernel = backend->sdpa;
     }
     atomic_fetch_add(&p->plan_calls, 1);
     const af_sdpa_args planned = {.query = args->query, .key = args->key, .value = args->value,
                                   .is_causal = p->plan.causal, .has_scale = p->plan.has_softmax_scale,
-                                  .scale = p->plan.softmax_scale, .enable_gqa = p->plan.gqa};
-    if (p->plan.copy_free_layout) return kernel(&planned, out, lse);   /* the caller's views, no copy */
+                                  .scale = p->plan.softmax_scale, .enable_gqa = p->plan.gqa, .stream = args->stream};
+    /* copy-free, or CUDA: the kernels read the caller's views as they are (the CUDA backend copies on the device
+     * what its tensor-core path cannot read); only the CPU copy plan makes host NHD copies */
+    if (p->plan.copy_free_layout || p->plan.backend == AF_BACKEND_CUDA) return kernel(&planned, out, lse);
     return run_with_nhd_copies(p, kernel, &planned, out, lse);
 }
 

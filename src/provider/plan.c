@@ -128,18 +128,26 @@ static bool is_float(const af_tensor_desc *t) {
     return t->dtype_known && (t->view.dtype == AF_F32 || t->view.dtype == AF_F16 || t->view.dtype == AF_BF16);
 }
 
-/* attnforge's own checks: what the CPU kernel runs (the seed leaves these to FA4 at call time). */
-static bool check_kernel_limits(const af_value *qkv[3], af_refusal *why) {
+/* Where the sample runs: q, k and v all on the CPU, or all on one CUDA device (the plan keeps the backend, not
+ * the device index: a plan made on cuda:0 runs on whichever CUDA device a call's tensors are on). */
+static bool check_device(const af_tensor_desc *t[3], af_backend *backend, af_refusal *why) {
+    af_device device[3];
+    for (int i = 0; i < 3; i++)
+        if (!af_device_from_name(t[i]->device, &device[i]))
+            return refuse(why, "supports devices 'cpu' and 'cuda' only", "%s is on '%s'", qkv_names[i], t[i]->device);
+    for (int i = 1; i < 3; i++)
+        if (device[i].type != device[0].type || device[i].index != device[0].index)
+            return refuse(why, "requires query, key and value on one device",
+                          "query is on '%s', key on '%s', value on '%s'", t[0]->device, t[1]->device, t[2]->device);
+    *backend = device[0].type == AF_DEVICE_CUDA ? AF_BACKEND_CUDA : AF_BACKEND_CPU;
+    return true;
+}
+
+/* attnforge's own checks: what the kernels run (the seed leaves these to FA4 at call time). The CUDA backend
+ * runs everything the CPU path does (f32 and head dims above 256 on its slower CUDA-core path). */
+static bool check_kernel_limits(const af_value *qkv[3], af_backend *backend, af_refusal *why) {
     const af_tensor_desc *t[3] = {&qkv[0]->tensor, &qkv[1]->tensor, &qkv[2]->tensor};
-    for (int i = 0; i < 3; i++) {
-        const char *device = t[i]->device;
-        if (strcmp(device, "cpu") == 0) continue;
-        if (strncmp(device, "cuda", 4) == 0 && (device[4] == '\0' || device[4] == ':'))
-            return refuse(why, "has no CUDA backend in this build",
-                          "%s is on '%s'; attnforge's CUDA backend (libattnforge_cuda.so) is not built yet, "
-                          "so only cpu samples can be prepared", qkv_names[i], device);
-        return refuse(why, "supports device 'cpu' only", "%s is on '%s'", qkv_names[i], device);
-    }
+    if (!check_device(t, backend, why)) return false;
     if (!is_float(t[0]))
         return refuse(why, "requires float32, float16 or bfloat16 query, key and value", "query is %s",
                       t[0]->dtype_name);
@@ -220,7 +228,8 @@ bool af_sample_plan(const af_sample *s, af_plan *plan, af_refusal *why) {
     af_sample_qkv(s, source, qkv);
     bool uses_gqa = false;
     if (!validate_qkv(qkv, enable_gqa, &uses_gqa, why)) return false;
-    if (!check_kernel_limits(qkv, why)) return false;
+    af_backend backend = AF_BACKEND_CPU;
+    if (!check_kernel_limits(qkv, &backend, why)) return false;
 
     plan->qkv_source = source;
     plan->causal = causal;
@@ -230,7 +239,7 @@ bool af_sample_plan(const af_sample *s, af_plan *plan, af_refusal *why) {
     plan->copy_free_layout = true;
     for (int i = 0; i < 3; i++)
         plan->copy_free_layout &= af_hnd_is_nhd_contiguous(qkv[i]->tensor.view.shape, qkv[i]->tensor.view.strides);
-    plan->backend = AF_BACKEND_CPU;
+    plan->backend = backend;
     return true;
 }
 

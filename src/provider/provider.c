@@ -85,7 +85,8 @@ bool af_provider_prepare(af_provider *p, const af_samples *samples) {
     p->plan = first;
     p->prepared = true;
     p->reason[0] = '\0';
-    if (!first.copy_free_layout) af_log(AF_LOG_WARNING, SEED_COPY_WARNING);
+    /* the seed's warning is about host copies: attnforge's CUDA kernels read HND views where they lie */
+    if (!first.copy_free_layout && first.backend == AF_BACKEND_CPU) af_log(AF_LOG_WARNING, SEED_COPY_WARNING);
     return true;
 }
 
@@ -124,8 +125,7 @@ const char *af_provider_name(const af_provider *cp) {
     af_provider *p = (af_provider *)cp;   /* the name is a cache, not part of the plan */
     pthread_mutex_lock(&p->lock);
     if (p->plan.backend == AF_BACKEND_CUDA) {
-        snprintf(p->name, sizeof p->name, "attnforge FlashAttention-4 (cuda, %s) %s",
-                 p->backend ? "loaded" : "not loaded", AF_VERSION_STRING);
+        snprintf(p->name, sizeof p->name, "attnforge FlashAttention-4 (cuda) %s", AF_VERSION_STRING);
         p->name_isa = NULL;
     } else {
         const char *isa = af_get_isa();

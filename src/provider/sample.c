@@ -39,18 +39,47 @@ void af_contiguous_strides(const int64_t *shape, int ndim, int64_t *strides) {
     }
 }
 
+bool af_device_from_name(const char *name, af_device *device) {
+    memset(device, 0, sizeof *device);
+    if (strcmp(name, "cpu") == 0) return true;
+    if (strncmp(name, "cuda", 4) != 0) return false;
+    long index = 0;
+    if (name[4] == ':') {   /* digits only, as torch.device writes them */
+        const char *digits = name + 5;
+        if (*digits == '\0' || strspn(digits, "0123456789") != strlen(digits) || strlen(digits) > 9) return false;
+        index = strtol(digits, NULL, 10);
+    } else if (name[4] != '\0') {
+        return false;
+    }
+    device->type = AF_DEVICE_CUDA;
+    device->index = (int)index;
+    return true;
+}
+
+void af_device_name(af_device device, char *name, size_t size) {
+    if (device.type == AF_DEVICE_CUDA) snprintf(name, size, "cuda:%d", device.index);
+    else snprintf(name, size, "cpu");
+}
+
 af_tensor_desc af_tensor_desc_from_view(const af_tensor *view, const char *device) {
     af_tensor_desc d;
     memset(&d, 0, sizeof d);
     d.view = *view;
     d.view.data = NULL;
+    char own[AF_DEVICE_NAME_MAX];
+    if (!device) {
+        af_device_name(view->device, own, sizeof own);
+        device = own;
+    } else if (!af_device_from_name(device, &d.view.device)) {
+        memset(&d.view.device, 0, sizeof d.view.device);   /* a device attnforge lacks: prepare refuses it by name */
+    }
     d.dtype_known = true;
     d.dtype_name = af_dtype_name(view->dtype);
     int64_t contiguous[AF_MAX_DIMS];
     af_contiguous_strides(view->shape, view->ndim, contiguous);   /* ndim was checked by the caller */
     d.strides_given = memcmp(contiguous, view->strides, sizeof(int64_t) * (size_t)view->ndim) != 0;
-    d.device_given = device && strcmp(device, "cpu") != 0;
-    snprintf(d.device, sizeof d.device, "%s", device ? device : "cpu");
+    d.device_given = strcmp(device, "cpu") != 0;
+    snprintf(d.device, sizeof d.device, "%s", device);
     return d;
 }
 

@@ -74,7 +74,14 @@ const char *af_torch_dtype_name(const char *name, bool *known, af_dtype *dtype);
  * the size), so absurd shapes never overflow. */
 void af_contiguous_strides(const int64_t *shape, int ndim, int64_t *strides);
 
-/* A tensor descriptor with contiguous strides (or the view's own when strides_given). */
+/* A tensor descriptor with contiguous strides (or the view's own when strides_given). `device` NULL: the
+ * view's own af_device ("cpu", "cuda:N"); else that name, and view.device from it where it is one of ours. */
 af_tensor_desc af_tensor_desc_from_view(const af_tensor *view, const char *device);
+
+/* PyTorch device names attnforge runs on: "cpu", "cuda" (read as "cuda:0") and "cuda:N". false for any other
+ * name ("mps", "xpu", "cuda:x", ...), leaving *device the CPU. */
+bool af_device_from_name(const char *name, af_device *device);
+/* "cpu" or "cuda:N", as str(tensor.device) writes them. */
+void af_device_name(af_device device, char *name, size_t size);
 
 #endif

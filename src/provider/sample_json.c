@@ -80,6 +80,7 @@ static af_status read_tensor(json_t *obj, const char *path, af_tensor_desc *t) {
                            field, AF_DEVICE_NAME_MAX - 1);
         snprintf(t->device, sizeof t->device, "%s", json_string_value(device));
         t->device_given = true;
+        (void)af_device_from_name(t->device, &t->view.device);   /* another device stays a name: prepare refuses it */
     }
     return AF_OK;
 }
