@@ -1,17 +1,13 @@
-/* Backends, loaded lazily: the CPU kernels in this library, the CUDA one from its own shared object. */
+/* Backends, loaded lazily: the CPU kernels in this library, the CUDA one from its own shared object
+ * (src/sdpa/cuda_backend.c opens it). */
 #ifndef AF_PROVIDER_RUNTIME_H
 #define AF_PROVIDER_RUNTIME_H
 #include "attnforge.h"
 
-#define AF_BACKEND_ABI_VERSION 1
-#define AF_CUDA_LIBRARY "libattnforge_cuda.so"        /* ATTNFORGE_CUDA_LIBRARY overrides the path */
-#define AF_CUDA_ENTRY "af_cuda_backend"               /* const af_backend_ops *af_cuda_backend(void) */
-
 typedef af_status (*af_kernel_fn)(const af_sdpa_args *args, af_tensor *out, af_tensor *lse);
 
-/* What a backend gives the provider; a separately built backend returns it from AF_CUDA_ENTRY. */
+/* What a loaded backend gives the provider. */
 typedef struct {
-    int abi_version;               /* AF_BACKEND_ABI_VERSION */
     const char *name;              /* "cpu", "cuda" */
     af_kernel_fn sdpa;             /* af_sdpa's contract */
 } af_backend_ops;

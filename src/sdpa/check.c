@@ -5,6 +5,7 @@
 
 #include "core/status.h"
 #include "sdpa/problem.h"
+#include "sdpa/check_device.h"
 
 #define AF_MAX_HEAD_DIM 1024   /* per-thread tiles grow with the head dim; beyond this they stop fitting L2 */
 
@@ -238,5 +239,5 @@ af_status af_sdpa_check(const af_sdpa_args *args, const af_tensor *out, const af
     }
     p->causal = args->is_causal ? AF_CAUSAL_TOP_LEFT : args->causal_bottom_right ? AF_CAUSAL_BOTTOM_RIGHT : AF_CAUSAL_NONE;
     p->scale = args->has_scale ? args->scale : 1.0 / sqrt((double)E);
-    return AF_OK;
+    return af_sdpa_check_device(args, out, lse);
 }

@@ -1,13 +1,34 @@
-/* Public entry points for one SDPA call: check at the boundary, then hand the trusted problem on. */
+/* Public entry points for one SDPA call: check at the boundary, then hand the trusted problem to the kernels of the
+ * device its tensors live on. */
 #include "kernel/flash.h"
+#include "sdpa/cuda_backend.h"
 #include "sdpa/problem.h"
 #include "core/status.h"
+
+/* The CUDA backend: loaded (library, driver, GPU) on first need; the device must exist; CUDA's own text on error. */
+static af_status cuda_forward(const af_problem *p, int device, void *stream) {
+    const af_cuda_backend_ops *ops;
+    af_status st = af_cuda_backend_load(&ops);
+    if (st != AF_OK) return st;
+    char err[1024] = "";
+    int count = 0;
+    int status = ops->probe(&count, err, sizeof err);
+    if (status != AF_OK) return af_fail((af_status)status, "%s", err);
+    if (device >= count)
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "query: on cuda:%d but this machine has %d CUDA device%s (cuda:0..%d)",
+                       device, count, count == 1 ? "" : "s", count - 1);
+    status = ops->forward(p, device, stream, err, sizeof err);
+    if (status != AF_OK)
+        return af_fail((af_status)status, "%s", err[0] ? err : "the CUDA backend failed without a message");
+    return AF_OK;
+}
 
 af_status af_sdpa(const af_sdpa_args *args, af_tensor *out, af_tensor *lse) {
     af_clear_error();
     af_problem p;
     af_status st = af_sdpa_check(args, out, lse, &p);
     if (st != AF_OK) return st;
+    if (args->query->device.type == AF_DEVICE_CUDA) return cuda_forward(&p, args->query->device.index, args->stream);
     return af_flash_forward(&p);
 }
 
@@ -16,5 +37,9 @@ af_status af_sdpa_reference(const af_sdpa_args *args, af_tensor *out, af_tensor 
     af_problem p;
     af_status st = af_sdpa_check(args, out, lse, &p);
     if (st != AF_OK) return st;
+    if (args->query->device.type != AF_DEVICE_CPU)
+        return af_fail(AF_ERR_UNSUPPORTED, "query: on cuda:%d; the reference reads host memory and runs on the CPU "
+                       "only (copy the tensors to the host, or compare af_sdpa's output there)",
+                       args->query->device.index);
     return af_reference_forward(&p);
 }

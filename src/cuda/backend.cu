@@ -1,0 +1,380 @@
+/* libattnforge_cuda.so: the host side of attnforge's CUDA backend (src/sdpa/cuda_backend.h). It checks what only
+ * CUDA can tell (driver, devices, where each pointer lives), arranges the kernels' preconditions (copying a q/k/v
+ * the tensor-core path cannot read, with a warning) and enqueues the launchers of src/cuda/kernels.h on the
+ * caller's stream. Written in the common subset of C11 and C++17: nvcc builds it for the GPU, and
+ * tests/cuda_emu/cuda_backend_emulated.c includes it into a gcc build against the CPU emulation. */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cuda/kernels.h"
+#include "sdpa/cuda_backend.h"
+
+/* The kernels (engineers K1, K2) land separately; until all of them exist forward() says so. */
+#if __has_include("cuda/attn_mma.cuh") && __has_include("cuda/attn_combine.cuh") && \
+    __has_include("cuda/attn_mma_launch.cuh") && __has_include("cuda/attn_simt.cuh") && \
+    __has_include("cuda/copy_4d.cuh")
+#include "cuda/attn_mma.cuh"
+#include "cuda/attn_combine.cuh"
+#include "cuda/attn_mma_launch.cuh"
+#include "cuda/attn_simt.cuh"
+#include "cuda/copy_4d.cuh"
+#define AF_CUDA_KERNELS_BUILT 1
+#else
+#define AF_CUDA_KERNELS_BUILT 0
+#endif
+
+#ifdef __cplusplus
+#define AF_EXTERN_C extern "C"
+#else
+#define AF_EXTERN_C
+#endif
+
+#define AF_MAX_CUDA_DEVICES 64    /* devices whose attributes are cached; more are read on each call */
+#define AF_MMA_MAX_HEAD_DIM 256   /* the tensor-core path's largest E and Ev */
+#define AF_SCRATCH_ALIGN 256      /* each scratch tensor starts on this boundary (cudaMalloc's own alignment) */
+
+/* ---------------------------------------------------------------- messages */
+static af_cuda_log_fn backend_log;   /* set by libattnforge's loader before the first call */
+
+static void log_message(int level, const char *fmt, ...) {
+    af_cuda_log_fn log = backend_log;
+    if (!log) return;
+    char message[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(message, sizeof message, fmt, ap);
+    va_end(ap);
+    log(level, message);
+}
+
+static int fail(char *err, size_t size, int status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, size, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+/* A CUDA error as an attnforge status with CUDA's own name and text; clears CUDA's sticky last error. */
+static int cuda_fail(char *err, size_t size, cudaError_t e, const char *during) {
+    (void)cudaGetLastError();
+    const char *name = cudaGetErrorName(e);
+    const int status = strcmp(name, "cudaErrorMemoryAllocation") == 0 ? AF_ERR_NO_MEMORY : AF_ERR_INTERNAL;
+    return fail(err, size, status, "CUDA error %s: %s (%s)", name, cudaGetErrorString(e), during);
+}
+
+static void set_log(af_cuda_log_fn log) { backend_log = log; }
+
+/* ---------------------------------------------------------------- driver and devices */
+static int probe(int *device_count, char *err, size_t size) {
+    *device_count = 0;
+    int driver = 0, runtime = 0, count = 0;
+    (void)cudaDriverGetVersion(&driver);   /* 0 when no driver is installed */
+    (void)cudaRuntimeGetVersion(&runtime);
+    const cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) (void)cudaGetLastError();
+    if (driver == 0)
+        return fail(err, size, AF_ERR_RUNTIME_UNAVAILABLE,
+                    "attnforge's CUDA backend found no NVIDIA driver (CUDA error %s: %s): CUDA tensors need the "
+                    "NVIDIA driver (libcuda.so.1) and a GPU; install the driver on a machine with an NVIDIA GPU, or "
+                    "run on CPU tensors", cudaGetErrorName(e), cudaGetErrorString(e));
+    if (e != cudaSuccess && driver < runtime)
+        return fail(err, size, AF_ERR_RUNTIME_UNAVAILABLE,
+                    "attnforge's CUDA backend needs a newer NVIDIA driver: the driver supports CUDA %d.%d, the backend "
+                    "was built with CUDA %d.%d (CUDA error %s: %s); update the driver, or build attnforge with a CUDA "
+                    "toolkit no newer than %d.%d", driver / 1000, driver % 1000 / 10, runtime / 1000,
+                    runtime % 1000 / 10, cudaGetErrorName(e), cudaGetErrorString(e), driver / 1000,
+                    driver % 1000 / 10);
+    if (e != cudaSuccess || count < 1)
+        return fail(err, size, AF_ERR_RUNTIME_UNAVAILABLE,
+                    "attnforge's CUDA backend found no CUDA GPU (driver CUDA %d.%d; %s%s%s): check that the GPU shows "
+                    "in nvidia-smi and that CUDA_VISIBLE_DEVICES does not hide it", driver / 1000, driver % 1000 / 10,
+                    e != cudaSuccess ? cudaGetErrorName(e) : "0 devices", e != cudaSuccess ? ": " : "",
+                    e != cudaSuccess ? cudaGetErrorString(e) : "");
+    *device_count = count;
+    return AF_OK;
+}
+
+static pthread_mutex_t device_lock = PTHREAD_MUTEX_INITIALIZER;
+static af_cuda_device device_cache[AF_MAX_CUDA_DEVICES];
+static bool device_cached[AF_MAX_CUDA_DEVICES];
+
+static int read_device(int device, af_cuda_device *dev, char *err, size_t size) {
+    if (device < AF_MAX_CUDA_DEVICES) {
+        pthread_mutex_lock(&device_lock);
+        const bool cached = device_cached[device];
+        if (cached) *dev = device_cache[device];
+        pthread_mutex_unlock(&device_lock);
+        if (cached) return AF_OK;
+    }
+    cudaError_t e;
+    if ((e = cudaDeviceGetAttribute(&dev->sm_count, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess ||
+        (e = cudaDeviceGetAttribute(&dev->cc_major, cudaDevAttrComputeCapabilityMajor, device)) != cudaSuccess ||
+        (e = cudaDeviceGetAttribute(&dev->cc_minor, cudaDevAttrComputeCapabilityMinor, device)) != cudaSuccess ||
+        (e = cudaDeviceGetAttribute(&dev->max_smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device)) !=
+            cudaSuccess)
+        return cuda_fail(err, size, e, "reading the device's attributes");
+    if (device < AF_MAX_CUDA_DEVICES) {
+        pthread_mutex_lock(&device_lock);
+        device_cache[device] = *dev;
+        device_cached[device] = true;
+        pthread_mutex_unlock(&device_lock);
+    }
+    return AF_OK;
+}
+
+/* Runs with `device` current and restores the caller's current device after: the call changes no CUDA state. */
+typedef int (*on_device_fn)(int device, void *context, char *err, size_t size);
+
+static int with_device(int device, on_device_fn fn, void *context, char *err, size_t size) {
+    int previous = 0;
+    cudaError_t e = cudaGetDevice(&previous);
+    if (e != cudaSuccess) return cuda_fail(err, size, e, "reading the current device");
+    if (previous != device && (e = cudaSetDevice(device)) != cudaSuccess)
+        return cuda_fail(err, size, e, "selecting the tensors' device");
+    const int status = fn(device, context, err, size);
+    if (previous != device && (e = cudaSetDevice(previous)) != cudaSuccess && status == AF_OK)
+        return cuda_fail(err, size, e, "restoring the caller's current device");
+    return status;
+}
+
+/* ---------------------------------------------------------------- the tensors */
+/* A pointer the kernels will read or write must be memory of `device` (or managed memory). */
+static int check_pointer(const char *name, const void *ptr, int64_t numel, int device, char *err, size_t size) {
+    if (!ptr || numel == 0) return AF_OK;
+    cudaPointerAttributes attributes;
+    memset(&attributes, 0, sizeof attributes);
+    const cudaError_t e = cudaPointerGetAttributes(&attributes, ptr);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return fail(err, size, AF_ERR_INVALID_ARGUMENT,
+                    "%s: %p is not CUDA memory (CUDA error %s: %s); a tensor on cuda:%d must hold device memory of "
+                    "that device", name, ptr, cudaGetErrorName(e), cudaGetErrorString(e), device);
+    }
+    if (attributes.type == cudaMemoryTypeManaged) return AF_OK;
+    if (attributes.type != cudaMemoryTypeDevice)
+        return fail(err, size, AF_ERR_INVALID_ARGUMENT,
+                    "%s: %p is host memory, but the tensor says cuda:%d; pass device memory of that device, or a "
+                    "tensor on the CPU", name, ptr, device);
+    if (attributes.device != device)
+        return fail(err, size, AF_ERR_INVALID_ARGUMENT,
+                    "%s: %p is memory of cuda:%d, but the tensor says cuda:%d", name, ptr, attributes.device, device);
+    return AF_OK;
+}
+
+static int check_pointers(const af_problem *p, int device, char *err, size_t size) {
+    const int64_t rows = p->B * p->Hq * p->L, kv = p->B * p->Hkv * p->S;
+    int status;
+    if ((status = check_pointer("query", p->q, rows * p->E, device, err, size)) != AF_OK) return status;
+    if ((status = check_pointer("key", p->k, kv * p->E, device, err, size)) != AF_OK) return status;
+    if ((status = check_pointer("value", p->v, kv * p->Ev, device, err, size)) != AF_OK) return status;
+    if ((status = check_pointer("out", p->out, rows * p->Ev, device, err, size)) != AF_OK) return status;
+    if ((status = check_pointer("lse", p->lse, rows, device, err, size)) != AF_OK) return status;
+    return check_pointer("attn_mask", p->mask, rows * p->S, device, err, size);
+}
+
+#if AF_CUDA_KERNELS_BUILT
+/* ---------------------------------------------------------------- the tensor-core path */
+typedef struct {
+    const char *name;
+    const char **base;         /* the problem's pointer, redirected to the copy */
+    int64_t *stride;           /* the problem's strides, made contiguous for the copy */
+    int64_t shape[4];
+    char rule[96];             /* which precondition the caller's view breaks; "" when none */
+} mma_operand;
+
+/* Which of the tensor-core path's preconditions a view breaks ("" if none). Size-1 dims are never indexed. */
+static void describe_broken_rule(mma_operand *o) {
+    o->rule[0] = '\0';
+    if (o->stride[3] != 1 && o->shape[3] > 1) {
+        snprintf(o->rule, sizeof o->rule, "stride[3] is %lld, not 1", (long long)o->stride[3]);
+        return;
+    }
+    for (int d = 0; d < 3; d++)
+        if (o->shape[d] > 1 && o->stride[d] % 8 != 0) {
+            snprintf(o->rule, sizeof o->rule, "stride[%d] is %lld, not a multiple of 8", d, (long long)o->stride[d]);
+            return;
+        }
+    if ((uintptr_t)*o->base % 16 != 0)
+        snprintf(o->rule, sizeof o->rule, "its base address is not 16-byte aligned");
+}
+
+static size_t round_up(size_t bytes) { return (bytes + AF_SCRATCH_ALIGN - 1) / AF_SCRATCH_ALIGN * AF_SCRATCH_ALIGN; }
+
+static int mma_forward(const af_problem *p, const af_cuda_device *dev, cudaStream_t stream, char *err, size_t size) {
+    af_problem run = *p;
+    mma_operand operands[3] = {
+        {"query", &run.q, run.q_stride, {p->B, p->Hq, p->L, p->E}, ""},
+        {"key", &run.k, run.k_stride, {p->B, p->Hkv, p->S, p->E}, ""},
+        {"value", &run.v, run.v_stride, {p->B, p->Hkv, p->S, p->Ev}, ""}};
+    const int elem_size = 2;
+    size_t scratch_bytes = 0, copy_bytes[3] = {0, 0, 0};
+    char warning[512] = "";
+    for (int i = 0; i < 3; i++) {
+        mma_operand *o = &operands[i];
+        describe_broken_rule(o);
+        if (!o->rule[0]) continue;
+        copy_bytes[i] = round_up((size_t)(o->shape[0] * o->shape[1] * o->shape[2] * o->shape[3]) * elem_size);
+        scratch_bytes += copy_bytes[i];
+        const size_t used = strlen(warning);
+        snprintf(warning + used, sizeof warning - used, "%s%s (%s)", used ? "; " : "", o->name, o->rule);
+    }
+    const size_t workspace_offset = scratch_bytes;
+    const size_t workspace_bytes = af_cuda_mma_workspace_bytes(&run, dev);
+    scratch_bytes += round_up(workspace_bytes);
+
+    char *scratch = NULL;
+    cudaError_t e;
+    if (scratch_bytes > 0 && (e = cudaMallocAsync((void **)&scratch, scratch_bytes, stream)) != cudaSuccess)
+        return cuda_fail(err, size, e, "allocating the tensor-core path's scratch on the stream");
+    if (warning[0])
+        log_message(AF_LOG_WARNING, "copying %s to contiguous memory before the tensor-core kernels: they need the "
+                    "last dimension contiguous, the other strides multiples of 8 elements and 16-byte aligned base "
+                    "addresses", warning);
+    size_t offset = 0;
+    e = cudaSuccess;
+    for (int i = 0; i < 3 && e == cudaSuccess; i++) {
+        mma_operand *o = &operands[i];
+        if (!o->rule[0]) continue;
+        char *copy = scratch + offset;
+        offset += copy_bytes[i];
+        e = af_cuda_copy_4d(copy, *o->base, o->shape, o->stride, elem_size, stream);
+        *o->base = copy;
+        o->stride[3] = 1;
+        o->stride[2] = o->shape[3];
+        o->stride[1] = o->shape[2] * o->shape[3];
+        o->stride[0] = o->shape[1] * o->shape[2] * o->shape[3];
+    }
+    if (e == cudaSuccess) e = af_cuda_mma_forward(&run, dev, workspace_bytes ? scratch + workspace_offset : NULL, stream);
+    const cudaError_t launch = e;
+    if (scratch && (e = cudaFreeAsync(scratch, stream)) != cudaSuccess && launch == cudaSuccess)
+        return cuda_fail(err, size, e, "freeing the tensor-core path's scratch on the stream");
+    if (launch != cudaSuccess) return cuda_fail(err, size, launch, "launching the tensor-core kernels");
+    return AF_OK;
+}
+
+/* Once per process: the CUDA-core path is correct but far from the tensor cores' speed. */
+static void note_simt_once(const af_problem *p) {
+    static int noted_f32, noted_large;
+    int *noted = p->dtype == AF_F32 ? &noted_f32 : &noted_large;
+    if (__atomic_exchange_n(noted, 1, __ATOMIC_RELAXED)) return;
+    if (p->dtype == AF_F32)
+        log_message(AF_LOG_INFO, "float32 attention runs on the CUDA cores, several times slower than float16/"
+                    "bfloat16 on the tensor cores; cast q/k/v to bfloat16 or float16 for speed");
+    else
+        log_message(AF_LOG_INFO, "head dimensions above %d run on the CUDA cores (E=%lld, Ev=%lld), slower than the "
+                    "tensor-core path", AF_MMA_MAX_HEAD_DIM, (long long)p->E, (long long)p->Ev);
+}
+#endif
+
+typedef struct {
+    const af_problem *p;
+    cudaStream_t stream;
+} forward_call;
+
+static int forward_on_device(int device, void *context, char *err, size_t size) {
+    const forward_call *call = (const forward_call *)context;
+    const af_problem *p = call->p;
+    af_cuda_device dev;
+    int status = read_device(device, &dev, err, size);
+    if (status != AF_OK) return status;
+    if ((status = check_pointers(p, device, err, size)) != AF_OK) return status;
+#if AF_CUDA_KERNELS_BUILT
+    const bool tensor_cores = (p->dtype == AF_F16 || p->dtype == AF_BF16) && p->E <= AF_MMA_MAX_HEAD_DIM &&
+                              p->Ev <= AF_MMA_MAX_HEAD_DIM;
+    if (tensor_cores) return mma_forward(p, &dev, call->stream, err, size);
+    note_simt_once(p);
+    const cudaError_t e = af_cuda_simt_forward(p, &dev, call->stream);
+    return e == cudaSuccess ? AF_OK : cuda_fail(err, size, e, "launching the CUDA-core kernel");
+#else
+    return fail(err, size, AF_ERR_UNSUPPORTED, "attnforge's CUDA backend was built without its kernels (kernel not "
+                "built: src/cuda/attn_*.cuh and copy_4d.cuh were missing when %s was compiled)", AF_CUDA_LIBRARY);
+#endif
+}
+
+static int forward(const af_problem *p, int device, void *stream, char *err, size_t size) {
+    if (p->B == 0 || p->Hq == 0 || p->L == 0) return AF_OK;   /* no output row: nothing to enqueue */
+    forward_call call;
+    call.p = p;
+    call.stream = (cudaStream_t)stream;
+    return with_device(device, forward_on_device, &call, err, size);
+}
+
+/* ---------------------------------------------------------------- device memory for the command line and tests */
+typedef struct {
+    void *dst;
+    const void *src;
+    size_t bytes;
+    bool to_device;
+    void **allocated;
+    void *stream;
+} memory_call;
+
+static int alloc_on_device(int device, void *context, char *err, size_t size) {
+    memory_call *call = (memory_call *)context;
+    const cudaError_t e = cudaMalloc(call->allocated, call->bytes);
+    return e == cudaSuccess ? AF_OK : cuda_fail(err, size, e, "cudaMalloc");
+}
+
+static int free_on_device(int device, void *context, char *err, size_t size) {
+    memory_call *call = (memory_call *)context;
+    const cudaError_t e = cudaFree(call->dst);
+    return e == cudaSuccess ? AF_OK : cuda_fail(err, size, e, "cudaFree");
+}
+
+static int copy_on_device(int device, void *context, char *err, size_t size) {
+    memory_call *call = (memory_call *)context;
+    const cudaError_t e = cudaMemcpy(call->dst, call->src, call->bytes,
+                                     call->to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost);
+    return e == cudaSuccess ? AF_OK : cuda_fail(err, size, e, "cudaMemcpy");
+}
+
+static int synchronize_on_device(int device, void *context, char *err, size_t size) {
+    memory_call *call = (memory_call *)context;
+    const cudaError_t e = cudaStreamSynchronize((cudaStream_t)call->stream);
+    return e == cudaSuccess ? AF_OK : cuda_fail(err, size, e, "cudaStreamSynchronize");
+}
+
+static int device_alloc(int device, size_t bytes, void **ptr, char *err, size_t size) {
+    memory_call call;
+    memset(&call, 0, sizeof call);
+    *ptr = NULL;
+    call.bytes = bytes;
+    call.allocated = ptr;
+    return with_device(device, alloc_on_device, &call, err, size);
+}
+
+static int device_free(int device, void *ptr, char *err, size_t size) {
+    memory_call call;
+    memset(&call, 0, sizeof call);
+    call.dst = ptr;
+    return with_device(device, free_on_device, &call, err, size);
+}
+
+static int copy(int device, void *dst, const void *src, size_t bytes, bool to_device, char *err, size_t size) {
+    memory_call call;
+    memset(&call, 0, sizeof call);
+    call.dst = dst;
+    call.src = src;
+    call.bytes = bytes;
+    call.to_device = to_device;
+    return with_device(device, copy_on_device, &call, err, size);
+}
+
+static int synchronize(int device, void *stream, char *err, size_t size) {
+    memory_call call;
+    memset(&call, 0, sizeof call);
+    call.stream = stream;
+    return with_device(device, synchronize_on_device, &call, err, size);
+}
+
+/* ---------------------------------------------------------------- the entry libattnforge looks up */
+static const af_cuda_backend_ops backend_ops = {AF_CUDA_BACKEND_ABI_VERSION, "cuda", probe, forward, set_log,
+                                                device_alloc, device_free, copy, synchronize};
+
+AF_EXTERN_C __attribute__((visibility("default"))) const af_cuda_backend_ops *af_cuda_backend(void) {
+    return &backend_ops;
+}

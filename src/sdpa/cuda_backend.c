@@ -1,0 +1,147 @@
+/* The CUDA backend loader: libattnforge_cuda.so is opened with dlopen on the first call on CUDA tensors, so this
+ * library never links CUDA and runs wherever there is no GPU. Where to look: ATTNFORGE_CUDA_LIBRARY if set; else
+ * beside the object that holds this code (libattnforge.so, or the executable it is linked into), where the build and
+ * `make install` put it; else the library search path. */
+#include "sdpa/cuda_backend.h"
+
+#include <dlfcn.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/log.h"
+#include "core/status.h"
+
+static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
+static const af_cuda_backend_ops *loaded_ops;   /* under load_lock: the opened library (kept for the process) */
+static atomic_bool usable;                       /* the library is loaded and its probe found a GPU */
+
+static void log_from_backend(int level, const char *message) { af_log((af_log_level)level, "cuda: %s", message); }
+
+/* The directory of the object holding this function: libattnforge.so's, or the executable's for a static link. */
+static bool own_directory(char *dir, size_t size) {
+    Dl_info info;
+    if (!dladdr((const void *)&own_directory, &info) || !info.dli_fname || !info.dli_fname[0]) return false;
+    char resolved[PATH_MAX];
+    const char *path = realpath(info.dli_fname, resolved) ? resolved : info.dli_fname;
+    const char *slash = strrchr(path, '/');
+    if (!slash) return false;
+    size_t length = (size_t)(slash - path);
+    if (length + 1 > size) return false;
+    memcpy(dir, path, length);
+    dir[length] = '\0';
+    return true;
+}
+
+/* dlopen the library: the explicit path, else beside us, else by its plain name. NULL with `why` on failure. */
+static void *open_library(char *opened, size_t opened_size, char *why, size_t why_size) {
+    const char *explicit_path = getenv("ATTNFORGE_CUDA_LIBRARY");
+    if (explicit_path && *explicit_path) {
+        snprintf(opened, opened_size, "%s", explicit_path);
+        void *handle = dlopen(explicit_path, RTLD_NOW | RTLD_LOCAL);
+        if (!handle) {
+            const char *error = dlerror();
+            snprintf(why, why_size, "ATTNFORGE_CUDA_LIBRARY=%s could not be opened (%s)", explicit_path,
+                     error ? error : "unknown dlopen error");
+        }
+        return handle;
+    }
+    char dir[PATH_MAX], beside[PATH_MAX + sizeof AF_CUDA_LIBRARY + 1];
+    if (own_directory(dir, sizeof dir)) {
+        snprintf(beside, sizeof beside, "%s/%s", dir, AF_CUDA_LIBRARY);
+        if (access(beside, F_OK) == 0) {   /* present but unloadable is that file's problem: say so, look no further */
+            snprintf(opened, opened_size, "%s", beside);
+            void *handle = dlopen(beside, RTLD_NOW | RTLD_LOCAL);
+            if (!handle) {
+                const char *error = dlerror();
+                snprintf(why, why_size, "%s could not be opened (%s)", beside, error ? error : "unknown dlopen error");
+            }
+            return handle;
+        }
+    } else {
+        snprintf(beside, sizeof beside, "(attnforge's own directory is unknown)");
+    }
+    snprintf(opened, opened_size, "%s", AF_CUDA_LIBRARY);
+    void *handle = dlopen(AF_CUDA_LIBRARY, RTLD_NOW | RTLD_LOCAL);
+    if (!handle) {
+        const char *error = dlerror();
+        snprintf(why, why_size, "%s was found neither at %s nor on the library search path (%s)", AF_CUDA_LIBRARY,
+                 beside, error ? error : "unknown dlopen error");
+    }
+    return handle;
+}
+
+/* Open the library and check its entry and interface version; called under load_lock. */
+static af_status load_library(void) {
+    char path[PATH_MAX + 64], why[PATH_MAX + 512];
+    void *handle = open_library(path, sizeof path, why, sizeof why);
+    if (!handle)
+        return af_fail(AF_ERR_RUNTIME_UNAVAILABLE,
+                       "attnforge's CUDA backend is not available: %s. It is built with attnforge when CMake finds "
+                       "nvcc (the CUDA toolkit) and installed beside libattnforge; build it that way, install it, or "
+                       "set ATTNFORGE_CUDA_LIBRARY to the path of %s", why, AF_CUDA_LIBRARY);
+    const af_cuda_backend_ops *(*entry)(void) = NULL;
+    void *symbol = dlsym(handle, AF_CUDA_ENTRY);
+    memcpy(&entry, &symbol, sizeof entry);   /* object to function pointer, as POSIX dlsym intends */
+    const af_cuda_backend_ops *ops = entry ? entry() : NULL;
+    if (!ops) {
+        dlclose(handle);
+        return af_fail(AF_ERR_RUNTIME_UNAVAILABLE,
+                       "attnforge's CUDA backend is not available: %s does not export %s() (or it returned NULL); it "
+                       "is not an attnforge CUDA backend. Point ATTNFORGE_CUDA_LIBRARY at attnforge's %s, or unset "
+                       "it", path, AF_CUDA_ENTRY, AF_CUDA_LIBRARY);
+    }
+    if (ops->abi_version != AF_CUDA_BACKEND_ABI_VERSION) {
+        const int found = ops->abi_version;
+        dlclose(handle);
+        return af_fail(AF_ERR_RUNTIME_UNAVAILABLE,
+                       "attnforge's CUDA backend is not available: %s implements backend interface version %d, but "
+                       "this attnforge %s needs version %d; install the %s built with this attnforge", path, found,
+                       AF_VERSION_STRING, AF_CUDA_BACKEND_ABI_VERSION, AF_CUDA_LIBRARY);
+    }
+    if (!ops->probe || !ops->forward || !ops->set_log || !ops->device_alloc || !ops->device_free || !ops->copy ||
+        !ops->synchronize) {
+        dlclose(handle);
+        return af_fail(AF_ERR_RUNTIME_UNAVAILABLE,
+                       "attnforge's CUDA backend is not available: %s leaves functions of its interface NULL; "
+                       "install the %s built with this attnforge", path, AF_CUDA_LIBRARY);
+    }
+    ops->set_log(log_from_backend);
+    loaded_ops = ops;
+    af_log(AF_LOG_DEBUG, "loaded the CUDA backend from %s", path);
+    return AF_OK;
+}
+
+af_status af_cuda_backend_load(const af_cuda_backend_ops **ops) {
+    *ops = NULL;
+    if (atomic_load(&usable)) {
+        *ops = loaded_ops;
+        return AF_OK;
+    }
+    pthread_mutex_lock(&load_lock);
+    af_status st = loaded_ops ? AF_OK : load_library();
+    if (st == AF_OK && !atomic_load(&usable)) {   /* driver and GPU: asked again on each attempt until found */
+        char err[512] = "";
+        int count = 0;
+        const int probed = loaded_ops->probe(&count, err, sizeof err);
+        if (probed == AF_OK && count >= 1) {
+            atomic_store(&usable, true);
+            af_log(AF_LOG_DEBUG, "CUDA backend: %d device(s)", count);
+        } else {
+            st = af_fail(probed == AF_OK ? AF_ERR_RUNTIME_UNAVAILABLE : (af_status)probed, "%s",
+                         err[0] ? err : "attnforge's CUDA backend found no CUDA device");
+            /* the next attempt opens the library again (the same handle, or another if ATTNFORGE_CUDA_LIBRARY
+             * changed); this one stays open: a CUDA runtime that has run must not be unloaded */
+            loaded_ops = NULL;
+        }
+    }
+    if (st == AF_OK) *ops = loaded_ops;
+    pthread_mutex_unlock(&load_lock);
+    return st;
+}
+
+bool af_cuda_backend_is_loaded(void) { return atomic_load(&usable); }
