@@ -1,0 +1,402 @@
+/* The tensor-core attention kernel for f16/bf16 (FlashAttention-2 structure, mma.sync m16n8k16):
+ *   - a CTA owns AF_MMA_BR packed query rows of one (batch, kv head): the GQA group's heads are packed into the
+ *     row dimension (packed row r: head hk·group + r / L, query r % L), so each K/V tile serves the whole group;
+ *     4 warps, each owning 16 rows and all keys of a tile, so softmax needs no communication between warps;
+ *   - Q: cp.async to shared memory, then ldmatrix into registers once (head dim <= 128; at 256 the fragments are
+ *     read from shared memory per tile, to keep the registers for O);
+ *   - K/V tiles of AF_MMA_BC keys: cp.async.cg 16-byte copies, double-buffered, an XOR swizzle of the 16-byte
+ *     chunks of each row (chunk c of row r at c ^ (r & 7)) so the 8 rows an ldmatrix reads hit 8 different banks;
+ *   - S = Q·Kᵀ with K fragments by ldmatrix; online softmax in log2 units with lazy rescaling (threshold
+ *     AF_MMA_RESCALE_THRESHOLD); P packed to f16/bf16 straight from the S accumulators into the A fragment of P·V
+ *     (C rows/cols (g, 2t..2t+1), (g+8, ..) of two n8 tiles are the a0..a7 of one k16 slice); V by ldmatrix.trans;
+ *   - causal tiles above the diagonal are never loaded, masks are applied only on tiles that need them;
+ *   - split-KV (blockIdx.z): each split writes its normalised f32 partial O and LSE; attn_combine.cuh merges them.
+ * Head-dim variants are compile-time constants: AF_MMA_KERNEL stamps out one kernel per (head dim, dtype), and
+ * af_mma_body's register arrays are indexed only by constants once it is inlined with that head dim.
+ * Matches src/sdpa/reference.c on finite inputs: masked keys add nothing, a row that sees no key gets out = 0 and
+ * lse = -inf. */
+#ifndef AF_CUDA_ATTN_MMA_CUH
+#define AF_CUDA_ATTN_MMA_CUH
+#include <math.h>
+#include <stdint.h>
+
+#include "cuda/kernels.h"
+
+#define AF_MMA_WARPS 4
+#define AF_MMA_THREADS (32 * AF_MMA_WARPS)
+#define AF_MMA_BR (16 * AF_MMA_WARPS)          /* packed query rows per CTA: 16 per warp */
+#define AF_MMA_BC 64                           /* keys per K/V tile */
+#define AF_MMA_HD_MAX 256                      /* largest head-dim variant */
+#define AF_MMA_Q_REGS_MAX_HD 128               /* Q fragments stay in registers up to this head dim */
+#define AF_MMA_RESCALE_THRESHOLD 8.0f          /* log2 units: weights stay <= 2^8 against a stale max */
+#define AF_MMA_LOG2E 1.4426950408889634f
+#define AF_MMA_LN2 0.6931471805599453f
+
+#if defined(__CUDACC__)
+#define AF_MMA_UNROLL _Pragma("unroll")        /* constant indices: the fragments stay in registers */
+#else
+#define AF_MMA_UNROLL
+#endif
+
+enum { AF_MMA_MASK_NONE = 0, AF_MMA_MASK_BOOL, AF_MMA_MASK_ADDITIVE };
+
+typedef struct {
+    const char *q, *k, *v;
+    int64_t q_stride[4], k_stride[4], v_stride[4];   /* elements */
+    char *out;
+    int64_t out_stride[4];
+    float *lse;                    /* NULL or (B, Hq, L) */
+    int64_t lse_stride[3];
+    const char *mask;
+    int64_t mask_stride[4];
+    int mask_kind;                 /* AF_MMA_MASK_* */
+    int causal;                    /* af_causal */
+    int E, Ev;
+    int out_pairs;                 /* out's last dim is contiguous and 4-byte aligned at even columns */
+    int double_buffer;             /* 2 K/V buffers (else 1, when shared memory is short) */
+    int64_t Hkv, L, S, group;
+    int64_t rows;                  /* packed rows per (batch, kv head): group·L */
+    int64_t row_blocks;            /* CTAs per (batch, kv head) along the rows */
+    int64_t heads;                 /* B·Hkv */
+    int64_t tiles_per_split;       /* key tiles per blockIdx.z */
+    float scale_log2;              /* scale·log2(e) */
+    float *part_o, *part_lse;      /* split-KV (NULL otherwise): [split][row id][Ev] and [split][row id] */
+    int64_t total_rows;            /* B·Hq·L: row id = (b·Hkv + hk)·rows + r */
+} af_mma_params;
+
+/* Shared memory: Q, then 1 or 2 K tiles and as many V tiles, each 64 rows of hd 16-bit elements. */
+static inline size_t af_mma_smem_bytes(int hd, int double_buffer) {
+    return (size_t)(1 + 2 * (double_buffer ? 2 : 1)) * AF_MMA_BC * (size_t)hd * 2;
+}
+
+/* Byte offset of 16-byte chunk `chunk` of row `row` in a tile of hd columns (XOR swizzle, hd >= 64). */
+AF_DEVICE int af_mma_swizzle(int row, int chunk, int hd) { return row * hd * 2 + ((chunk ^ (row & 7)) << 4); }
+
+/* Bytes of 16-byte chunk `chunk` that lie within `cols` columns: the rest is zero-filled. */
+AF_DEVICE int af_mma_chunk_bytes(int cols, int chunk) {
+    const int n = cols - 8 * chunk;
+    return n >= 8 ? 16 : n > 0 ? 2 * n : 0;
+}
+
+/* Keys j < this are visible to query row i (af_visible_keys of problem.h). */
+AF_DEVICE int64_t af_mma_visible_keys(const af_mma_params *p, int64_t i) {
+    int64_t limit = p->S;
+    if (p->causal == AF_CAUSAL_TOP_LEFT) limit = i + 1;
+    else if (p->causal == AF_CAUSAL_BOTTOM_RIGHT) limit = i + 1 + p->S - p->L;
+    return limit < 0 ? 0 : limit > p->S ? p->S : limit;
+}
+
+AF_DEVICE void af_mma_op(float d[4], const uint32_t a[4], const uint32_t b[2], const int bf16) {
+    if (bf16) af_mma_16816_bf16(d, a, b);
+    else af_mma_16816_f16(d, a, b);
+}
+
+AF_DEVICE uint32_t af_mma_pack(float lo, float hi, const int bf16) {
+    return bf16 ? af_pack_bf16x2(lo, hi) : af_pack_f16x2(lo, hi);
+}
+
+/* One tile of AF_MMA_BC rows starting at key0 (row `key` at base + key·row_bytes) into shared memory: rows at or
+ * past `S` and columns past `bytes` of each chunk are zero-filled. */
+AF_DEVICE void af_mma_load_tile(char *dst, const char *base, int64_t row_bytes, int64_t key0, int64_t S, int cols,
+                                const int hd) {
+    const int chunks = hd / 8, chunk = AF_THREAD_IDX % chunks, bytes = af_mma_chunk_bytes(cols, chunk);
+    for (int row = AF_THREAD_IDX / chunks; row < AF_MMA_BC; row += AF_MMA_THREADS / chunks) {
+        const int64_t key = key0 + row;
+        const int ok = key < S && bytes > 0;
+        af_cp_async_16(dst + af_mma_swizzle(row, chunk, hd), ok ? base + key * row_bytes + chunk * 16 : base,
+                       ok ? bytes : 0);
+    }
+}
+
+/* The CTA's AF_MMA_BR packed query rows (from r0) into shared memory; rows past p->rows are zero. */
+AF_DEVICE void af_mma_load_q(char *dst, const af_mma_params *p, int64_t b, int64_t hk, int64_t r0, const int hd) {
+    const int chunks = hd / 8, chunk = AF_THREAD_IDX % chunks, bytes = af_mma_chunk_bytes(p->E, chunk);
+    for (int row = AF_THREAD_IDX / chunks; row < AF_MMA_BR; row += AF_MMA_THREADS / chunks) {
+        const int64_t r = r0 + row;
+        const char *src = p->q;
+        int n = 0;
+        if (r < p->rows && bytes > 0) {
+            const int64_t h = hk * p->group + r / p->L, i = r % p->L;
+            src = p->q + 2 * (b * p->q_stride[0] + h * p->q_stride[1] + i * p->q_stride[2]) + chunk * 16;
+            n = bytes;
+        }
+        af_cp_async_16(dst + af_mma_swizzle(row, chunk, hd), src, n);
+    }
+}
+
+/* s[8][4] += Q(16 rows of this warp, k-slice kk)·Kᵀ(64 keys): two n8 tiles of keys per ldmatrix.x4
+ * (matrices: keys +0..7 dims lo, keys +0..7 dims hi, keys +8..15 dims lo, keys +8..15 dims hi). */
+AF_DEVICE void af_mma_qk_slice(float s[][4], const uint32_t qa[4], const char *k_tile, int kk, const int hd,
+                               const int bf16) {
+    const int lane = af_lane();
+    AF_MMA_UNROLL
+    for (int np = 0; np < AF_MMA_BC / 16; np++) {
+        uint32_t kb[4];
+        af_ldmatrix_x4(kb, k_tile + af_mma_swizzle(16 * np + (lane & 7) + 8 * (lane >> 4), 2 * kk + ((lane >> 3) & 1), hd));
+        af_mma_op(s[2 * np], qa, kb, bf16);
+        af_mma_op(s[2 * np + 1], qa, kb + 2, bf16);
+    }
+}
+
+/* Causality, keys past S and the attention mask on one tile of scores (log2 units): -inf or additive terms (the
+ * mask in the inputs' dtype). limit[half]: this lane's rows' visible keys; mask_row[half]: their mask rows (NULL:
+ * no mask or no row). */
+AF_DEVICE void af_mma_apply_mask(float s[][4], const af_mma_params *p, int64_t key0, const int64_t limit[2],
+                                 const char *const mask_row[2], const int bf16) {
+    const int t = af_lane() & 3;
+    AF_MMA_UNROLL
+    for (int half = 0; half < 2; half++) {
+        AF_MMA_UNROLL
+        for (int n = 0; n < AF_MMA_BC / 8; n++) {
+            AF_MMA_UNROLL
+            for (int c = 0; c < 2; c++) {
+                const int64_t key = key0 + 8 * n + 2 * t + c;
+                float v = s[n][2 * half + c];
+                if (key >= limit[half]) {
+                    v = -INFINITY;
+                } else if (mask_row[half]) {
+                    const int64_t at = key * p->mask_stride[3];
+                    if (p->mask_kind == AF_MMA_MASK_BOOL) {
+                        if (!((const unsigned char *)mask_row[half])[at]) v = -INFINITY;
+                    } else {
+                        const uint16_t bits = ((const uint16_t *)mask_row[half])[at];
+                        v += (bf16 ? af_bf16_to_float(bits) : af_f16_to_float(bits)) * AF_MMA_LOG2E;
+                    }
+                }
+                s[n][2 * half + c] = v;
+            }
+        }
+    }
+}
+
+/* Online softmax over one tile for this lane's two rows (g and g+8): the row max over the quad, the lazy rescale
+ * of O and l (only when the max grows by more than the threshold: O/l is the same for any reference point m, and
+ * weights stay <= 2^threshold), then s <- 2^(s - m) and the lane's part of l. A row that has seen only -inf keeps
+ * m = -inf and gets weights 2^(-inf - 0) = 0. */
+AF_DEVICE void af_mma_softmax(float s[][4], float o[][4], float m[2], float l[2], const int hd, const int Ev) {
+    AF_MMA_UNROLL
+    for (int half = 0; half < 2; half++) {
+        float mx = -INFINITY;
+        AF_MMA_UNROLL
+        for (int n = 0; n < AF_MMA_BC / 8; n++) mx = fmaxf(mx, fmaxf(s[n][2 * half], s[n][2 * half + 1]));
+        mx = fmaxf(mx, af_shfl_xor(mx, 1));
+        mx = fmaxf(mx, af_shfl_xor(mx, 2));
+        if (mx > m[half] + AF_MMA_RESCALE_THRESHOLD) {   /* also the first finite max: 2^(-inf) = 0 clears nothing */
+            const float correction = af_ex2(m[half] - mx);
+            m[half] = mx;
+            l[half] *= correction;
+            AF_MMA_UNROLL
+            for (int d = 0; d < hd / 8; d++) {
+                if (8 * d >= Ev) continue;
+                o[d][2 * half] *= correction;
+                o[d][2 * half + 1] *= correction;
+            }
+        }
+        const float base = m[half] == -INFINITY ? 0.0f : m[half];
+        float sum = 0.0f;
+        AF_MMA_UNROLL
+        for (int n = 0; n < AF_MMA_BC / 8; n++) {
+            s[n][2 * half] = af_ex2(s[n][2 * half] - base);
+            s[n][2 * half + 1] = af_ex2(s[n][2 * half + 1] - base);
+            sum += s[n][2 * half] + s[n][2 * half + 1];
+        }
+        l[half] += sum;
+    }
+}
+
+/* o += P·V: P's A fragment for keys 16ks..16ks+15 is the S accumulators of n8 tiles 2ks and 2ks+1, packed in
+ * place; V's B fragments by ldmatrix.trans, two n8 tiles of value columns each (matrices: keys +0..7 cols lo,
+ * keys +8..15 cols lo, keys +0..7 cols hi, keys +8..15 cols hi). */
+AF_DEVICE void af_mma_pv(float o[][4], float s[][4], const char *v_tile, const int hd, const int Ev, const int bf16) {
+    const int lane = af_lane();
+    AF_MMA_UNROLL
+    for (int ks = 0; ks < AF_MMA_BC / 16; ks++) {
+        uint32_t pa[4];
+        pa[0] = af_mma_pack(s[2 * ks][0], s[2 * ks][1], bf16);
+        pa[1] = af_mma_pack(s[2 * ks][2], s[2 * ks][3], bf16);
+        pa[2] = af_mma_pack(s[2 * ks + 1][0], s[2 * ks + 1][1], bf16);
+        pa[3] = af_mma_pack(s[2 * ks + 1][2], s[2 * ks + 1][3], bf16);
+        AF_MMA_UNROLL
+        for (int dp = 0; dp < hd / 16; dp++) {
+            if (16 * dp >= Ev) continue;   /* zero columns of the padded head dim */
+            uint32_t vb[4];
+            af_ldmatrix_x4_trans(vb, v_tile + af_mma_swizzle(16 * ks + (lane & 7) + 8 * ((lane >> 3) & 1),
+                                                            2 * dp + (lane >> 4), hd));
+            af_mma_op(o[2 * dp], pa, vb, bf16);
+            af_mma_op(o[2 * dp + 1], pa, vb + 2, bf16);
+        }
+    }
+}
+
+/* One 16-bit output pair (columns col, col+1 of a row) with out's strides: a 32-bit store when allowed. */
+AF_DEVICE void af_mma_store_pair(const af_mma_params *p, char *row, int col, float v0, float v1, const int bf16) {
+    if (p->out_pairs && col + 1 < p->Ev) {
+        *(uint32_t *)(row + 2 * col) = af_mma_pack(v0, v1, bf16);
+        return;
+    }
+    const int64_t step = 2 * p->out_stride[3];
+    uint16_t *e0 = (uint16_t *)(row + col * step);
+    *e0 = bf16 ? af_float_to_bf16(v0) : af_float_to_f16(v0);
+    if (col + 1 < p->Ev) {
+        uint16_t *e1 = (uint16_t *)(row + (col + 1) * step);
+        *e1 = bf16 ? af_float_to_bf16(v1) : af_float_to_f16(v1);
+    }
+}
+
+/* O / l and the LSE of this lane's two rows: to out/lse, or to the split's partials. */
+AF_DEVICE void af_mma_epilogue(const af_mma_params *p, float o[][4], const float m[2], float l[2], int64_t b,
+                               int64_t hk, int64_t r0, const int hd, const int bf16) {
+    const int lane = af_lane(), g = lane >> 2, t = lane & 3;
+    AF_MMA_UNROLL
+    for (int half = 0; half < 2; half++) {
+        l[half] += af_shfl_xor(l[half], 1);
+        l[half] += af_shfl_xor(l[half], 2);
+    }
+    AF_MMA_UNROLL
+    for (int half = 0; half < 2; half++) {
+        const int64_t r = r0 + 16 * af_warp() + g + 8 * half;
+        if (r >= p->rows) continue;
+        const int seen = l[half] > 0.0f || l[half] != l[half];   /* a row that saw no key: out = 0, lse = -inf */
+        const float inv = seen ? 1.0f / l[half] : 0.0f;
+        const float base = m[half] == -INFINITY ? 0.0f : m[half];
+        const float lse = seen ? base * AF_MMA_LN2 + logf(l[half]) : -INFINITY;
+        const int64_t h = hk * p->group + r / p->L, i = r % p->L;
+        if (p->part_o) {
+            const int64_t at = (int64_t)AF_BLOCK_IDX_Z * p->total_rows + (b * p->Hkv + hk) * p->rows + r;
+            float *dst = p->part_o + at * p->Ev;
+            AF_MMA_UNROLL
+            for (int d = 0; d < hd / 8; d++) {
+                const int col = 8 * d + 2 * t;
+                if (col < p->Ev) dst[col] = o[d][2 * half] * inv;
+                if (col + 1 < p->Ev) dst[col + 1] = o[d][2 * half + 1] * inv;
+            }
+            if (t == 0) p->part_lse[at] = lse;
+            continue;
+        }
+        char *row = p->out + 2 * (b * p->out_stride[0] + h * p->out_stride[1] + i * p->out_stride[2]);
+        AF_MMA_UNROLL
+        for (int d = 0; d < hd / 8; d++) {
+            const int col = 8 * d + 2 * t;
+            if (col < p->Ev) af_mma_store_pair(p, row, col, o[d][2 * half] * inv, o[d][2 * half + 1] * inv, bf16);
+        }
+        if (p->lse && t == 0) p->lse[b * p->lse_stride[0] + h * p->lse_stride[1] + i * p->lse_stride[2]] = lse;
+    }
+}
+
+/* The whole CTA: hd (64, 128, 256) and bf16 are constants here (see AF_MMA_KERNEL). */
+AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16) {
+    const int q_in_regs = hd <= AF_MMA_Q_REGS_MAX_HD;
+    const int lane = af_lane(), warp = af_warp(), g = lane >> 2;
+    const int64_t bhk = (int64_t)(AF_BLOCK_IDX_X / p.row_blocks) * AF_GRID_DIM_Y + AF_BLOCK_IDX_Y;
+    if (bhk >= p.heads) return;   /* the fold of B·Hkv into grid x has a ragged end */
+    const int64_t b = bhk / p.Hkv, hk = bhk % p.Hkv;
+    const int64_t r0 = (int64_t)(AF_BLOCK_IDX_X % p.row_blocks) * AF_MMA_BR;
+
+    /* The keys this CTA's rows see: visible keys grow with the query index, and a block that wraps from one head
+     * of the group to the next holds both query 0 and query L-1. */
+    const int64_t r_end = r0 + AF_MMA_BR < p.rows ? r0 + AF_MMA_BR : p.rows;
+    const int wraps = (r_end - 1) / p.L != r0 / p.L;
+    const int64_t keys_max = af_mma_visible_keys(&p, wraps ? p.L - 1 : (r_end - 1) % p.L);
+    const int64_t keys_min = af_mma_visible_keys(&p, wraps ? 0 : r0 % p.L);
+    const int64_t tiles = (keys_max + AF_MMA_BC - 1) / AF_MMA_BC;
+    const int64_t t_begin = (int64_t)AF_BLOCK_IDX_Z * p.tiles_per_split;
+    const int64_t t_end = t_begin + p.tiles_per_split < tiles ? t_begin + p.tiles_per_split : tiles;
+
+    int64_t limit[2];
+    const char *mask_row[2];
+    AF_MMA_UNROLL
+    for (int half = 0; half < 2; half++) {
+        const int64_t r = r0 + 16 * warp + g + 8 * half;
+        const int64_t h = hk * p.group + r / p.L, i = r % p.L;
+        limit[half] = r < p.rows ? af_mma_visible_keys(&p, i) : p.S;
+        mask_row[half] = NULL;
+        if (p.mask && r < p.rows)
+            mask_row[half] = p.mask + (p.mask_kind == AF_MMA_MASK_BOOL ? 1 : 2) *
+                                          (b * p.mask_stride[0] + h * p.mask_stride[1] + i * p.mask_stride[2]);
+    }
+
+    char *smem_q = af_shared_memory();
+    const int tile_bytes = AF_MMA_BC * hd * 2;
+    char *smem_k = smem_q + tile_bytes;
+    char *smem_v = smem_k + (p.double_buffer ? 2 : 1) * tile_bytes;
+    const char *k_base = p.k + 2 * (b * p.k_stride[0] + hk * p.k_stride[1]);
+    const char *v_base = p.v + 2 * (b * p.v_stride[0] + hk * p.v_stride[1]);
+    const int64_t k_row_bytes = 2 * p.k_stride[2], v_row_bytes = 2 * p.v_stride[2];
+
+    float o[AF_MMA_HD_MAX / 8][4];
+    AF_MMA_UNROLL
+    for (int d = 0; d < hd / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    uint32_t qf[AF_MMA_HD_MAX / 16][4];   /* used up to AF_MMA_Q_REGS_MAX_HD */
+
+    if (t_begin < t_end) {   /* Q and the first tile: one group */
+        af_mma_load_q(smem_q, &p, b, hk, r0, hd);
+        af_mma_load_tile(smem_k, k_base, k_row_bytes, t_begin * AF_MMA_BC, p.S, p.E, hd);
+        af_mma_load_tile(smem_v, v_base, v_row_bytes, t_begin * AF_MMA_BC, p.S, p.Ev, hd);
+        af_cp_async_commit();
+    }
+    for (int64_t tile = t_begin; tile < t_end; tile++) {
+        const int64_t key0 = tile * AF_MMA_BC;
+        const int buf = p.double_buffer ? (int)((tile - t_begin) & 1) : 0;
+        if (p.double_buffer) {   /* the next tile streams in while this one is computed */
+            if (tile + 1 < t_end) {
+                af_mma_load_tile(smem_k + (buf ^ 1) * tile_bytes, k_base, k_row_bytes, key0 + AF_MMA_BC, p.S, p.E, hd);
+                af_mma_load_tile(smem_v + (buf ^ 1) * tile_bytes, v_base, v_row_bytes, key0 + AF_MMA_BC, p.S, p.Ev,
+                                 hd);
+            }
+            af_cp_async_commit();
+            af_cp_async_wait_1();
+        } else {
+            af_cp_async_wait_0();
+        }
+        af_syncthreads();   /* every thread's copies of this tile (and Q) are visible */
+        const char *k_tile = smem_k + buf * tile_bytes, *v_tile = smem_v + buf * tile_bytes;
+        const char *q_warp = smem_q;
+
+        float s[AF_MMA_BC / 8][4];
+        AF_MMA_UNROLL
+        for (int n = 0; n < AF_MMA_BC / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        AF_MMA_UNROLL
+        for (int kk = 0; kk < hd / 16; kk++) {
+            if (16 * kk >= p.E) continue;   /* zero columns of the padded head dim */
+            const int q_at = af_mma_swizzle(16 * warp + (lane & 15), 2 * kk + (lane >> 4), hd);
+            if (q_in_regs) {
+                if (tile == t_begin) af_ldmatrix_x4(qf[kk], q_warp + q_at);
+                af_mma_qk_slice(s, qf[kk], k_tile, kk, hd, bf16);
+            } else {
+                uint32_t qa[4];
+                af_ldmatrix_x4(qa, q_warp + q_at);
+                af_mma_qk_slice(s, qa, k_tile, kk, hd, bf16);
+            }
+        }
+        AF_MMA_UNROLL
+        for (int n = 0; n < AF_MMA_BC / 8; n++) {
+            s[n][0] *= p.scale_log2;
+            s[n][1] *= p.scale_log2;
+            s[n][2] *= p.scale_log2;
+            s[n][3] *= p.scale_log2;
+        }
+        if (p.mask || key0 + AF_MMA_BC > keys_min) af_mma_apply_mask(s, &p, key0, limit, mask_row, bf16);
+        af_mma_softmax(s, o, m, l, hd, p.Ev);
+        af_mma_pv(o, s, v_tile, hd, p.Ev, bf16);
+        af_syncthreads();   /* every warp is done with this buffer before it is refilled */
+        if (!p.double_buffer && tile + 1 < t_end) {
+            af_mma_load_tile(smem_k, k_base, k_row_bytes, key0 + AF_MMA_BC, p.S, p.E, hd);
+            af_mma_load_tile(smem_v, v_base, v_row_bytes, key0 + AF_MMA_BC, p.S, p.Ev, hd);
+            af_cp_async_commit();
+        }
+    }
+    af_mma_epilogue(&p, o, m, l, b, hk, r0, hd, bf16);
+}
+
+/* One kernel per (head dim, dtype). */
+#define AF_MMA_KERNEL(name, hd, bf16) \
+    AF_KERNEL(name, af_mma_params, p, AF_MMA_THREADS) { af_mma_body(p, hd, bf16); }
+AF_MMA_KERNEL(af_mma_f16_hd64, 64, 0)
+AF_MMA_KERNEL(af_mma_f16_hd128, 128, 0)
+AF_MMA_KERNEL(af_mma_f16_hd256, 256, 0)
+AF_MMA_KERNEL(af_mma_bf16_hd64, 64, 1)
+AF_MMA_KERNEL(af_mma_bf16_hd128, 128, 1)
+AF_MMA_KERNEL(af_mma_bf16_hd256, 256, 1)
+
+#endif

@@ -1,0 +1,175 @@
+/* Host side of the tensor-core path: the head-dim variant, the shared-memory buffering, the grid, the split-KV
+ * count (and its workspace), the launches of attn_mma.cuh's kernel and attn_combine.cuh's merge. Host code of
+ * src/cuda/backend.cu: only the runtime names of device.h. */
+#ifndef AF_CUDA_ATTN_MMA_LAUNCH_CUH
+#define AF_CUDA_ATTN_MMA_LAUNCH_CUH
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cuda/attn_combine.cuh"
+#include "cuda/attn_mma.cuh"
+#include "cuda/kernels.h"
+
+#define AF_MMA_DEFAULT_SMEM (48 * 1024)        /* dynamic shared memory every device allows without opting in */
+#define AF_MMA_SPLITS_MAX 128                  /* split-KV: at most this many key ranges per row block */
+#define AF_MMA_CTAS_PER_SM 2                   /* what one wave holds per multiprocessor, for the split count */
+#define AF_MMA_GRID_YZ_MAX 65535               /* CUDA's limit on grid y and z */
+#define AF_MMA_GRID_X_MAX 0x7fffffffLL         /* and on grid x */
+#define AF_MMA_WORKSPACE_ALIGN 256
+
+typedef struct {
+    int hd, double_buffer;
+    size_t smem;
+    int64_t row_blocks, heads, tiles, tiles_per_split, splits;
+    int64_t grid_x, grid_y;
+    size_t lse_bytes, workspace;               /* split-KV partials: the LSEs, then (aligned) the O rows */
+} af_mma_plan;
+
+/* The head-dim variant: max(E, Ev) rounded up to 64, 128 or 256. */
+static int af_mma_head_dim(const af_problem *p) {
+    const int64_t e = p->E > p->Ev ? p->E : p->Ev;
+    return e <= 64 ? 64 : e <= 128 ? 128 : 256;
+}
+
+/* How many key ranges to split each row block's keys into, in the spirit of FlashAttention-2's heuristic: none
+ * when the CTAs already fill 80% of a wave; else, among the counts that change the tiles per split, the smallest
+ * whose wave efficiency (waves / whole waves) is within 85% of the best, so every multiprocessor gets work. */
+static int64_t af_mma_split_count(int64_t ctas, int64_t tiles, int sm_count) {
+    const int64_t slots = (int64_t)(sm_count > 0 ? sm_count : 1) * AF_MMA_CTAS_PER_SM;
+    if (tiles < 2 || ctas * 5 >= slots * 4) return 1;
+    const int64_t most = tiles < AF_MMA_SPLITS_MAX ? tiles : AF_MMA_SPLITS_MAX;
+    double efficiency[AF_MMA_SPLITS_MAX + 1], best = 0.0;
+    for (int64_t s = 1; s <= most; s++) {
+        const double waves = (double)(ctas * s) / (double)slots;
+        const double whole = (double)((ctas * s + slots - 1) / slots);
+        efficiency[s] = waves / whole;
+        if (efficiency[s] > best) best = efficiency[s];
+    }
+    for (int64_t s = 1; s <= most; s++) {
+        const int same_tiles = s > 1 && (tiles + s - 1) / s == (tiles + s - 2) / (s - 1);
+        if (!same_tiles && efficiency[s] >= 0.85 * best) return s;
+    }
+    return 1;
+}
+
+static void af_mma_make_plan(const af_problem *p, const af_cuda_device *dev, af_mma_plan *plan) {
+    const size_t optin = dev->max_smem_per_block > 0 ? (size_t)dev->max_smem_per_block : AF_MMA_DEFAULT_SMEM;
+    plan->hd = af_mma_head_dim(p);
+    plan->double_buffer = af_mma_smem_bytes(plan->hd, 1) <= optin;
+    plan->smem = af_mma_smem_bytes(plan->hd, plan->double_buffer);
+    plan->row_blocks = (p->group * p->L + AF_MMA_BR - 1) / AF_MMA_BR;
+    plan->heads = p->B * p->Hkv;
+    plan->tiles = (p->S + AF_MMA_BC - 1) / AF_MMA_BC;
+    const int64_t requested = af_mma_split_count(plan->row_blocks * plan->heads, plan->tiles, dev->sm_count);
+    plan->tiles_per_split = requested > 1 ? (plan->tiles + requested - 1) / requested : plan->tiles;
+    plan->splits = requested > 1 ? (plan->tiles + plan->tiles_per_split - 1) / plan->tiles_per_split : 1;
+    if (plan->tiles_per_split < 1) plan->tiles_per_split = 1;   /* S = 0: no tile at all */
+    plan->grid_y = plan->heads < AF_MMA_GRID_YZ_MAX ? plan->heads : AF_MMA_GRID_YZ_MAX;
+    plan->grid_x = plan->row_blocks * ((plan->heads + plan->grid_y - 1) / plan->grid_y);   /* y folded into x */
+    plan->lse_bytes = plan->workspace = 0;
+    if (plan->splits > 1) {
+        const size_t rows = (size_t)(p->B * p->Hq * p->L) * (size_t)plan->splits;
+        plan->lse_bytes = (rows * sizeof(float) + AF_MMA_WORKSPACE_ALIGN - 1) / AF_MMA_WORKSPACE_ALIGN *
+                          AF_MMA_WORKSPACE_ALIGN;
+        plan->workspace = plan->lse_bytes + rows * (size_t)p->Ev * sizeof(float);
+    }
+}
+
+size_t af_cuda_mma_workspace_bytes(const af_problem *p, const af_cuda_device *dev) {
+    if (p->B == 0 || p->Hq == 0 || p->L == 0) return 0;
+    af_mma_plan plan;
+    af_mma_make_plan(p, dev, &plan);
+    return plan.workspace;
+}
+
+/* The kernel of one variant: opt in to its shared memory (above 48 KiB), then launch. */
+#define AF_MMA_LAUNCH_VARIANT(name)                                                                           \
+    do {                                                                                                      \
+        if (plan->smem > AF_MMA_DEFAULT_SMEM && (e = AF_SET_MAX_SMEM(name, plan->smem)) != cudaSuccess)      \
+            return e;                                                                                         \
+        return AF_LAUNCH(name, plan->grid_x, plan->grid_y, plan->splits, AF_MMA_THREADS, plan->smem, stream, \
+                         *prm);                                                                               \
+    } while (0)
+
+static cudaError_t af_mma_launch(const af_mma_plan *plan, int bf16, const af_mma_params *prm, cudaStream_t stream) {
+    cudaError_t e;
+    switch (plan->hd * 2 + bf16) {
+    case 64 * 2: AF_MMA_LAUNCH_VARIANT(af_mma_f16_hd64);
+    case 128 * 2: AF_MMA_LAUNCH_VARIANT(af_mma_f16_hd128);
+    case 256 * 2: AF_MMA_LAUNCH_VARIANT(af_mma_f16_hd256);
+    case 64 * 2 + 1: AF_MMA_LAUNCH_VARIANT(af_mma_bf16_hd64);
+    case 128 * 2 + 1: AF_MMA_LAUNCH_VARIANT(af_mma_bf16_hd128);
+    default: AF_MMA_LAUNCH_VARIANT(af_mma_bf16_hd256);
+    }
+}
+
+cudaError_t af_cuda_mma_forward(const af_problem *p, const af_cuda_device *dev, void *workspace,
+                                cudaStream_t stream) {
+    if (p->B == 0 || p->Hq == 0 || p->L == 0) return cudaSuccess;   /* no query row */
+    if ((p->dtype != AF_F16 && p->dtype != AF_BF16) || p->E > AF_MMA_HD_MAX || p->Ev > AF_MMA_HD_MAX)
+        return cudaErrorInvalidValue;
+    af_mma_plan plan;
+    af_mma_make_plan(p, dev, &plan);
+    if (plan.smem > (dev->max_smem_per_block > 0 ? (size_t)dev->max_smem_per_block : AF_MMA_DEFAULT_SMEM) ||
+        plan.grid_x > AF_MMA_GRID_X_MAX)
+        return cudaErrorInvalidConfiguration;
+    if (plan.workspace > 0 && !workspace) return cudaErrorInvalidValue;
+    const int bf16 = p->dtype == AF_BF16;
+
+    af_mma_params prm;
+    prm.q = p->q;
+    prm.k = p->k;
+    prm.v = p->v;
+    prm.out = p->out;
+    prm.lse = p->lse;
+    prm.mask = p->mask;
+    for (int d = 0; d < 4; d++) {
+        prm.q_stride[d] = p->q_stride[d];
+        prm.k_stride[d] = p->k_stride[d];
+        prm.v_stride[d] = p->v_stride[d];
+        prm.out_stride[d] = p->out_stride[d];
+        prm.mask_stride[d] = p->mask_stride[d];
+    }
+    for (int d = 0; d < 3; d++) prm.lse_stride[d] = p->lse_stride[d];
+    prm.mask_kind = !p->mask ? AF_MMA_MASK_NONE : p->mask_dtype == AF_BOOL ? AF_MMA_MASK_BOOL : AF_MMA_MASK_ADDITIVE;
+    prm.causal = (int)p->causal;
+    prm.E = (int)p->E;
+    prm.Ev = (int)p->Ev;
+    prm.out_pairs = p->out_stride[3] == 1 && (uintptr_t)p->out % 4 == 0 && p->out_stride[0] % 2 == 0 &&
+                    p->out_stride[1] % 2 == 0 && p->out_stride[2] % 2 == 0;
+    prm.double_buffer = plan.double_buffer;
+    prm.Hkv = p->Hkv;
+    prm.L = p->L;
+    prm.S = p->S;
+    prm.group = p->group;
+    prm.rows = p->group * p->L;
+    prm.row_blocks = plan.row_blocks;
+    prm.heads = plan.heads;
+    prm.tiles_per_split = plan.tiles_per_split;
+    prm.scale_log2 = (float)(p->scale * 1.4426950408889634);
+    prm.total_rows = p->B * p->Hq * p->L;
+    prm.part_lse = plan.splits > 1 ? (float *)workspace : NULL;
+    prm.part_o = plan.splits > 1 ? (float *)((char *)workspace + plan.lse_bytes) : NULL;
+
+    cudaError_t e = af_mma_launch(&plan, bf16, &prm, stream);
+    if (e != cudaSuccess || plan.splits == 1) return e;
+
+    af_combine_params cp;
+    cp.part_o = prm.part_o;
+    cp.part_lse = prm.part_lse;
+    cp.splits = (int)plan.splits;
+    cp.Ev = (int)p->Ev;
+    cp.bf16 = bf16;
+    cp.total_rows = prm.total_rows;
+    cp.Hq = p->Hq;
+    cp.L = p->L;
+    cp.out = p->out;
+    cp.lse = p->lse;
+    for (int d = 0; d < 4; d++) cp.out_stride[d] = p->out_stride[d];
+    for (int d = 0; d < 3; d++) cp.lse_stride[d] = p->lse_stride[d];
+    const int64_t blocks = (prm.total_rows + AF_COMBINE_WARPS - 1) / AF_COMBINE_WARPS;
+    if (blocks > AF_MMA_GRID_X_MAX) return cudaErrorInvalidConfiguration;
+    return AF_LAUNCH(af_combine_kernel, blocks, 1, 1, AF_COMBINE_THREADS, 0, stream, cp);
+}
+
+#endif
