@@ -13,6 +13,8 @@ TSAN_TESTS ?= test_concurrency test_provider_infer test_provider_faults test_cor
 deps:
 	bash scripts/install-deps.sh
 
+# libattnforge_cuda.so is built too when CMake finds nvcc (AF_WITH_CUDA=OFF skips it); the sanitizer, TSan and
+# fuzz builds never build it (nvcc's objects are not instrumented)
 build: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
 	cmake --build $(BUILD) -j $(JOBS)
@@ -24,13 +26,13 @@ test-fast: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 test-sanitize: deps
-	cmake -S . -B $(BUILD_SAN) -DCMAKE_BUILD_TYPE=Debug -DAF_SANITIZE=ON
+	cmake -S . -B $(BUILD_SAN) -DCMAKE_BUILD_TYPE=Debug -DAF_SANITIZE=ON -DAF_WITH_CUDA=OFF
 	cmake --build $(BUILD_SAN) -j $(JOBS)
 	cd $(BUILD_SAN) && ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
 
 # ThreadSanitizer over TSAN_TESTS; any data race or lock-order problem fails.
 test-tsan: deps
-	cmake -S . -B $(BUILD_TSAN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DAF_TSAN=ON
+	cmake -S . -B $(BUILD_TSAN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DAF_TSAN=ON -DAF_WITH_CUDA=OFF
 	cmake --build $(BUILD_TSAN) -j $(JOBS) --target $(TSAN_TESTS)
 	cd $(BUILD_TSAN) && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
 	  ctest --output-on-failure -j $(JOBS) -R '^($(shell echo $(TSAN_TESTS) | tr ' ' '|'))$$'
@@ -42,7 +44,7 @@ valgrind: build
 
 # Each libFuzzer harness for FUZZ_SECONDS from the seed corpus in tests/fuzz/corpus/<name>; any finding fails.
 fuzz: deps
-	CC=clang cmake -S . -B $(BUILD_FUZZ) -DAF_FUZZ=ON -DAF_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	CC=clang cmake -S . -B $(BUILD_FUZZ) -DAF_FUZZ=ON -DAF_WITH_CUDA=OFF -DAF_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
 	cmake --build $(BUILD_FUZZ) -j $(JOBS)
 	bash tests/fuzz/run_fuzzers.sh $(BUILD_FUZZ)/tests/fuzz $(FUZZ_SECONDS)
 

@@ -30,6 +30,9 @@ run_one() {   # one binary, run where ctest runs it (tests/), its log kept for t
 }
 export -f run_one
 
+# The emulated CUDA tests (build/tests/cuda_emu/test_*) are not run here: they switch between one fiber stack per
+# emulated CUDA thread, which memcheck follows only with stack registration and then runs about 100x slower; they run
+# under ASan/UBSan in `make test-sanitize`. test_cuda_unavailable (no fibers) is run here like every test.
 # test_memory measures peak RSS, which under valgrind is valgrind's (and its one large call takes 6 minutes there)
 skip=${VALGRIND_SKIP:-test_memory}
 started=$SECONDS
