@@ -1,0 +1,16 @@
+/* What the parts of the emulation share: the runtime's availability (ATTNFORGE_EMU_CUDA), the per-thread last
+ * error and the emulated device's limits. */
+#ifndef AF_CUDA_EMULATED_INTERNAL_H
+#define AF_CUDA_EMULATED_INTERNAL_H
+#include "cuda_emulated.h"
+
+#define AF_EMU_DEFAULT_SMEM (48 * 1024)       /* dynamic shared memory a launch may use without the attribute */
+#define AF_EMU_OPTIN_SMEM (227 * 1024)        /* cudaDevAttrMaxSharedMemoryPerBlockOptin of cc 9.0 */
+#define AF_EMU_MAX_THREADS 1024
+
+/* cudaSuccess, or the error every runtime call returns under ATTNFORGE_EMU_CUDA=nodriver / =nodevice. */
+cudaError_t af_emu_availability(void);
+/* Records `err` as the calling thread's last error unless it is cudaSuccess; returns it. */
+cudaError_t af_emu_fail(cudaError_t err);
+
+#endif
