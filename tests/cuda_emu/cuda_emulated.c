@@ -514,9 +514,9 @@ static void complete_copy(block_run *b, fiber *self, const pending_copy *c)
     chunk_state *ch = &b->chunks[(size_t)(c->dst - b->smem) / 16];
     size_t offset = (size_t)(c->dst - b->smem);
     if (ch->read_epoch >= c->issue_epoch && (ch->several_readers || ch->reader_warp != warp))
-        report("race: thread %d's cp.async overwrites shared bytes [%zu, %zu) that warp %d read with ldmatrix "
-               "after the copy was issued with no af_syncthreads between", thread, offset, offset + 16,
-               ch->reader_warp != warp ? ch->reader_warp : -1);
+        report("race: thread %d's cp.async overwrites shared bytes [%zu, %zu) that warp %d%s read with ldmatrix "
+               "with no af_syncthreads since the copy's issue", thread, offset, offset + 16, ch->reader_warp,
+               ch->several_readers ? " (and others)" : "");
     memcpy(c->dst, c->data, 16);
     ch->in_flight--;
     ch->write_epoch = b->epoch;
