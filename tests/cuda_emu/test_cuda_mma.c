@@ -1,0 +1,442 @@
+/* The tensor-core kernel (src/cuda/attn_mma.cuh), its split-KV combine (attn_combine.cuh) and launcher
+ * (attn_mma_launch.cuh) on the emulated device (tests/cuda_emu) against the double reference: f16 and bf16, head
+ * dims 8..256 with Ev != E (every variant, padded columns), GQA packed into the rows, L != S with both causal
+ * alignments, bool and additive masks of every broadcast shape, strided q/k/v within the path's preconditions, S
+ * not a multiple of 64, decode with split-KV, fully masked rows, LSE, single- and double-buffered shared memory.
+ * The tolerance is the CPU path's (af_error_bound) plus, for f16, the rounding of P to f16 before P·V (the bf16
+ * bound already has that term): |dO| <= u_f16·value_max. ATTNFORGE_TEST_CASES / ATTNFORGE_TEST_SEED change the
+ * random suite's count and seed. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attnforge.h"
+#include "case_gen.h"
+#include "core/dtype.h"
+#include "cuda/attn_mma_launch.cuh"
+#include "sdpa/problem.h"
+#include "sdpa/tolerance.h"
+
+#define DEFAULT_CASES 48
+#define DEFAULT_SEED 20250611u
+#define RANDOM_WORK_BUDGET 3e5   /* B·Hq·L·S·(E+Ev) of a random case: the emulation runs ~a million MACs a second */
+
+/* Devices the launcher plans for: one multiprocessor (no split), many (split-KV whenever the rows are few), and
+ * shared memory too small for two K/V buffers at head dim 256 (single-buffered). */
+static const af_cuda_device one_sm = {1, 9, 0, 227 * 1024};
+static const af_cuda_device many_sms = {132, 9, 0, 227 * 1024};
+static const af_cuda_device small_smem = {64, 8, 6, 99 * 1024};
+
+/* ---------------------------------------------------------------- layouts the tensor-core path accepts */
+
+typedef enum { ALIGNED_CONTIGUOUS = 0, ALIGNED_NHD, ALIGNED_PADDED, ALIGNED_COUNT } aligned_layout;
+
+/* Re-lay a q/k/v test tensor out in memory that meets the path's preconditions (last dim contiguous, the other
+ * strides multiples of 8 elements, a 16-byte aligned start), keeping its values: NHD swaps dims 1 and 2; PADDED
+ * pads every dim (rows to a multiple of 8 plus 8 more) and starts 8 elements into the buffer. */
+static bool relayout(test_tensor *t, aligned_layout layout) {
+    static const int plain[4] = {0, 1, 2, 3}, nhd[4] = {0, 2, 1, 3};
+    const int64_t *shape = t->view.shape;
+    const int64_t row = (shape[3] + 7) / 8 * 8;
+    int64_t pad[4] = {0, 0, 0, row - shape[3]};
+    int64_t offset = 0;
+    if (layout == ALIGNED_PADDED) {
+        pad[0] = 1;
+        pad[1] = 2;
+        pad[2] = 1;
+        pad[3] += 8;
+        offset = 8;
+    }
+    test_tensor moved;
+    if (!tt_alloc_ordered(&moved, t->view.dtype, 4, shape, layout == ALIGNED_NHD ? nhd : plain, pad, 1, offset))
+        return false;
+    int64_t idx[4] = {0};
+    if (tt_numel(t) > 0) do tt_set(&moved, idx, tt_get(t, idx));
+        while (tt_next_index(4, shape, idx));
+    tt_free(t);
+    *t = moved;   /* args point at t->view: they follow */
+    return true;
+}
+
+/* ---------------------------------------------------------------- running the kernel on device copies */
+
+typedef struct {
+    unsigned char *memory;
+    af_tensor view;
+} device_tensor;
+
+static bool to_device(const test_tensor *t, device_tensor *d) {
+    memset(d, 0, sizeof *d);
+    d->view = t->view;
+    if (!t->memory) return true;
+    if (cudaMalloc((void **)&d->memory, t->bytes) != cudaSuccess) return false;
+    if (cudaMemcpy(d->memory, t->memory, t->bytes, cudaMemcpyHostToDevice) != cudaSuccess) return false;
+    d->view.data = d->memory + ((unsigned char *)t->view.data - t->memory);
+    return true;
+}
+
+static bool from_device(test_tensor *t, const device_tensor *d) {
+    return !t->memory || cudaMemcpy(t->memory, d->memory, t->bytes, cudaMemcpyDeviceToHost) == cudaSuccess;
+}
+
+/* out against the reference: the CPU path's bound, plus P's rounding to f16 for f16 (see the file comment). */
+static bool out_matches(const case_tensors *t, char *why, size_t size) {
+    if (tt_numel(&t->out) == 0) return true;
+    const af_error_scale es = case_error_scale(t);
+    const double p_round = t->c.dtype == AF_F16 ? ldexp(1.0, -11) * es.value_max : 0.0;
+    int64_t idx[4] = {0};
+    do {
+        const double got = tt_get(&t->out, idx), want = tt_get(&t->ref_out, idx);
+        const double bound = af_error_bound(t->c.dtype, want, &es) + p_round;
+        if (!(fabs(got - want) <= bound)) {
+            snprintf(why, size, "out[%lld,%lld,%lld,%lld] = %.9g, reference %.9g, |error| %.3g > bound %.3g",
+                     (long long)idx[0], (long long)idx[1], (long long)idx[2], (long long)idx[3], got, want,
+                     fabs(got - want), bound);
+            return false;
+        }
+    } while (tt_next_index(4, t->out.view.shape, idx));
+    return true;
+}
+
+static bool lse_matches(const case_tensors *t, char *why, size_t size) {
+    if (!t->c.with_lse || tt_numel(&t->lse) == 0) return true;
+    int64_t idx[3] = {0};
+    do {
+        const double got = tt_get(&t->lse, idx), want = tt_get(&t->ref_lse, idx);
+        const bool ok = isinf(want) ? got == want : fabs(got - want) <= case_lse_bound(t, want);
+        if (!ok) {
+            snprintf(why, size, "lse[%lld,%lld,%lld] = %.9g, reference %.9g", (long long)idx[0], (long long)idx[1],
+                     (long long)idx[2], got, want);
+            return false;
+        }
+    } while (tt_next_index(3, t->lse.view.shape, idx));
+    return true;
+}
+
+/* What a run did besides its result. */
+typedef struct {
+    size_t workspace;   /* af_cuda_mma_workspace_bytes: > 0 when the keys were split */
+} run_info;
+
+/* Sentinel-filled out/lse; every tensor copied to the device; af_sdpa_check on the device views; the workspace;
+ * af_cuda_mma_forward; out/lse copied back. Then: nothing written outside out's and lse's views, the inputs
+ * unchanged, out/lse within tolerance of the reference. */
+static bool run_mma(case_tensors *t, const af_cuda_device *dev, run_info *info, char *why, size_t size) {
+    tt_fill_bytes(&t->out, TT_SENTINEL_BYTE);
+    tt_fill_bytes(&t->lse, TT_SENTINEL_BYTE);
+    test_tensor *host[6] = {&t->q, &t->k, &t->v, &t->mask, &t->out, &t->lse};
+    device_tensor d[6];
+    bool ok = true;
+    for (int i = 0; i < 6; i++) ok = to_device(host[i], &d[i]) && ok;
+    if (!ok) snprintf(why, size, "device allocation or copy failed");
+    af_sdpa_args args = t->args;
+    args.query = &d[0].view;
+    args.key = &d[1].view;
+    args.value = &d[2].view;
+    args.attn_mask = t->args.attn_mask ? &d[3].view : NULL;
+    af_problem p;
+    if (ok && af_sdpa_check(&args, &d[4].view, t->c.with_lse ? &d[5].view : NULL, &p) != AF_OK) {
+        snprintf(why, size, "af_sdpa_check: %s", af_last_error());
+        ok = false;
+    }
+    void *workspace = NULL;
+    info->workspace = ok ? af_cuda_mma_workspace_bytes(&p, dev) : 0;
+    if (ok && info->workspace && cudaMalloc(&workspace, info->workspace) != cudaSuccess) {
+        snprintf(why, size, "workspace allocation failed");
+        ok = false;
+    }
+    cudaError_t err = cudaSuccess;
+    if (ok && ((err = af_cuda_mma_forward(&p, dev, workspace, NULL)) != cudaSuccess ||
+               (err = cudaStreamSynchronize(NULL)) != cudaSuccess)) {
+        snprintf(why, size, "af_cuda_mma_forward: %s", cudaGetErrorString(err));
+        ok = false;
+    }
+    if (ok && !(from_device(&t->out, &d[4]) && from_device(&t->lse, &d[5]))) {
+        snprintf(why, size, "copy back failed");
+        ok = false;
+    }
+    for (int i = 0; ok && i < 4; i++)
+        if (host[i]->memory && memcmp(host[i]->memory, d[i].memory, host[i]->bytes) != 0) {
+            snprintf(why, size, "an input (#%d of q, k, v, mask) changed", i);
+            ok = false;
+        }
+    if (ok && !tt_outside_view_is(&t->out, TT_SENTINEL_BYTE)) {
+        snprintf(why, size, "wrote outside out's view");
+        ok = false;
+    }
+    if (ok && !tt_outside_view_is(&t->lse, TT_SENTINEL_BYTE) && t->c.with_lse) {
+        snprintf(why, size, "wrote outside lse's view");
+        ok = false;
+    }
+    if (ok && !t->c.with_lse && !tt_outside_view_is(&t->lse, TT_SENTINEL_BYTE)) {
+        snprintf(why, size, "wrote an lse nobody asked for");
+        ok = false;
+    }
+    if (ok) ok = out_matches(t, why, size) && lse_matches(t, why, size);
+    for (int i = 0; i < 6; i++) cudaFree(d[i].memory);
+    cudaFree(workspace);
+    return ok;
+}
+
+/* How a check expects the keys to be split. */
+typedef enum { SPLIT_ANY = 0, SPLIT_NONE, SPLIT_YES } split_expectation;
+
+typedef void (*case_edit)(case_tensors *t);
+
+/* Build the case, lay q/k/v out as `layout` says (one per tensor, cycling), let `edit` change the tensors, run on
+ * `dev` and compare; `split` states whether the launcher must have split the keys. */
+static void check_case(const sdpa_case *c, aligned_layout layout, const af_cuda_device *dev, split_expectation split,
+                       case_edit edit) {
+    char desc[640], why[640] = "";
+    case_describe(c, desc, sizeof desc);
+    case_tensors t;
+    bool built = case_build(c, &t) && relayout(&t.q, layout) && relayout(&t.k, (layout + 1) % ALIGNED_COUNT) &&
+                 relayout(&t.v, (layout + 2) % ALIGNED_COUNT);
+    if (built && edit) {
+        edit(&t);
+        built = case_rerun_reference(&t);
+    }
+    run_info info = {0};
+    const bool ok = built && run_mma(&t, dev, &info, why, sizeof why);
+    case_free(&t);
+    if (!built) fail_msg("could not build the case (%s): %s", af_last_error(), desc);
+    if (!ok) fail_msg("%s (sm_count %d)\n    %s", desc, dev->sm_count, why);
+    if (split == SPLIT_YES && info.workspace == 0) fail_msg("expected split-KV, got none: %s", desc);
+    if (split == SPLIT_NONE && info.workspace != 0) fail_msg("expected no split-KV, got one: %s", desc);
+}
+
+static sdpa_case small_case(uint64_t seed, af_dtype dtype, int64_t Hq, int64_t Hkv, int64_t L, int64_t S, int64_t E,
+                            int64_t Ev) {
+    sdpa_case c = case_default(1, Hq, Hkv, L, S, E, Ev);
+    c.seed = seed;
+    c.dtype = dtype;
+    return c;
+}
+
+static af_dtype half_dtype(int n) { return n % 2 ? AF_BF16 : AF_F16; }
+
+/* ---------------------------------------------------------------- targeted cases */
+
+/* Every head-dim variant (64, 128, 256) and its padding: E in {64, 128, 80, 256, 8} with Ev != E, groups 1, 2, 4. */
+static void head_dims(void **state) {
+    (void)state;
+    static const int64_t dims[][2] = {{64, 40}, {128, 64}, {80, 96}, {256, 128}, {8, 24}, {40, 256}, {20, 12}};
+    static const int64_t heads[][2] = {{2, 2}, {4, 2}, {4, 1}};
+    for (int d = 0; d < 7; d++)
+        for (int dt = 0; dt < 2; dt++) {
+            const int n = 2 * d + dt;
+            sdpa_case c = small_case(100 + (uint64_t)n, half_dtype(dt), heads[n % 3][0], heads[n % 3][1], 19, 70,
+                                     dims[d][0], dims[d][1]);
+            c.out_layout = (tensor_layout)(n % LAYOUT_COUNT);
+            c.lse_layout = (tensor_layout)((n + 1) % LAYOUT_COUNT);
+            check_case(&c, (aligned_layout)(n % ALIGNED_COUNT), &one_sm, SPLIT_NONE, NULL);
+        }
+}
+
+/* Both causal alignments, L < S, L > S (bottom-right: rows that see no key) and L = S, S not a multiple of 64, with
+ * groups whose packed rows wrap from one head to the next inside a 64-row block (group·L > 64). */
+static void causal_alignments(void **state) {
+    (void)state;
+    static const int64_t seqs[][2] = {{13, 150}, {90, 37}, {70, 70}, {1, 129}, {40, 1}, {33, 64}};
+    int n = 0;
+    for (int s = 0; s < 6; s++)
+        for (int br = 0; br < 2; br++, n++) {
+            sdpa_case c = small_case(300 + (uint64_t)n, half_dtype(n), n % 2 ? 4 : 2, n % 2 ? 2 : 1, seqs[s][0],
+                                     seqs[s][1], 32, 48);
+            c.is_causal = !br;
+            c.causal_bottom_right = br;
+            check_case(&c, (aligned_layout)(n % ALIGNED_COUNT), &one_sm, SPLIT_ANY, NULL);
+        }
+}
+
+/* Bool and additive masks of every broadcast shape (as given and expanded), a third of the rows fully masked:
+ * out 0 and lse -inf on rows that see no key (SDPA takes no mask together with causality). */
+static void masks(void **state) {
+    (void)state;
+    for (int s = 0; s < mask_shape_count; s++)
+        for (int kind = 0; kind < 2; kind++) {
+            const int n = 2 * s + kind;
+            sdpa_case c = small_case(400 + (uint64_t)n, half_dtype(s + kind), 4, 2, 9, 100, 16, 24);
+            c.mask = kind ? MASK_ADDITIVE : MASK_BOOL;
+            c.mask_shape = mask_shapes[s];
+            c.mask_expanded = s % 2 == 1;
+            c.mask_keep = 0.5;
+            c.masked_row_rate = 0.35;
+            c.mask_layout = (tensor_layout)(s % LAYOUT_COUNT);
+            check_case(&c, (aligned_layout)(n % ALIGNED_COUNT), &one_sm, SPLIT_ANY, NULL);
+        }
+}
+
+/* Decode: L = 1..16 with groups 1..8 on a device with many multiprocessors, so the keys are split (asserted) and
+ * merged by the combine; causal, masked (whole rows too) and S not a multiple of 64. */
+static void decode_split_kv(void **state) {
+    (void)state;
+    static const int64_t heads[][2] = {{1, 1}, {4, 2}, {8, 2}, {8, 1}};
+    for (int n = 0; n < 12; n++) {
+        const int64_t L = 1 + (n * 5) % 16;
+        sdpa_case c = small_case(500 + (uint64_t)n, half_dtype(n), heads[n % 4][0], heads[n % 4][1], L,
+                                 300 + 37 * n, n % 3 ? 64 : 128, n % 3 ? 64 : 80);
+        c.causal_bottom_right = n % 4 == 1;
+        c.is_causal = n % 4 == 2;   /* top-left with L < S: each row sees few keys, later splits see none */
+        if (n % 4 == 0 || n % 4 == 3) {
+            c.mask = n % 8 == 0 ? MASK_BOOL : MASK_ADDITIVE;
+            c.mask_shape = n % 8 == 0 ? "LS" : "B1LS";
+            c.masked_row_rate = 0.25;
+        }
+        c.with_lse = n % 5 != 4;
+        c.out_layout = (tensor_layout)(n % LAYOUT_COUNT);
+        c.lse_layout = (tensor_layout)((n + 2) % LAYOUT_COUNT);
+        check_case(&c, (aligned_layout)(n % ALIGNED_COUNT), &many_sms, SPLIT_YES, NULL);
+    }
+}
+
+/* The same decode shapes on one multiprocessor: one pass over the keys, no workspace. */
+static void decode_without_split(void **state) {
+    (void)state;
+    for (int n = 0; n < 4; n++) {
+        sdpa_case c = small_case(550 + (uint64_t)n, half_dtype(n), 8, 2, 1 + n, 200 + 50 * n, 64, 32);
+        c.causal_bottom_right = n % 2;
+        check_case(&c, ALIGNED_CONTIGUOUS, &one_sm, SPLIT_NONE, NULL);
+    }
+}
+
+/* Head dim 256 (and 128) when the device's shared memory holds only one K/V buffer pair; split and not. */
+static void single_buffered(void **state) {
+    (void)state;
+    static const int64_t dims[][2] = {{256, 200}, {136, 256}, {128, 128}};
+    for (int d = 0; d < 3; d++) {
+        sdpa_case c = small_case(600 + (uint64_t)d, half_dtype(d), 2, 1, d == 2 ? 2 : 21, 140, dims[d][0], dims[d][1]);
+        c.is_causal = d == 1;
+        check_case(&c, (aligned_layout)d, &small_smem, SPLIT_ANY, NULL);
+    }
+    static const af_cuda_device no_optin = {1, 8, 0, 48 * 1024};   /* hd 128 fits 48 KiB only single-buffered */
+    sdpa_case c = small_case(610, AF_BF16, 2, 2, 30, 100, 128, 72);
+    check_case(&c, ALIGNED_PADDED, &no_optin, SPLIT_NONE, NULL);
+}
+
+/* Empty dims: no row (B, L = 0), no key (S = 0: out 0, lse -inf), no value column (Ev = 0: lse only). */
+static void empty_dims(void **state) {
+    (void)state;
+    static const int64_t sizes[][4] = {{0, 5, 7, 8}, {2, 0, 7, 8}, {2, 5, 0, 8}, {2, 5, 7, 0}, {1, 1, 0, 0}};
+    for (int s = 0; s < 5; s++)
+        for (int dt = 0; dt < 2; dt++) {
+            sdpa_case c = small_case(700 + (uint64_t)s, half_dtype(dt), 2, 1, sizes[s][1], sizes[s][2], 8,
+                                     sizes[s][3]);
+            c.B = sizes[s][0];
+            c.is_causal = s == 2 && dt == 1;
+            check_case(&c, ALIGNED_CONTIGUOUS, dt ? &many_sms : &one_sm, SPLIT_NONE, NULL);
+        }
+}
+
+/* Scores whose row max jumps by far more than the lazy-rescale threshold from one key tile to the next (and ones
+ * that fall): the stale max is corrected exactly when it must be. Keys of later tiles get larger q·k. */
+static void growing_scores(case_tensors *t) {
+    for (int64_t b = 0; b < t->c.B; b++)
+        for (int64_t h = 0; h < t->c.Hkv; h++)
+            for (int64_t j = 0; j < t->c.S; j++)
+                for (int64_t e = 0; e < t->c.E; e++) {
+                    const int64_t idx[4] = {b, h, j, e};
+                    const double ramp = (double)(j / 64 % 3 == 1 ? 3 - j / 64 : j / 64) + 0.25;
+                    tt_set(&t->k, idx, tt_get(&t->k, idx) * 0.25 + ramp * (e % 2 ? 1.0 : 0.5));
+                }
+    for (int64_t b = 0; b < t->c.B; b++)
+        for (int64_t h = 0; h < t->c.Hq; h++)
+            for (int64_t i = 0; i < t->c.L; i++)
+                for (int64_t e = 0; e < t->c.E; e++) {
+                    const int64_t idx[4] = {b, h, i, e};
+                    tt_set(&t->q, idx, (e % 2 ? 1.0 : 0.5) * (i % 2 ? 1.0 : -1.0) + 0.1 * tt_get(&t->q, idx));
+                }
+}
+
+static void lazy_rescale(void **state) {
+    (void)state;
+    for (int n = 0; n < 4; n++) {
+        sdpa_case c = small_case(800 + (uint64_t)n, half_dtype(n), 2, 1, 5 + n, 320, 32, 32);
+        c.has_scale = true;
+        c.scale = 0.5;
+        c.is_causal = n == 3;
+        c.causal_bottom_right = n == 2;
+        check_case(&c, ALIGNED_CONTIGUOUS, n % 2 ? &many_sms : &one_sm, SPLIT_ANY, growing_scores);
+    }
+}
+
+/* The workspace: none when the CTAs fill the device, none for empty problems, some for decode on a big device. */
+static void workspace_sizes(void **state) {
+    (void)state;
+    af_problem p;
+    memset(&p, 0, sizeof p);
+    p.dtype = p.out_dtype = AF_BF16;
+    p.B = 4, p.Hq = 32, p.Hkv = 8, p.group = 4, p.L = 4096, p.S = 4096, p.E = p.Ev = 128;
+    assert_int_equal(af_cuda_mma_workspace_bytes(&p, &many_sms), 0);   /* 4·8·256 CTAs: no split */
+    p.L = 1;
+    const size_t decode = af_cuda_mma_workspace_bytes(&p, &many_sms);
+    assert_true(decode >= (size_t)(4 * 32 * 1 * 2) * (128 + 1) * sizeof(float));   /* >= 2 splits of every row */
+    p.B = 0;
+    assert_int_equal(af_cuda_mma_workspace_bytes(&p, &many_sms), 0);
+    p.B = 4, p.S = 64;   /* one key tile: nothing to split */
+    assert_int_equal(af_cuda_mma_workspace_bytes(&p, &many_sms), 0);
+}
+
+/* ---------------------------------------------------------------- random suite */
+
+typedef struct {
+    sdpa_case c;
+    aligned_layout layout;
+    const af_cuda_device *dev;
+} random_item;
+
+static void random_case(void **state) {
+    const random_item *item = *state;
+    check_case(&item->c, item->layout, item->dev, SPLIT_ANY, NULL);
+}
+
+/* The generator's case in f16/bf16 with head dims <= 256, shrunk to the emulation's budget (batch, then the
+ * longer sequence); q/k/v re-laid out to the path's preconditions; devices alternate so splits happen. */
+static random_item random_mma_case(uint64_t seed, int index) {
+    random_item item;
+    sdpa_case c = case_random(seed, index, 6);
+    c.dtype = half_dtype(index);
+    while ((double)c.B * c.Hq * c.L * c.S * (c.E + c.Ev) > RANDOM_WORK_BUDGET) {
+        if (c.B > 1) c.B--;
+        else if (c.L > c.S && c.L > 1) c.L = c.L * 3 / 4;
+        else if (c.S > 1) c.S = c.S * 3 / 4;
+        else break;
+    }
+    item.c = c;
+    item.layout = (aligned_layout)(index % ALIGNED_COUNT);
+    item.dev = index % 3 == 0 ? &one_sm : index % 3 == 1 ? &many_sms : &small_smem;
+    return item;
+}
+
+int main(void) {
+    const int n = case_suite_count(DEFAULT_CASES);
+    const uint64_t seed = case_suite_seed(DEFAULT_SEED);
+    static const struct CMUnitTest fixed[] = {
+        cmocka_unit_test(head_dims),       cmocka_unit_test(causal_alignments), cmocka_unit_test(masks),
+        cmocka_unit_test(decode_split_kv), cmocka_unit_test(decode_without_split), cmocka_unit_test(single_buffered),
+        cmocka_unit_test(empty_dims),      cmocka_unit_test(lazy_rescale),      cmocka_unit_test(workspace_sizes),
+    };
+    const int n_fixed = (int)(sizeof fixed / sizeof fixed[0]);
+    random_item *items = calloc((size_t)n, sizeof *items);
+    struct CMUnitTest *tests = calloc((size_t)(n + n_fixed), sizeof *tests);
+    char (*names)[48] = calloc((size_t)n, sizeof *names);
+    if (!items || !tests || !names) return 1;
+    for (int i = 0; i < n_fixed; i++) tests[i] = fixed[i];
+    for (int i = 0; i < n; i++) {
+        items[i] = random_mma_case(seed, i);
+        snprintf(names[i], sizeof names[i], "random_case_%03d", i);
+        tests[n_fixed + i] = (struct CMUnitTest){.name = names[i], .test_func = random_case, .initial_state = &items[i]};
+    }
+    const int failures = _cmocka_run_group_tests("cuda_mma", tests, (size_t)(n + n_fixed), NULL, NULL);
+    free(items);
+    free(tests);
+    free(names);
+    return failures;
+}
