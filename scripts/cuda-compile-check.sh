@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# The CUDA backend's compile checks: src/cuda/backend.cu compiled by nvcc for sm_80 and sm_90a with ptxas -v; fails
+# when a tensor-core kernel for head dims 64 or 128 (the fast paths) has spill stores/loads or a stack frame, or when
+# the SASS of those kernels (of BUILD_DIR/libattnforge_cuda.so when it is built, else of the cubins compiled here)
+# holds no HMMA (tensor-core) instruction for sm_80 and sm_90. Prints a table: kernel x registers/stack/spills/smem.
+# Usage: scripts/cuda-compile-check.sh BUILD_DIR
+# Environment: NVCC (default: nvcc on PATH, else /usr/local/cuda/bin/nvcc); CUOBJDUMP (default: on PATH, in the
+# toolkit, or pip's nvidia-cuda-cuobjdump; --dump-sass also needs nvdisasm: pip's nvidia-cuda-nvdisasm);
+# AF_REQUIRE_SASS_CHECK=1 fails when cuobjdump is missing (default: the SASS check is skipped with a message);
+# AF_FAST_KERNEL_REGEX: which kernels are the fast paths (Python regex; default: 'mma' and a 64 or 128 in the name).
+# Exit status: 0 passed, 1 failed, 77 skipped (no nvcc).
+set -u
+if [ $# -ne 1 ]; then
+    echo "usage: $0 BUILD_DIR" >&2
+    exit 2
+fi
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=$1
+out=$build/cuda-compile-check
+fast_regex=${AF_FAST_KERNEL_REGEX:-'mma.*(^|[^0-9])(64|128)([^0-9]|$)'}
+
+nvcc=${NVCC:-$(command -v nvcc || true)}
+[ -z "$nvcc" ] && [ -x /usr/local/cuda/bin/nvcc ] && nvcc=/usr/local/cuda/bin/nvcc
+if [ -z "$nvcc" ]; then
+    echo "cuda-compile-check: skipped: nvcc not found (set NVCC or install the CUDA toolkit)"
+    exit 77
+fi
+
+find_cuobjdump() {
+    if [ -n "${CUOBJDUMP:-}" ]; then echo "$CUOBJDUMP"; return; fi
+    command -v cuobjdump && return
+    [ -x "$(dirname "$nvcc")/cuobjdump" ] && { echo "$(dirname "$nvcc")/cuobjdump"; return; }
+    python3 - <<'PY' 2>/dev/null
+import glob, os, site, sys
+for base in site.getsitepackages() + [site.getusersitepackages()]:
+    for path in sorted(glob.glob(os.path.join(base, "nvidia", "cu*", "bin", "cuobjdump"))):
+        print(path); sys.exit(0)
+PY
+}
+cuobjdump=$(find_cuobjdump | head -1)
+
+mkdir -p "$out"
+echo "cuda-compile-check: $("$nvcc" --version | tail -1)"
+failures=0
+
+# ---- ptxas -v for each target (both compiled at once: two processes)
+for arch in 80 90a; do
+    "$nvcc" -cubin -std=c++17 -O3 -I"$root/include" -I"$root/src" "-gencode=arch=compute_$arch,code=sm_$arch" \
+        --ptxas-options=-v -o "$out/backend_sm$arch.cubin" "$root/src/cuda/backend.cu" >"$out/ptxas_sm$arch.log" 2>&1 &
+done
+for arch in 80 90a; do
+    if ! wait -n; then failures=$((failures + 1)); fi
+done
+for arch in 80 90a; do
+    if [ ! -s "$out/backend_sm$arch.cubin" ]; then
+        echo "FAIL: nvcc for sm_$arch:"
+        tail -30 "$out/ptxas_sm$arch.log"
+    fi
+done
+if [ "$failures" -gt 0 ]; then
+    echo "cuda-compile-check: $failures target(s) did not compile"
+    exit 1
+fi
+
+# ---- the SASS: the build's library when there is one (what ships), else the cubins above
+sass_inputs=()
+sass_source="(not checked)"
+if [ -n "$cuobjdump" ] && PATH="$(dirname "$cuobjdump"):$PATH" "$cuobjdump" --version >/dev/null 2>&1; then
+    if [ -f "$build/libattnforge_cuda.so" ]; then
+        sass_inputs=("$build/libattnforge_cuda.so")
+    else
+        sass_inputs=("$out/backend_sm80.cubin" "$out/backend_sm90a.cubin")
+    fi
+    sass_source="${sass_inputs[*]}"
+    : >"$out/sass.txt"
+    for input in "${sass_inputs[@]}"; do
+        # a bare cubin's dump does not name its target: the file name does
+        case $input in
+            *_sm80.cubin) echo "arch = sm_80" >>"$out/sass.txt" ;;
+            *_sm90a.cubin) echo "arch = sm_90a" >>"$out/sass.txt" ;;
+        esac
+        # cuobjdump finds nvdisasm beside itself only through PATH
+        if ! PATH="$(dirname "$cuobjdump"):$PATH" "$cuobjdump" --dump-sass "$input" >>"$out/sass.txt" 2>"$out/sass.err"; then
+            echo "FAIL: cuobjdump --dump-sass $input: $(cat "$out/sass.err")"
+            failures=$((failures + 1))
+        fi
+    done
+elif [ "${AF_REQUIRE_SASS_CHECK:-0}" = 1 ]; then
+    echo "FAIL: cuobjdump not found (AF_REQUIRE_SASS_CHECK=1): pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm"
+    failures=$((failures + 1))
+fi
+
+python3 - "$out" "$fast_regex" "${#sass_inputs[@]}" "$sass_source" <<'PY' || failures=$((failures + 1))
+import os, re, sys
+out, fast_regex, sass_count, sass_source = sys.argv[1], re.compile(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+
+def ptxas_report(path):
+    """{kernel: {regs, stack, spill_st, spill_ld, smem}} from ptxas -v, entry functions only."""
+    kernels, current, pending = {}, None, None
+    for line in open(path, errors="replace"):
+        m = re.search(r"Compiling entry function '([^']+)'", line)
+        if m:
+            current = m.group(1)
+            kernels[current] = {"regs": 0, "stack": 0, "spill_st": 0, "spill_ld": 0, "smem": 0}
+            continue
+        m = re.search(r"Function properties for (\S+)", line)
+        if m:
+            pending = m.group(1) if m.group(1) in kernels else None
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m and pending:
+            k = kernels[pending]
+            k["stack"], k["spill_st"], k["spill_ld"] = map(int, m.groups())
+            continue
+        m = re.search(r"Used (\d+) registers", line)
+        if m and current:
+            kernels[current]["regs"] = int(m.group(1))
+            s = re.search(r"(\d+) bytes smem", line)
+            kernels[current]["smem"] = int(s.group(1)) if s else 0
+    return kernels
+
+def sass_hmma(path):
+    """{(arch, kernel): number of HMMA instructions} from cuobjdump --dump-sass."""
+    counts, arch, kernel = {}, None, None
+    for line in open(path, errors="replace"):
+        m = re.match(r"\s*arch = (sm_\w+)", line)
+        if m:
+            arch, kernel = m.group(1), None
+            continue
+        m = re.search(r"Function : (\S+)", line)
+        if m:
+            kernel = m.group(1)
+            counts.setdefault((arch, kernel), 0)
+            continue
+        if kernel and re.search(r"\bHMMA\.", line):
+            counts[(arch, kernel)] += 1
+    return counts
+
+failures = []
+hmma = sass_hmma(os.path.join(out, "sass.txt")) if sass_count else {}
+print(f"\nfast paths: kernels matching /{fast_regex.pattern}/ (*); static smem only (dynamic smem is set at launch)")
+print(f"SASS from: {sass_source}")
+print("| target | kernel | regs | stack | spill st | spill ld | smem | HMMA |")
+print("|---|---|---:|---:|---:|---:|---:|---:|")
+for arch in ("80", "90a"):
+    kernels = ptxas_report(os.path.join(out, f"ptxas_sm{arch}.log"))
+    if not kernels:
+        failures.append(f"sm_{arch}: ptxas reported no entry function")
+    fast = [name for name in kernels if fast_regex.search(name)]
+    if not fast:
+        failures.append(f"sm_{arch}: no kernel matches the fast-path pattern (the tensor-core kernels for head dims "
+                        f"64 and 128): {sorted(kernels)}")
+    for name in sorted(kernels):
+        k = kernels[name]
+        is_fast = name in fast
+        count = hmma.get((f"sm_{arch}", name))
+        shown = "-" if count is None else str(count)
+        print(f"| sm_{arch} | {name}{' *' if is_fast else ''} | {k['regs']} | {k['stack']} | {k['spill_st']} | "
+              f"{k['spill_ld']} | {k['smem']} | {shown} |")
+        if is_fast and (k["stack"] or k["spill_st"] or k["spill_ld"]):
+            failures.append(f"sm_{arch} {name}: {k['stack']} bytes stack frame, {k['spill_st']} bytes spill stores, "
+                            f"{k['spill_ld']} bytes spill loads (the fast paths must have none)")
+        if is_fast and sass_count and not count:
+            failures.append(f"sm_{arch} {name}: no HMMA in its SASS" if count == 0 else
+                            f"sm_{arch} {name}: not found in the SASS of {sass_source}")
+if not sass_count:
+    print("SASS check skipped: cuobjdump (with nvdisasm) not found: pip install nvidia-cuda-cuobjdump "
+          "nvidia-cuda-nvdisasm, or set CUOBJDUMP")
+for f in failures:
+    print("FAIL:", f)
+sys.exit(1 if failures else 0)
+PY
+
+[ "$failures" -eq 0 ] && echo "cuda-compile-check: passed" || echo "cuda-compile-check: $failures failure(s)"
+exit $((failures > 0))
