@@ -76,6 +76,13 @@ enum cudaDeviceAttr {
 
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 
+/* C++ (nvcc) names these without the struct/enum keyword */
+typedef enum cudaMemcpyKind cudaMemcpyKind;
+typedef enum cudaMemoryType cudaMemoryType;
+typedef struct cudaPointerAttributes cudaPointerAttributes;
+typedef enum cudaDeviceAttr cudaDeviceAttr;
+typedef enum cudaFuncAttribute cudaFuncAttribute;
+
 /* ---- Host runtime functions (CUDA's signatures; streams run synchronously) ---- */
 const char *cudaGetErrorString(cudaError_t error);
 const char *cudaGetErrorName(cudaError_t error);

@@ -296,7 +296,7 @@ typedef struct {
     float *out; /* [mask index][thread] */
 } shfl_params;
 
-static const int shfl_masks[] = {1, 2, 16, 31, 32, 0};
+static const int shfl_masks[] = {1, 2, 16, 31, 33, 0}; /* 33: a source outside the warp */
 
 AF_KERNEL(shfl_kernel, shfl_params, p, 64)
 {
