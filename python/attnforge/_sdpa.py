@@ -1,6 +1,6 @@
 """One SDPA call on torch tensors or NumPy arrays, like torch.nn.functional.scaled_dot_product_attention."""
 from . import _C
-from ._tensors import exportable, new_lse, new_output
+from ._tensors import call_stream, exportable, new_lse, new_output
 
 
 def _call(reference, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_bottom_right,
@@ -11,7 +11,7 @@ def _call(reference, query, key, value, attn_mask, dropout_p, is_causal, scale, 
     lse = new_lse(query) if return_lse else None
     kwargs = {"attn_mask": attn_mask, "dropout_p": dropout_p, "is_causal": is_causal, "scale": scale,
               "enable_gqa": enable_gqa}
-    _C.sdpa((query, key, value), kwargs, out, lse, causal_bottom_right, reference)
+    _C.sdpa((query, key, value), kwargs, out, lse, causal_bottom_right, reference, call_stream(query))
     return (out, lse) if return_lse else out
 
 
@@ -19,9 +19,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  enable_gqa=False, *, causal_bottom_right=False, out=None, return_lse=False):
     """PyTorch's SDPA semantics (is_causal top-left aligned) computed by attnforge's FlashAttention kernel.
 
-    query (B,Hq,L,E), key (B,Hkv,S,E), value (B,Hkv,S,Ev): float32/float16/bfloat16 torch tensors (CPU) or
-    float32/float16 NumPy arrays, any non-negative strides; never copied. Returns out (B,Hq,L,Ev) in query's
-    dtype (allocated like query unless given), and with return_lse=True also the float32 log-sum-exp (B,Hq,L).
+    query (B,Hq,L,E), key (B,Hkv,S,E), value (B,Hkv,S,Ev): float32/float16/bfloat16 torch tensors (CPU or CUDA)
+    or float32/float16 NumPy arrays, any non-negative strides; never copied. All tensors of a call live on one
+    device; CUDA calls are enqueued on torch.cuda.current_stream(query.device), like a torch op. Returns out
+    (B,Hq,L,Ev) in query's dtype (allocated like query unless given), and with return_lse=True also the float32
+    log-sum-exp (B,Hq,L).
     causal_bottom_right=True is FlashAttention's alignment (row i sees keys j <= i + S - L).
     """
     return _call(False, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_bottom_right,

@@ -25,6 +25,15 @@ def exportable(x):
     return x
 
 
+def call_stream(query):
+    """The CUDA stream a call on query's device runs on: PyTorch's current stream there (its cudaStream_t as an int,
+    0 for the legacy default stream), so attnforge's kernels are ordered like any torch op and need no extra
+    synchronisation; None off CUDA (and for non-torch producers: the legacy default stream)."""
+    if is_torch_tensor(query) and query.device.type == "cuda":
+        return _torch().cuda.current_stream(query.device).cuda_stream
+    return None
+
+
 def _shape(x):
     shape = getattr(x, "shape", None)
     return tuple(shape) if shape is not None else None

@@ -6,7 +6,7 @@ import os
 
 from . import _C
 from ._samples import samples_to_json
-from ._tensors import exportable, new_lse, new_output
+from ._tensors import call_stream, exportable, new_lse, new_output
 
 SUPPORTED_FUNCTION = _C.SUPPORTED_FUNCTION   # "scaled_dot_product_attention"
 
@@ -85,7 +85,7 @@ class FlashAttention4KernelProvider:
         query = args[0] if args else kwargs.get("query")
         value = args[2] if len(args) > 2 else kwargs.get("value")
         out = new_output(query, value)
-        self._c.infer(args, kwargs, out, None, strict)
+        self._c.infer(args, kwargs, out, None, strict, call_stream(query))
         return out
 
     def infer_with_lse(self, *args, **kwargs):
@@ -95,7 +95,7 @@ class FlashAttention4KernelProvider:
         query = args[0] if args else kwargs.get("query")
         value = args[2] if len(args) > 2 else kwargs.get("value")
         out, lse = new_output(query, value), new_lse(query)
-        self._c.infer(args, kwargs, out, lse)
+        self._c.infer(args, kwargs, out, lse, False, call_stream(query))
         return out, lse
 
     def load_runtime_dependencies(self) -> None:

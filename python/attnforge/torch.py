@@ -61,10 +61,11 @@ def _patched(function):
 
 def record(module, *inputs, **kwargs) -> Samples:
     """Run module(*inputs, **kwargs) once under torch.no_grad() and return the distinct
-    F.scaled_dot_product_attention calls it made. Calls are the same when their tensors have the same shape,
-    dtype, strides and device and their other arguments are equal (the seed compares shapes and values only;
-    attnforge also keeps layouts apart, since they decide the copy-free path). Tensors of the first call seen
-    are kept, as in the seed."""
+    F.scaled_dot_product_attention calls it made, each tensor with its device ("cpu", "cuda:0": samples recorded
+    on CUDA give a cuda plan). Calls are the same when their tensors have the same shape, dtype, strides and
+    device and their other arguments are equal (the seed compares shapes and values only; attnforge also keeps
+    layouts apart, since they decide the copy-free path). Tensors of the first call seen are kept, as in the
+    seed."""
     seen = {}
     samples, counts = [], []
     original = _sdpa_function()
@@ -96,10 +97,12 @@ def _as_provider(provider_or_plan) -> FlashAttention4KernelProvider:
                     f"{type(provider_or_plan).__name__}")
 
 
-# Calls the plan does not cover (PlanMismatchError from the C guard, strict mode) and calls attnforge cannot
-# run (a dtype or device it lacks, arguments PyTorch accepts and it does not) go to PyTorch; PyTorch then
-# also raises for calls that are invalid for SDPA itself.
-_FALLBACK_ERRORS = (_C.InvalidArgumentError, _C.UnsupportedError, _C.PlanMismatchError, TypeError)
+# Calls the plan does not cover (PlanMismatchError from the C guard, strict mode: other arguments, layout, or a
+# device of the other backend) and calls attnforge cannot run (a dtype or device it lacks, arguments PyTorch accepts
+# and it does not, a CUDA call on the general path where attnforge's CUDA backend is missing) go to PyTorch; PyTorch
+# then also raises for calls that are invalid for SDPA itself.
+_FALLBACK_ERRORS = (_C.InvalidArgumentError, _C.UnsupportedError, _C.PlanMismatchError, _C.RuntimeUnavailableError,
+                    TypeError)
 
 
 def _needs_autograd(args, kwargs):
@@ -132,9 +135,14 @@ def apply(module, provider_or_plan, uncovered="pytorch"):
     module runs (forward hooks, as the seed's KernelProviderRuntime); PyTorch's function is back after each
     forward and after the block, also on exceptions.
 
-    Calls the plan does not cover (the C provider's per-call guard decides: form, mask, causality, scale, GQA,
-    layout) go to PyTorch's own SDPA; with uncovered="attnforge" they run on attnforge's general path with
+    Calls the plan does not cover (the C provider's per-call guard decides: device, form, mask, causality, scale,
+    GQA, layout) go to PyTorch's own SDPA; with uncovered="attnforge" they run on attnforge's general path with
     their own arguments instead. Calls attnforge cannot run at all (autograd, float64, ...) go to PyTorch.
+
+    A cuda plan (recorded on CUDA tensors) runs the module's CUDA calls on attnforge's CUDA kernels, on any one
+    CUDA device, enqueued on PyTorch's current stream; its CPU calls are not covered. A cpu plan does not cover
+    CUDA calls. The plan's backend is loaded on entry: a cuda plan raises RuntimeUnavailableError here, not in
+    the forward pass, where attnforge's CUDA backend, a driver or a GPU is missing.
 
     provider_or_plan: a prepared FlashAttention4KernelProvider, a plan dict (to_dict()) or a plan file path.
     Like the seed, this patches a process-wide function (not thread-safe) and only reaches code that looks up

@@ -59,7 +59,29 @@ static int read_bool(PyObject *obj, const char *name, bool *out) {
     return 0;
 }
 
-int afpy_call_parse(PyObject *args, PyObject *kwargs, afpy_call *call) {
+int afpy_stream_from_object(PyObject *obj, uintptr_t *stream) {
+    *stream = 0;
+    if (!obj || obj == Py_None) return 0;
+    if (!PyLong_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "stream: expected None or a cudaStream_t as an int, got %s",
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    const unsigned long long value = PyLong_AsUnsignedLongLong(obj);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "stream: a cudaStream_t is a non-negative pointer-sized int");
+        return -1;
+    }
+    if (value > UINTPTR_MAX) {
+        PyErr_SetString(PyExc_ValueError, "stream: does not fit in a pointer");
+        return -1;
+    }
+    *stream = (uintptr_t)value;
+    return 0;
+}
+
+int afpy_call_parse(PyObject *args, PyObject *kwargs, uintptr_t stream, afpy_call *call) {
     memset(call, 0, sizeof *call);
     PyObject *slots[N_ARGS] = {0};
     if (bind(args, kwargs, slots) < 0) return -1;
@@ -78,7 +100,7 @@ int afpy_call_parse(PyObject *args, PyObject *kwargs, afpy_call *call) {
     afpy_tensor *tensors[4] = {&call->query, &call->key, &call->value, &call->attn_mask};
     for (int i = 0; i < 4; i++) {
         if (i == ARG_MASK && (!slots[ARG_MASK] || slots[ARG_MASK] == Py_None)) continue;
-        if (afpy_tensor_from_object(slots[i], arg_names[i], false, tensors[i]) < 0) {
+        if (afpy_tensor_from_object(slots[i], arg_names[i], false, stream, tensors[i]) < 0) {
             afpy_call_release(call);
             return -1;
         }
@@ -87,6 +109,7 @@ int afpy_call_parse(PyObject *args, PyObject *kwargs, afpy_call *call) {
     a->key = &call->key.view;
     a->value = &call->value.view;
     a->attn_mask = slots[ARG_MASK] && slots[ARG_MASK] != Py_None ? &call->attn_mask.view : NULL;
+    a->stream = (void *)stream;   /* read by af_sdpa for CUDA tensors only */
     return 0;
 }
 

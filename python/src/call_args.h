@@ -13,10 +13,14 @@ typedef struct {
     af_qkv_source source;    /* how q/k/v were passed */
 } afpy_call;
 
-/* Bind `args` (a tuple) and `kwargs` (a dict or NULL) to SDPA's signature and borrow the tensors.
+/* Bind `args` (a tuple) and `kwargs` (a dict or NULL) to SDPA's signature and borrow the tensors; `stream` is the
+ * cudaStream_t a CUDA call runs on (0 = the legacy default stream): args.stream, and DLPack's handshake.
  * TypeError for what Python itself would refuse (unknown or repeated argument, missing q/k/v).
  * Returns 0, or -1 with an exception set (and nothing to release). */
-int afpy_call_parse(PyObject *args, PyObject *kwargs, afpy_call *call);
+int afpy_call_parse(PyObject *args, PyObject *kwargs, uintptr_t stream, afpy_call *call);
+/* The `stream` argument of _C.sdpa and Provider.infer: None (the legacy default stream) or a cudaStream_t as an int
+ * (torch.cuda.Stream.cuda_stream). 0, or -1 with an exception set. */
+int afpy_stream_from_object(PyObject *obj, uintptr_t *stream);
 void afpy_call_release(afpy_call *call);
 
 #endif

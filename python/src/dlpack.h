@@ -1,5 +1,5 @@
 /* The DLPack ABI (v0.8, "dltensor" capsules), written from the public specification at
- * https://dmlc.github.io/dlpack/latest/c_api.html: only the parts a CPU consumer reads. */
+ * https://dmlc.github.io/dlpack/latest/c_api.html: only the parts attnforge reads (CPU and CUDA consumers). */
 #ifndef AFPY_DLPACK_H
 #define AFPY_DLPACK_H
 #include <stdint.h>

@@ -115,19 +115,22 @@ static af_qkv_source call_source(const afpy_provider *self, PyObject *args, af_q
     return plan.qkv_source == AF_QKV_POSITIONAL ? AF_QKV_KEYWORD : AF_QKV_POSITIONAL;
 }
 
-/* infer(args: tuple, kwargs: dict, out, lse=None, strict=False) -> None: runs the plan into out. A call that
- * does not match the plan runs on the general path, or with strict=True raises PlanMismatchError unrun. */
+/* infer(args: tuple, kwargs: dict, out, lse=None, strict=False, stream=None) -> None: runs the plan into out. A
+ * call that does not match the plan runs on the general path, or with strict=True raises PlanMismatchError unrun.
+ * stream: the cudaStream_t (an int) a CUDA call is enqueued on, None = the legacy default stream. */
 static PyObject *provider_infer(afpy_provider *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"args", "kwargs", "out", "lse", "strict", NULL};
-    PyObject *call_args, *call_kwargs, *out_obj, *lse_obj = Py_None;
+    static char *keywords[] = {"args", "kwargs", "out", "lse", "strict", "stream", NULL};
+    PyObject *call_args, *call_kwargs, *out_obj, *lse_obj = Py_None, *stream_obj = Py_None;
     int strict = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O|Op:infer", keywords, &PyTuple_Type, &call_args,
-                                     &PyDict_Type, &call_kwargs, &out_obj, &lse_obj, &strict))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O|OpO:infer", keywords, &PyTuple_Type, &call_args,
+                                     &PyDict_Type, &call_kwargs, &out_obj, &lse_obj, &strict, &stream_obj))
         return NULL;
+    uintptr_t stream;
+    if (afpy_stream_from_object(stream_obj, &stream) < 0) return NULL;
     afpy_call call;
-    if (afpy_call_parse(call_args, call_kwargs, &call) < 0) return NULL;
+    if (afpy_call_parse(call_args, call_kwargs, stream, &call) < 0) return NULL;
     afpy_tensor out = {0}, lse = {0};
-    if (afpy_outputs_from_objects(out_obj, lse_obj, &out, &lse) < 0) {
+    if (afpy_outputs_from_objects(out_obj, lse_obj, stream, &out, &lse) < 0) {
         afpy_call_release(&call);
         return NULL;
     }
@@ -180,7 +183,7 @@ static PyMethodDef provider_methods[] = {
     {"from_json", (PyCFunction)provider_from_json, METH_O | METH_CLASS, "A prepared provider from plan JSON."},
     {"load", (PyCFunction)provider_load, METH_O | METH_CLASS, "A prepared provider from a plan file."},
     {"infer", (PyCFunction)(void (*)(void))provider_infer, METH_VARARGS | METH_KEYWORDS,
-     "infer(args, kwargs, out, lse=None, strict=False): run one SDPA call into out."},
+     "infer(args, kwargs, out, lse=None, strict=False, stream=None): run one SDPA call into out."},
     {"load_runtime_dependencies", (PyCFunction)provider_load_runtime, METH_NOARGS, "Load the plan's backend now."},
     {NULL, NULL, 0, NULL},
 };

@@ -3,9 +3,10 @@
 #include "call_args.h"
 #include "errors.h"
 
-int afpy_outputs_from_objects(PyObject *out_obj, PyObject *lse_obj, afpy_tensor *out, afpy_tensor *lse) {
-    if (afpy_tensor_from_object(out_obj, "out", true, out) < 0) return -1;
-    if (lse_obj && lse_obj != Py_None && afpy_tensor_from_object(lse_obj, "lse", true, lse) < 0) {
+int afpy_outputs_from_objects(PyObject *out_obj, PyObject *lse_obj, uintptr_t stream, afpy_tensor *out,
+                              afpy_tensor *lse) {
+    if (afpy_tensor_from_object(out_obj, "out", true, stream, out) < 0) return -1;
+    if (lse_obj && lse_obj != Py_None && afpy_tensor_from_object(lse_obj, "lse", true, stream, lse) < 0) {
         afpy_tensor_release(out);
         return -1;
     }
@@ -13,16 +14,19 @@ int afpy_outputs_from_objects(PyObject *out_obj, PyObject *lse_obj, afpy_tensor 
 }
 
 PyObject *afpy_sdpa(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"args", "kwargs", "out", "lse", "causal_bottom_right", "reference", NULL};
-    PyObject *call_args, *call_kwargs, *out_obj, *lse_obj = Py_None;
+    static char *keywords[] = {"args", "kwargs", "out", "lse", "causal_bottom_right", "reference", "stream", NULL};
+    PyObject *call_args, *call_kwargs, *out_obj, *lse_obj = Py_None, *stream_obj = Py_None;
     int bottom_right = 0, reference = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O|Opp:sdpa", keywords, &PyTuple_Type, &call_args, &PyDict_Type,
-                                     &call_kwargs, &out_obj, &lse_obj, &bottom_right, &reference))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O|OppO:sdpa", keywords, &PyTuple_Type, &call_args,
+                                     &PyDict_Type, &call_kwargs, &out_obj, &lse_obj, &bottom_right, &reference,
+                                     &stream_obj))
         return NULL;
+    uintptr_t stream;
+    if (afpy_stream_from_object(stream_obj, &stream) < 0) return NULL;
     afpy_call call;
-    if (afpy_call_parse(call_args, call_kwargs, &call) < 0) return NULL;
+    if (afpy_call_parse(call_args, call_kwargs, stream, &call) < 0) return NULL;
     afpy_tensor out = {0}, lse = {0};
-    if (afpy_outputs_from_objects(out_obj, lse_obj, &out, &lse) < 0) {
+    if (afpy_outputs_from_objects(out_obj, lse_obj, stream, &out, &lse) < 0) {
         afpy_call_release(&call);
         return NULL;
     }

@@ -6,10 +6,13 @@
 
 #include "tensors.h"
 
-/* sdpa(args: tuple, kwargs: dict, out, lse=None, causal_bottom_right=False, reference=False) -> None */
+/* sdpa(args: tuple, kwargs: dict, out, lse=None, causal_bottom_right=False, reference=False, stream=None) -> None;
+ * stream: the cudaStream_t (an int) a CUDA call is enqueued on, None = the legacy default stream. */
 PyObject *afpy_sdpa(PyObject *self, PyObject *args, PyObject *kwargs);
 
-/* Borrow `out` (and `lse` unless None) as writable views; 0, or -1 with an exception set and nothing held. */
-int afpy_outputs_from_objects(PyObject *out_obj, PyObject *lse_obj, afpy_tensor *out, afpy_tensor *lse);
+/* Borrow `out` (and `lse` unless None) as writable views (CUDA ones with the handshake for `stream`); 0, or -1
+ * with an exception set and nothing held. */
+int afpy_outputs_from_objects(PyObject *out_obj, PyObject *lse_obj, uintptr_t stream, afpy_tensor *out,
+                              afpy_tensor *lse);
 
 #endif

@@ -95,7 +95,18 @@ static const char *device_name(int32_t type) {
     case kDLROCM: return "rocm";
     case kDLCUDAManaged: return "cuda_managed";
     }
-    return "a non-CPU device";
+    return "a device attnforge does not know";
+}
+
+static bool is_cuda(int32_t type) { return type == kDLCUDA || type == kDLCUDAManaged; }
+
+int afpy_device_from_dlpack(int32_t device_type, int32_t device_id, af_device *device) {
+    memset(device, 0, sizeof *device);
+    if (device_type == kDLCPU || device_type == kDLCUDAHost) return 0;   /* pinned host memory is host memory */
+    if (!is_cuda(device_type) || device_id < 0) return -1;   /* managed memory: the device that runs the call */
+    device->type = AF_DEVICE_CUDA;
+    device->index = device_id;
+    return 0;
 }
 
 static int dtype_from_dlpack(DLDataType dt, af_dtype *dtype) {
@@ -114,11 +125,15 @@ static const char *dlpack_type_text(DLDataType dt, char *buf, size_t size) {
     return buf;
 }
 
-static int view_from_dltensor(const DLTensor *dl, const char *name, af_tensor *view) {
-    if (dl->device.device_type != kDLCPU) {
-        return unsupported("%s: tensor is on %s:%d; attnforge runs on the CPU", name,
+/* The view of a DLTensor: descriptors only, the data is never read here (it may be device memory). */
+static int view_from_dltensor(const DLTensor *dl, const char *name, bool handshake_done, af_tensor *view) {
+    af_device device;
+    if (afpy_device_from_dlpack(dl->device.device_type, dl->device.device_id, &device) < 0)
+        return unsupported("%s: tensor is on %s:%d; attnforge runs on the CPU and on CUDA devices", name,
                            device_name(dl->device.device_type), (int)dl->device.device_id);
-    }
+    if (device.type == AF_DEVICE_CUDA && !handshake_done)   /* its producer could not be told our stream */
+        return unsupported("%s: a CUDA tensor from an object without __dlpack_device__(); attnforge needs it to pass "
+                           "its stream to __dlpack__(stream=...)", name);
     af_dtype dtype;
     if (dtype_from_dlpack(dl->dtype, &dtype) < 0) {
         char text[32];
@@ -134,25 +149,73 @@ static int view_from_dltensor(const DLTensor *dl, const char *name, af_tensor *v
     *view = af_tensor_contiguous(data, dtype, dl->ndim, shape);   /* NULL strides mean row-major */
     if (dl->strides)
         for (int d = 0; d < dl->ndim; d++) view->strides[d] = dl->strides[d];
+    view->device = device;
     return 0;
 }
 
-static int from_dlpack(PyObject *obj, PyObject *dlpack_method, const char *name, afpy_tensor *t) {
-    PyObject *capsule = PyObject_CallNoArgs(dlpack_method);   /* no max_version: a v0.8 "dltensor" capsule */
-    if (!capsule) {
-        if (!PyErr_ExceptionMatches(PyExc_BufferError)) return -1;
-        PyObject *type, *value, *traceback;   /* e.g. a meta tensor: a tensor attnforge cannot read */
-        PyErr_Fetch(&type, &value, &traceback);
-        PyObject *text = value ? PyObject_Str(value) : NULL;
-        const char *message = text ? PyUnicode_AsUTF8(text) : NULL;
-        if (!message) PyErr_Clear();
-        unsupported("%s: cannot be read through DLPack: %s", name, message ? message : "BufferError");
-        Py_XDECREF(text);
-        Py_XDECREF(type);
-        Py_XDECREF(value);
-        Py_XDECREF(traceback);
+/* The pending BufferError or ValueError of a producer that cannot export this tensor (e.g. a meta tensor) as
+ * UnsupportedError naming the argument; other exceptions stay as they are. Returns -1. */
+static int unreadable(const char *name) {
+    if (!PyErr_ExceptionMatches(PyExc_BufferError) && !PyErr_ExceptionMatches(PyExc_ValueError)) return -1;
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyObject *text = value ? PyObject_Str(value) : NULL;
+    const char *message = text ? PyUnicode_AsUTF8(text) : NULL;
+    if (!message) PyErr_Clear();
+    unsupported("%s: cannot be read through DLPack: %s", name, message ? message : "the producer refused");
+    Py_XDECREF(text);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(traceback);
+    return -1;
+}
+
+/* __dlpack_device__() -> (device_type, device_id); 1 when the object has it, 0 when not, -1 on error. */
+static int dlpack_device(PyObject *obj, const char *name, int32_t *type, int32_t *id) {
+    PyObject *method = PyObject_GetAttrString(obj, "__dlpack_device__");
+    if (!method) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *result = PyObject_CallNoArgs(method);
+    Py_DECREF(method);
+    if (!result) return unreadable(name);
+    long t = -1, i = -1;
+    const bool ok = PyTuple_Check(result) && PyTuple_GET_SIZE(result) == 2 &&
+                    (t = PyLong_AsLong(PyTuple_GET_ITEM(result, 0))) != -1 &&
+                    (i = PyLong_AsLong(PyTuple_GET_ITEM(result, 1))) != -1 && t <= INT32_MAX && i <= INT32_MAX;
+    Py_DECREF(result);
+    if (!ok) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s: __dlpack_device__() must return (device_type, device_id)", name);
         return -1;
     }
+    *type = (int32_t)t;
+    *id = (int32_t)i;
+    return 1;
+}
+
+/* __dlpack__(), or for a CUDA producer __dlpack__(stream=S): the stream handshake of the DLPack protocol, S the
+ * stream the call runs on (1 = the legacy default stream, else the cudaStream_t), so the producer makes S wait for
+ * the tensor's pending work. */
+static PyObject *export_capsule(PyObject *dlpack_method, bool cuda, uintptr_t stream) {
+    if (!cuda) return PyObject_CallNoArgs(dlpack_method);   /* no max_version: a v0.8 "dltensor" capsule */
+    PyObject *kwargs = Py_BuildValue("{sK}", "stream", (unsigned long long)(stream ? stream : 1));
+    if (!kwargs) return NULL;
+    PyObject *empty = PyTuple_New(0);
+    PyObject *capsule = empty ? PyObject_Call(dlpack_method, empty, kwargs) : NULL;
+    Py_XDECREF(empty);
+    Py_DECREF(kwargs);
+    return capsule;
+}
+
+static int from_dlpack(PyObject *obj, PyObject *dlpack_method, const char *name, uintptr_t stream, afpy_tensor *t) {
+    int32_t reported_type = kDLCPU, reported_id = 0;
+    const int has_device = dlpack_device(obj, name, &reported_type, &reported_id);
+    if (has_device < 0) return -1;
+    const bool cuda = has_device && is_cuda(reported_type);
+    PyObject *capsule = export_capsule(dlpack_method, cuda, stream);
+    if (!capsule) return unreadable(name);
     DLManagedTensor *managed = PyCapsule_IsValid(capsule, "dltensor") ? PyCapsule_GetPointer(capsule, "dltensor") : NULL;
     if (!managed) {
         Py_DECREF(capsule);
@@ -166,17 +229,26 @@ static int from_dlpack(PyObject *obj, PyObject *dlpack_method, const char *name,
     }
     Py_DECREF(capsule);
     t->managed = managed;
-    if (view_from_dltensor(&managed->dl_tensor, name, &t->view) < 0) {
+    const DLDevice got = managed->dl_tensor.device;
+    af_device said, found;   /* compared as attnforge reads them: pinned host memory and the CPU are one */
+    const bool said_ok = afpy_device_from_dlpack(reported_type, reported_id, &said) == 0;
+    const bool found_ok = afpy_device_from_dlpack(got.device_type, got.device_id, &found) == 0;
+    if (has_device && (said_ok != found_ok || (said_ok && (said.type != found.type || said.index != found.index)))) {
+        PyErr_Format(PyExc_ValueError, "%s: __dlpack_device__() says %s:%d, the capsule %s:%d", name,
+                     device_name(reported_type), (int)reported_id, device_name(got.device_type), (int)got.device_id);
         afpy_tensor_release(t);
         return -1;
     }
-    (void)obj;
+    if (view_from_dltensor(&managed->dl_tensor, name, cuda, &t->view) < 0) {
+        afpy_tensor_release(t);
+        return -1;
+    }
     return 0;
 }
 
 /* ---------------------------------------------------------------- either */
 
-int afpy_tensor_from_object(PyObject *obj, const char *name, bool writable, afpy_tensor *t) {
+int afpy_tensor_from_object(PyObject *obj, const char *name, bool writable, uintptr_t stream, afpy_tensor *t) {
     memset(t, 0, sizeof *t);
     if (PyObject_CheckBuffer(obj)) return from_buffer(obj, name, writable, t);
     PyObject *method = PyObject_GetAttrString(obj, "__dlpack__");
@@ -187,14 +259,18 @@ int afpy_tensor_from_object(PyObject *obj, const char *name, bool writable, afpy
                      "protocol), got %s", name, Py_TYPE(obj)->tp_name);
         return -1;
     }
-    int rc = from_dlpack(obj, method, name, t);
+    int rc = from_dlpack(obj, method, name, stream, t);
     Py_DECREF(method);
     return rc;
 }
 
 void afpy_tensor_release(afpy_tensor *t) {
     if (t->managed) {
+        /* a producer's deleter may run Python code: an exception already raised waits until it is done */
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
         if (t->managed->deleter) t->managed->deleter(t->managed);
+        PyErr_Restore(type, value, traceback);
         t->managed = NULL;
     }
     if (t->has_buffer) {

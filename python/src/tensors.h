@@ -5,6 +5,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "attnforge.h"
 #include "dlpack.h"
@@ -16,10 +17,15 @@ typedef struct {
     DLManagedTensor *managed;    /* view came from DLPack: call its deleter */
 } afpy_tensor;
 
-/* Fill `t` from `obj`; `name` prefixes messages ("query: ..."). `writable` asks for a writable buffer.
- * Returns 0, or -1 with an exception set (and nothing to release). */
-int afpy_tensor_from_object(PyObject *obj, const char *name, bool writable, afpy_tensor *t);
-/* Give the view back (DLPack deleter / PyBuffer_Release); needs the GIL; safe on a zeroed struct. */
+/* Fill `t` from `obj`; `name` prefixes messages ("query: ..."). `writable` asks for a writable buffer. A CUDA
+ * tensor (DLPack kDLCUDA or kDLCUDAManaged) crosses without a copy as af_tensor on {AF_DEVICE_CUDA, device_id};
+ * `stream` is the cudaStream_t the call will run on (0 = the legacy default stream), handed to its producer's
+ * __dlpack__(stream=...). Returns 0, or -1 with an exception set (and nothing to release). */
+int afpy_tensor_from_object(PyObject *obj, const char *name, bool writable, uintptr_t stream, afpy_tensor *t);
+/* DLPack's (device_type, device_id) -> af_device: kDLCPU, kDLCUDA and kDLCUDAManaged; -1 for any other. */
+int afpy_device_from_dlpack(int32_t device_type, int32_t device_id, af_device *device);
+/* Give the view back (DLPack deleter / PyBuffer_Release); needs the GIL; safe on a zeroed struct; keeps a pending
+ * exception. */
 void afpy_tensor_release(afpy_tensor *t);
 
 #endif

@@ -4,8 +4,10 @@
 
 #include <stdatomic.h>
 
+#include "call_args.h"
 #include "provider/provider.h"
 #include "provider_binding.h"
+#include "tensors.h"
 
 /* The data pointers of q/k/v the last spied kernel call received (process-wide: tests run one at a time). */
 static _Atomic(uintptr_t) seen[3];
@@ -56,7 +58,35 @@ static PyObject *testing_runtime_loaded(PyObject *module, PyObject *arg) {
     return PyBool_FromLong(af_provider_runtime_loaded(p->provider));
 }
 
+/* _testing_tensor_view(obj, stream=None) -> dict: the af_tensor the binding reads from obj (device, data pointer,
+ * shape, strides), released at once; never touches the data, so a fake CUDA producer can be checked here. */
+static PyObject *testing_tensor_view(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"obj", "stream", NULL};
+    PyObject *obj, *stream_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:_testing_tensor_view", keywords, &obj, &stream_obj))
+        return NULL;
+    uintptr_t stream;
+    if (afpy_stream_from_object(stream_obj, &stream) < 0) return NULL;
+    afpy_tensor t;
+    if (afpy_tensor_from_object(obj, "tensor", false, stream, &t) < 0) return NULL;
+    PyObject *shape = PyTuple_New(t.view.ndim), *strides = PyTuple_New(t.view.ndim);
+    for (int d = 0; shape && strides && d < t.view.ndim; d++) {
+        PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(t.view.shape[d]));
+        PyTuple_SET_ITEM(strides, d, PyLong_FromLongLong(t.view.strides[d]));
+    }
+    PyObject *result = shape && strides ? Py_BuildValue("{s:s,s:i,s:K,s:O,s:O,s:s}", "device",
+        t.view.device.type == AF_DEVICE_CUDA ? "cuda" : "cpu", "index", t.view.device.index,
+        "data", (unsigned long long)(uintptr_t)t.view.data, "shape", shape, "strides", strides,
+        "dtype", af_dtype_name(t.view.dtype)) : NULL;
+    Py_XDECREF(shape);
+    Py_XDECREF(strides);
+    afpy_tensor_release(&t);
+    return result;
+}
+
 PyMethodDef afpy_testing_methods[] = {
+    {"_testing_tensor_view", (PyCFunction)(void (*)(void))testing_tensor_view, METH_VARARGS | METH_KEYWORDS,
+     "Test hook: the af_tensor view the binding reads from a tensor object (descriptors only)."},
     {"_testing_spy", testing_spy, METH_O, "Test hook: record the q/k/v pointers the provider's kernel receives."},
     {"_testing_seen", testing_seen, METH_NOARGS, "Test hook: (q, k, v) data pointers of the last spied call."},
     {"_testing_stats", testing_stats, METH_O, "Test hook: how the provider's infer ran its calls."},

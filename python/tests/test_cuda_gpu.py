@@ -1,0 +1,85 @@
+"""On a machine with an NVIDIA GPU and attnforge's CUDA backend (skipped elsewhere): torch CUDA tensors through
+scaled_dot_product_attention, the provider and apply(), on PyTorch's current stream, against PyTorch's SDPA."""
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import attnforge as af  # noqa: E402
+import attnforge.torch as aft  # noqa: E402
+
+CUDA_PLAN = {"type": "FlashAttention4KernelProvider", "version": 1, "qkv_source": "positional_qkv",
+             "flash_kwargs": {"causal": True}, "copy_free_layout": True, "backend": "cuda"}
+
+
+def _backend_ready():
+    if not torch.cuda.is_available():
+        return "no CUDA device for torch"
+    try:
+        af.FlashAttention4KernelProvider.from_dict(CUDA_PLAN).load_runtime_dependencies()
+    except af.RuntimeUnavailableError as e:
+        return f"attnforge's CUDA backend: {e}"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_backend_ready() is not None, reason=str(_backend_ready()))
+TOL = {torch.float16: 3e-3, torch.bfloat16: 2e-2, torch.float32: 1e-4}
+
+
+def nhd(b, h, n, e, dtype, device="cuda"):
+    """(B, H, N, E) HND views of NHD-contiguous memory, as transformers make them."""
+    return torch.randn(b, n, h, e, dtype=dtype, device=device).transpose(1, 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_matches_pytorch_on_a_side_stream(dtype, is_causal):
+    torch.manual_seed(0)
+    q, k, v = nhd(2, 8, 77, 64, dtype), nhd(2, 2, 77, 64, dtype), nhd(2, 2, 77, 64, dtype)
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=True)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):   # attnforge enqueues on the current stream: this one
+        out, lse = af.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=True, return_lse=True)
+    torch.cuda.current_stream().wait_stream(stream)
+    assert out.device == q.device and lse.device == q.device and out.dtype == dtype
+    torch.testing.assert_close(out, want, atol=TOL[dtype], rtol=TOL[dtype])
+    assert torch.isfinite(lse).all()
+
+
+def test_tensors_on_two_devices_are_a_value_error():
+    q = nhd(1, 2, 8, 64, torch.float16)
+    with pytest.raises(ValueError, match="on cpu but query is on cuda"):
+        af.scaled_dot_product_attention(q, q.cpu(), q)
+
+
+def test_record_prepare_apply_on_cuda():
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(256, 3 * 256)
+
+        def forward(self, x):
+            B, L, _ = x.shape
+            q, k, v = self.qkv(x).view(B, L, 3, 4, 64).unbind(2)
+            return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                  is_causal=True)
+
+    torch.manual_seed(0)
+    model = Block().to("cuda", torch.bfloat16).eval()
+    x = torch.randn(2, 128, 256, device="cuda", dtype=torch.bfloat16)
+    samples = aft.record(model, x)
+    provider = af.FlashAttention4KernelProvider()
+    assert provider.prepare(samples), provider.reason
+    assert provider.to_dict()["backend"] == "cuda"
+    with torch.no_grad():
+        want = model(x)
+        with aft.apply(model, provider):
+            got = model(x)
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    assert af._C._testing_stats(provider._c)["plan_calls"] == 1
+    cpu_model = Block().to(torch.bfloat16).eval()   # CPU calls under a cuda plan: PyTorch's
+    with torch.no_grad(), aft.apply(cpu_model, provider):
+        cpu_model(x.cpu())
+    assert af._C._testing_stats(provider._c)["plan_calls"] == 1
