@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # attnforge verify/bench --device cuda end to end, on the CUDA backend compiled against the CPU emulation of CUDA
-# (libattnforge_cuda_emulated.so, built beside the command): every output is checked against the double reference
+# (libattnforge_cuda_emulated.so, built in tests/cuda_emu/ of the command's build tree; ATTNFORGE_CUDA_EMULATED names
+# another backend, e.g. the real one on a GPU machine): every output is checked against the double reference
 # by the command itself; the unavailable backend gives exit 3 and the loader's message; bad --device values exit 2.
 # Tiny shapes only: the emulation runs each GPU thread on the CPU.
 # Usage: cli_cuda.sh PATH/TO/attnforge   (exit 77 = skipped: the emulated backend is not built)
 set -u
 cli=$1
-emulated=${ATTNFORGE_CUDA_EMULATED:-$(dirname "$cli")/libattnforge_cuda_emulated.so}
+emulated=${ATTNFORGE_CUDA_EMULATED:-$(dirname "$cli")/tests/cuda_emu/libattnforge_cuda_emulated.so}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 failures=0

@@ -70,6 +70,7 @@ bool cli_tensor_random_like(cli_tensor *t, const af_tensor *desc, uint64_t *seed
     }
     t->view = *desc;
     t->view.data = t->memory;
+    memset(&t->view.device, 0, sizeof t->view.device);   /* host memory, whatever device the description named */
     return true;
 }
 

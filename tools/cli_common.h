@@ -23,7 +23,8 @@ typedef struct {
 /* shape[4] in HND order; nhd = true lays it out as x_nhd.transpose(1, 2) (copy-free for the provider). */
 bool cli_tensor_random(cli_tensor *t, af_dtype dtype, const int64_t shape[4], bool nhd, uint64_t *seed, double amplitude);
 bool cli_tensor_zeros(cli_tensor *t, af_dtype dtype, int ndim, const int64_t *shape);
-/* A tensor laid out as `desc` describes (shape, dtype, non-negative strides; desc->data is ignored): memory for
+/* A tensor laid out as `desc` describes (shape, dtype, non-negative strides; desc->data and desc->device are ignored:
+ * the memory is the host's): memory for
  * every element the strides reach, uniform in [-amplitude, amplitude) (bool: true with probability 0.8).
  * false when the strides are negative or the span is absurd (over 2^34 bytes) or memory runs out. */
 bool cli_tensor_random_like(cli_tensor *t, const af_tensor *desc, uint64_t *seed, double amplitude);

@@ -1,0 +1,301 @@
+#!/usr/bin/env bash
+# One command for a machine with an NVIDIA GPU (written for an H200 with nvcc 13 and PyTorch, no network; fits
+# 8 minutes): builds with the CUDA backend, runs ctest, `attnforge verify --device cuda` (the default cases and
+# random samples against the double reference), compute-sanitizer memcheck/racecheck on small cases, the compile
+# checks, then bench/cuda_compare.py (attnforge beside torch's SDPA backends), and, where the CPU has AVX-512/AMX,
+# the ctest suites and `attnforge bench --isa avx512|amx --quick`. Each phase has a time budget (the time an early
+# phase leaves goes to the later ones); a phase's failure is reported and the later phases still run.
+# Usage: scripts/gpu-check.sh             (BUILD_DIR, default build-gpu; OUT: also writes $OUT/gpu-check.log)
+#        GPU_CHECK_DRY=1 scripts/gpu-check.sh   runs only the phases that need no GPU (for trying it without one)
+#        GPU_CHECK_PHASES="verify compare" scripts/gpu-check.sh   a subset of: info build verify ctest sanitizer
+#        compile compare cpu_isa (the later ones need the build); GPU_CHECK_BUDGET: seconds in all (default 470)
+# Exit status: the number of failed phases (0: all passed or skipped).
+# shellcheck disable=SC2317  # the phase_* functions are called indirectly, by run_phase
+set -u
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root" || exit 1
+build=${BUILD_DIR:-$root/build-gpu}
+dry=${GPU_CHECK_DRY:-0}
+total_budget=${GPU_CHECK_BUDGET:-470}   # seconds: 8 minutes less a margin
+if [ -n "${OUT:-}" ]; then
+    mkdir -p "$OUT"
+    exec > >(tee "$OUT/gpu-check.log") 2>&1
+fi
+start=$(date +%s)
+deadline=$((start + total_budget))
+cli=$build/attnforge
+cuda_lib=$build/libattnforge_cuda.so
+jobs=$(nproc 2>/dev/null || echo 2)
+failed=()
+passed=()
+skipped=()
+
+# Budgets in seconds, in run order; a phase may use what earlier phases left, minus what later ones reserve.
+phases=(info build verify ctest sanitizer compile compare cpu_isa)
+declare -A budget=([info]=10 [build]=140 [verify]=35 [ctest]=75 [sanitizer]=45 [compile]=0 [compare]=130 [cpu_isa]=35)
+
+elapsed() { echo $(($(date +%s) - start)); }
+# Seconds phase $1 may run: up to the deadline less the budgets of the phases after it, at least 10.
+allowance() {
+    local after=0 seen=0 p
+    for p in "${phases[@]}"; do
+        [ "$seen" = 1 ] && after=$((after + budget[$p]))
+        [ "$p" = "$1" ] && seen=1
+    done
+    local left=$((deadline - $(date +%s) - after))
+    [ "$left" -lt 10 ] && left=10
+    echo "$left"
+}
+banner() { printf '\n==== [%3ss] %s\n' "$(elapsed)" "$*"; }
+# run_phase NAME FUNCTION: runs it with its allowance in $allowed; records passed/failed/skipped (return 77).
+run_phase() {
+    local name=$1 fn=$2 t0 code
+    allowed=$(allowance "$name")
+    banner "phase $name (budget ${budget[$name]} s, allowed ${allowed} s)"
+    t0=$(date +%s)
+    "$fn"
+    code=$?
+    local took=$(($(date +%s) - t0))
+    if [ "$code" -eq 0 ]; then
+        passed+=("$name (${took}s)")
+        echo "---- $name: passed in ${took} s"
+    elif [ "$code" -eq 77 ]; then
+        skipped+=("$name")
+        echo "---- $name: skipped"
+    else
+        failed+=("$name (exit $code, ${took}s)")
+        echo "---- $name: FAILED (exit $code) in ${took} s"
+    fi
+}
+# bounded SECONDS command...: the command, killed after SECONDS (exit 124)
+bounded() {
+    local seconds=$1
+    shift
+    timeout --kill-after=5 "$seconds" "$@"
+}
+has_gpu() { [ "$dry" != 1 ] && command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }
+find_nvcc() { command -v nvcc || { [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc; }; }
+python_bin() { command -v python3 || command -v python; }
+find_sanitizer() {
+    local toolkit=/usr/local/cuda/bin/compute-sanitizer
+    command -v compute-sanitizer || { [ -x "$toolkit" ] && echo "$toolkit"; }
+}
+
+# ---- phases
+
+phase_info() {
+    echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo "commit: $(git -C "$root" log -1 --format='%h %s' 2>/dev/null || echo '?')"
+    echo "dry run: $dry; build dir: $build; cores: $jobs"
+    grep -m1 'model name' /proc/cpuinfo || true
+    local flags
+    flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|avx512f|avx512bw|amx_tile|amx_bf16)$' |
+        tr '\n' ' ')
+    echo "cpu flags of interest: ${flags:-none}"
+    if command -v nvidia-smi >/dev/null; then
+        bounded 20 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true
+    else
+        echo "nvidia-smi: not found"
+    fi
+    local nvcc
+    nvcc=$(find_nvcc)
+    echo "nvcc: ${nvcc:-not found} ${nvcc:+$("$nvcc" --version | tail -1)}"
+    echo "compute-sanitizer: $(find_sanitizer || echo 'not found')"
+    bounded 60 "$(python_bin)" - <<'PY' || echo "python: torch not importable"
+import torch
+print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuda available: {torch.cuda.is_available()}")
+PY
+    return 0
+}
+
+configure() {   # configure TESTS(ON|OFF) PYTHON(ON|OFF)
+    local nvcc
+    nvcc=$(find_nvcc)
+    cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DAF_BUILD_TESTS="$1" -DAF_BUILD_PYTHON="$2" \
+        ${nvcc:+-DCMAKE_CUDA_COMPILER="$nvcc"} -DCMAKE_CUDA_FLAGS="--threads 0" >"$build.configure.log" 2>&1
+}
+
+phase_build() {
+    mkdir -p "$build"
+    # the C tests need cmocka and the extension Python's headers: without them, build what can be built
+    local tests python ok=0
+    for tests in ON OFF; do
+        for python in ON OFF; do
+            if configure "$tests" "$python"; then
+                ok=1
+                break 2
+            fi
+            echo "configure with tests=$tests python=$python failed:" \
+                "$(grep -m3 -iE 'error|not found' "$build.configure.log" | tr '\n' ' ')"
+            rm -f "$build/CMakeCache.txt"
+        done
+    done
+    [ "$ok" = 1 ] || { tail -20 "$build.configure.log"; return 1; }
+    echo "configured: tests=$tests python=$python"
+    grep -E "attnforge: (building|nvcc)" "$build.configure.log" || true
+    if ! bounded "$allowed" cmake --build "$build" -j"$jobs" >"$build.build.log" 2>&1; then
+        grep -E "error|Error" "$build.build.log" | head -20
+        tail -5 "$build.build.log"
+        return 1
+    fi
+    ls -la "$cli" "$cuda_lib" 2>&1
+    # the Python package: the sources and the extension built here (ATTNFORGE_CUDA_LIBRARY names the backend)
+    local ext
+    ext=$(find "$build/python" -maxdepth 1 -name '_C*.so' 2>/dev/null | head -1)
+    if [ -n "$ext" ]; then
+        rm -rf "$build/pypkg" && mkdir -p "$build/pypkg/attnforge" &&
+            cp "$root"/python/attnforge/*.py "$ext" "$build/pypkg/attnforge/"
+        echo "python package: $build/pypkg"
+    fi
+    [ -f "$cuda_lib" ] || { has_gpu && echo "libattnforge_cuda.so was not built (nvcc not found?)" && return 1; }
+    return 0
+}
+
+# Random samples files for verify (one plan per file: the kwargs are shared, the shapes random): dtypes, GQA,
+# L != S, both causal settings, head dims up to 256, NHD views; small.samples.json for the sanitizers.
+write_samples() {
+    mkdir -p "$1"
+    "$(python_bin)" - "$1" <<'PY'
+import json, os, random, sys
+out, rng = sys.argv[1], random.Random(20251130)
+
+def tensor(b, h, n, d, dtype, nhd):
+    t = {"shape": [b, h, n, d], "dtype": dtype}
+    if nhd:   # x_nhd.transpose(1, 2)
+        t["strides"] = [n * h * d, d, h * d, 1]
+    return t
+
+def sample(causal, gqa, nhd, small):
+    while True:   # sizes within a work budget: the double reference runs on one CPU core
+        dtype = rng.choice(["bfloat16", "float16", "bfloat16", "float16", "float32"])
+        E = rng.choice([32, 64, 64, 128, 128, 96, 256] if not small else [64, 128])
+        Ev = E if rng.random() < 0.8 else rng.choice([64, 128])
+        hkv = rng.choice([1, 2, 4])
+        hq = hkv * (rng.choice([2, 4, 8]) if gqa else 1)
+        L = rng.choice([1, 7, 64, 130, 257, 600]) if not small else rng.choice([1, 33, 70])
+        S = rng.choice([L, L + 13, 1024, 2500]) if not small else rng.choice([L, 90])
+        b = rng.choice([1, 2])
+        if b * hq * L * S * (E + Ev) <= 2e8:
+            break
+    kwargs = {"is_causal": causal}
+    if gqa:
+        kwargs["enable_gqa"] = True
+    q, k, v = tensor(b, hq, L, E, dtype, nhd), tensor(b, hkv, S, E, dtype, nhd), tensor(b, hkv, S, Ev, dtype, nhd)
+    return {"args": [q, k, v], "kwargs": kwargs}
+
+for causal in (False, True):
+    for gqa in (False, True):
+        nhd = rng.random() < 0.5
+        name = f"random_{'causal' if causal else 'full'}_{'gqa' if gqa else 'mha'}.samples.json"
+        with open(os.path.join(out, name), "w") as f:
+            json.dump({"samples": [sample(causal, gqa, nhd, False) for _ in range(6)]}, f)
+with open(os.path.join(out, "small.samples.json"), "w") as f:
+    json.dump({"samples": [sample(True, True, False, True) for _ in range(3)]}, f)
+print(f"samples files in {out}")
+PY
+}
+
+phase_verify() {
+    [ -x "$cli" ] || return 1
+    if ! has_gpu; then
+        echo "no GPU (or dry run): verify --device cuda must refuse with exit 3"
+        bounded 60 "$cli" verify --device cuda
+        [ $? -eq 3 ] && return 77 || return 1
+    fi
+    local code=0 half=$((allowed / 2))
+    export ATTNFORGE_CUDA_LIBRARY=$cuda_lib
+    bounded "$half" "$cli" verify --device cuda || code=1
+    write_samples "$build/samples" || return 1
+    local f
+    for f in "$build"/samples/*.samples.json; do
+        echo "-- $(basename "$f")"
+        bounded "$((allowed - half))" "$cli" verify --device cuda --samples "$f" 2>/dev/null || code=1
+    done
+    # the command-line checks of tests/cli_cuda.sh with the real backend in place of the emulated one
+    echo "-- tests/cli_cuda.sh on the GPU"
+    ATTNFORGE_CUDA_EMULATED=$cuda_lib bounded 60 bash "$root/tests/cli_cuda.sh" "$cli" >"$build.cli_cuda.log" 2>&1 ||
+        code=1
+    grep -vE '^ok: ' "$build.cli_cuda.log"
+    return "$code"
+}
+
+phase_ctest() {
+    [ -f "$build/CTestTestfile.cmake" ] || { echo "no tests configured"; return 77; }
+    # the compile checks run in their own phase (ptxas for two targets); everything else here
+    (cd "$build" && bounded "$allowed" ctest -j"$jobs" --timeout 120 --output-on-failure -E 'cuda_compile_check') \
+        >"$build.ctest.log" 2>&1
+    local code=$?
+    grep -E "tests passed|tests failed|\*\*\*Failed|\*\*\*Timeout|Not Run|Skipped" "$build.ctest.log" | head -40
+    [ "$code" -eq 124 ] && echo "ctest: stopped at the phase's ${allowed} s"
+    return "$code"
+}
+
+phase_sanitizer() {
+    local sanitizer
+    sanitizer=$(find_sanitizer)
+    [ -n "$sanitizer" ] || { echo "compute-sanitizer not found"; return 77; }
+    has_gpu || return 77
+    export ATTNFORGE_CUDA_LIBRARY=$cuda_lib
+    local code=0 tool per=$((allowed / 2))
+    for tool in memcheck racecheck; do
+        echo "-- $tool"
+        bounded "$per" "$sanitizer" --tool "$tool" --error-exitcode 9 \
+            "$cli" verify --device cuda --samples "$build/samples/small.samples.json" >"$build.$tool.log" 2>&1
+        local c=$?
+        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|checks within tolerance|Error" "$build.$tool.log" | head -10
+        [ "$c" -ne 0 ] && { echo "$tool: exit $c"; code=1; }
+    done
+    return "$code"
+}
+
+phase_compile() {
+    [ -f "$cuda_lib" ] || { echo "no libattnforge_cuda.so"; return 77; }
+    AF_REQUIRE_SASS_CHECK=1 bounded "$allowed" bash "$root/scripts/cuda-compile-check.sh" "$build"
+}
+
+phase_compare() {
+    has_gpu || return 77
+    local py pypath=""
+    py=$(python_bin)
+    [ -d "$build/pypkg" ] && pypath=$build/pypkg
+    ATTNFORGE_CUDA_LIBRARY=$cuda_lib PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}" \
+        bounded "$allowed" "$py" "$root/bench/cuda_compare.py" --budget "$((allowed - 25))" --attnforge-cli "$cli" \
+        --json "$build/cuda_compare.json"
+}
+
+phase_cpu_isa() {
+    local flags isa code=0 ran=0
+    flags=$(grep -m1 '^flags' /proc/cpuinfo)
+    [ -x "$cli" ] || return 1
+    for isa in avx512 amx; do
+        case $isa in
+            avx512) echo "$flags" | grep -qw avx512f || continue ;;
+            amx) echo "$flags" | grep -qw amx_bf16 || continue ;;
+        esac
+        ran=1
+        echo "-- $isa: the ctest suites that run every ISA this CPU has, then bench --quick"
+        if [ -f "$build/CTestTestfile.cmake" ]; then
+            (cd "$build" && bounded "$((allowed / 3))" ctest -j"$jobs" --timeout 60 --output-on-failure \
+                -R "test_(sdpa_random|ukernel|amx|smoke|concurrency|numerics)") 2>&1 | tail -6 || code=1
+        fi
+        bounded "$((allowed / 3))" "$cli" bench --isa "$isa" --quick --reps 3 || code=1
+    done
+    [ "$ran" = 1 ] || { echo "this CPU has neither avx512f nor amx_bf16"; return 77; }
+    return "$code"
+}
+
+[ "$dry" = 1 ] && echo "gpu-check: DRY RUN (GPU_CHECK_DRY=1): the phases that need a GPU are skipped"
+[ "$dry" = 1 ] && budget[compare]=0
+only=" ${GPU_CHECK_PHASES:-${phases[*]}} "   # GPU_CHECK_PHASES="verify compare": a subset (the build must exist)
+for p in "${phases[@]}"; do
+    [[ "$only" == *" $p "* ]] || budget[$p]=0
+done
+for p in "${phases[@]}"; do
+    [[ "$only" == *" $p "* ]] && run_phase "$p" "phase_$p"
+done
+
+banner "summary (total $(elapsed) s of ${total_budget} s)"
+echo "passed: ${passed[*]:-none}"
+echo "skipped: ${skipped[*]:-none}"
+echo "FAILED: ${failed[*]:-none}"
+exit "${#failed[@]}"
