@@ -55,6 +55,9 @@ typedef struct {
 
 static size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
+/* ceil(n / d) for n >= 0, d > 0, without forming n + d - 1: a broadcast (stride-0) key may have S near 2^63. */
+static int64_t ceil_div(int64_t n, int64_t d) { return n / d + (n % d != 0); }
+
 /* Leading dimension of a tile: `floats` rounded up to whole 64-byte lines, then to an odd number of lines, so
  * that a column strip's consecutive rows fall in different L1 sets (a 256- or 512-byte row stride puts a 64-row
  * strip into 8 or 16 of the 64 sets, where it evicts itself; measured: Q·K^T 79-89 -> 93 GFLOP/s on one core). */
@@ -232,8 +235,8 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
     memset(O, 0, sizeof(float) * (size_t)rows * (size_t)fp->ev_pad);
     if (fp->px) fp->px->pack_q(rows, fp->E, qb, fp->E, qpack);
 
-    int64_t k_lo = w.split * fp->split_keys, k_hi = k_lo + fp->split_keys;
-    if (k_hi > p->S) k_hi = p->S;
+    const int64_t k_lo = w.split * fp->split_keys;   /* < S */
+    int64_t k_hi = p->S - k_lo < fp->split_keys ? p->S : k_lo + fp->split_keys;
     const int64_t first_visible = af_visible_keys(p, r0 / p->group);
     const int64_t last_visible = af_visible_keys(p, (r0 + rows - 1) / p->group);
     if (k_hi > last_visible) k_hi = last_visible;   /* tiles wholly above the diagonal are never touched */
@@ -243,8 +246,9 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
         *cache = (tile_cache){.b_plus_1 = w.b + 1, .hk = w.hk, .packed = 0};
 
     int skip = 0;   /* leading rows of the block that see no key of the tile (causal): they sit the tile out */
-    for (int64_t j0 = k_lo; j0 < k_hi; j0 += fp->block_keys) {
-        const int cols = (int)(k_hi - j0 < fp->block_keys ? k_hi - j0 : fp->block_keys);
+    int cols;
+    for (int64_t j0 = k_lo; j0 < k_hi; j0 += cols) {   /* += cols: j0 + block_keys may pass 2^63 */
+        cols = (int)(k_hi - j0 < fp->block_keys ? k_hi - j0 : fp->block_keys);
         /* The tiles this block's products read: cached ones, or the scratch tiles packed for this block alone.
          * Cached tiles are packed whole, whatever this block's causal limit, so that a later block of the head may
          * use every key of them (with causal blocks longest first that does not happen, but the cache does not
@@ -380,7 +384,7 @@ af_status af_flash_forward(const af_problem *p) {
     fp.split_keys = p->S > 0 ? p->S : 1;
     if (rows_total <= SPLIT_MAX_ROWS && p->S > 2 * SPLIT_KEYS) {   /* decode: spread the keys over the threads */
         fp.split_keys = round_up(SPLIT_KEYS, (size_t)fp.block_keys);
-        fp.splits = (p->S + fp.split_keys - 1) / fp.split_keys;
+        fp.splits = ceil_div(p->S, fp.split_keys);
     }
     const double log2e = 1.4426950408889634;
     fp.pre_scale = p->mask != NULL || !(p->scale > 0.0);
@@ -421,7 +425,7 @@ af_status af_flash_forward(const af_problem *p) {
      * TILE_CACHE_BYTES together (L=S=4096, E=Ev=128: 4.8 MiB per thread; at 8192 two threads no longer fit). */
     fp.cache_kt_floats = (size_t)fp.E * keys_pad;
     fp.cache_tile_floats = fp.cache_kt_floats + (size_t)fp.block_keys * ev_pad;
-    const int64_t tiles = (p->S + fp.block_keys - 1) / fp.block_keys;
+    const int64_t tiles = ceil_div(p->S, fp.block_keys);
     const size_t threads = (size_t)af_get_num_threads();
     const double cache_bytes = (double)tiles * (double)fp.cache_tile_floats * sizeof(float) * (double)threads;
     fp.tile_cache = !fp.px && !fp.direct && fp.splits == 1 && fp.row_blocks > 1 && fp.Ev > 0 &&
@@ -437,9 +441,11 @@ af_status af_flash_forward(const af_problem *p) {
            fp.uk->isa, (long long)groups, fp.block_rows, fp.block_keys, (long long)fp.splits,
            fp.px ? "own-format products" : fp.direct ? "direct K/V reads" : "packed f32 tiles",
            fp.tile_cache ? ", tile cache on" : "");
+    int64_t items;   /* a broadcast (stride-0) key can make S, hence the splits, the items and their partials, huge */
     if (fp.splits > 1) {
-        size_t count;   /* a broadcast (stride-0) key can make S, hence this size, pass 2^64 */
-        if (__builtin_mul_overflow((size_t)(groups * fp.splits), br * (ev_pad + 2), &count) || count > SIZE_MAX / sizeof(float))
+        size_t count;
+        if (__builtin_mul_overflow(groups, fp.splits, &items) ||
+            __builtin_mul_overflow((size_t)items, br * (ev_pad + 2), &count) || count > SIZE_MAX / sizeof(float))
             return af_fail(AF_ERR_NO_MEMORY, "out of memory: split-KV partial results for %lld splits exceed 2^64 bytes",
                            (long long)fp.splits);
         if (count > ((size_t)1 << 45))   /* 2^47 bytes: more than an x86-64/arm64 process can address */
@@ -448,7 +454,8 @@ af_status af_flash_forward(const af_problem *p) {
         if (!(fp.partials = af_alloc(sizeof(float) * count)))
             return af_fail(AF_ERR_NO_MEMORY, "out of memory: %zu bytes of split-KV partial results", sizeof(float) * count);
     }
-    af_status st = af_parallel_for(groups * fp.splits, run_item, &fp, at);
+    if (fp.splits == 1) items = groups;
+    af_status st = af_parallel_for(items, run_item, &fp, at);
     if (st == AF_OK && fp.splits > 1) st = af_parallel_for(groups, combine_item, &fp, sizeof(float) * ev_pad);
     af_free(fp.partials);
     return st;

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/status.h"
+#include "sdpa/check.h"
 #include "sdpa/problem.h"
 #include "sdpa/check_device.h"
 
@@ -17,12 +18,16 @@ static const char *shape_text(const af_tensor *t, char *buf, size_t size) {
     return buf;
 }
 
-/* Byte span of a view: [0, *bytes) from t->data. Fails on negative sizes/strides or overflow. */
+/* Byte span of a view: [0, *bytes) from t->data, and its element count. Beyond the sizes and strides themselves, the
+ * offsets the kernels and the reference form must be representable: for a view with elements, the byte offset of its
+ * last element (and so every partial sum of index·stride, all terms being >= 0) and every stride in bytes (a row
+ * pitch, also along a size-1 dim) fit in int64, and data + span does not wrap the address space. A view with no
+ * elements is never addressed (its strides are replaced in the problem: problem_strides), so its strides are free. */
 static af_status view_span(const af_tensor *t, const char *name, int64_t *bytes, int64_t *numel) {
     if (t->ndim < 0 || t->ndim > AF_MAX_DIMS)
         return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: ndim %d is outside 0..%d", name, t->ndim, AF_MAX_DIMS);
-    if (af_dtype_size(t->dtype) == 0)
-        return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: unknown dtype code %d", name, (int)t->dtype);
+    const int64_t elem = (int64_t)af_dtype_size(t->dtype);
+    if (elem == 0) return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: unknown dtype code %d", name, (int)t->dtype);
     int64_t last = 0, count = 1;
     for (int d = 0; d < t->ndim; d++) {
         if (t->shape[d] < 0)
@@ -34,23 +39,39 @@ static af_status view_span(const af_tensor *t, const char *name, int64_t *bytes,
         if (__builtin_mul_overflow(count, t->shape[d], &count))
             return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: the number of elements overflows 64 bits", name);
     }
-    if (count > 0) {
-        for (int d = 0; d < t->ndim; d++) {
-            int64_t reach;
-            if (__builtin_mul_overflow(t->shape[d] - 1, t->strides[d], &reach) || __builtin_add_overflow(last, reach, &last))
-                return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: shape and strides reach beyond 2^63 elements", name);
-        }
-        int64_t span;
-        if (__builtin_add_overflow(last, 1, &span) || __builtin_mul_overflow(span, (int64_t)af_dtype_size(t->dtype), &span))
-            return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: the view spans more than 2^63 bytes", name);
-        if (!t->data) return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: data is NULL but the view has %lld elements", name,
-                                     (long long)count);
-        *bytes = span;
-    } else {
-        *bytes = 0;
-    }
+    *bytes = 0;
     *numel = count;
+    if (count == 0) return AF_OK;
+    for (int d = 0; d < t->ndim; d++) {
+        int64_t reach;
+        if (__builtin_mul_overflow(t->shape[d] - 1, t->strides[d], &reach) ||
+            __builtin_add_overflow(last, reach, &last))
+            return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: shape and strides reach beyond 2^63 elements", name);
+    }
+    int64_t span, pitch;
+    if (__builtin_add_overflow(last, 1, &span) || __builtin_mul_overflow(span, elem, &span))
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: the view spans more than 2^63 bytes", name);
+    for (int d = 0; d < t->ndim; d++)   /* a longer dim's stride is within the span; a size-1 dim's is not bounded */
+        if (t->shape[d] == 1 && __builtin_mul_overflow(t->strides[d], elem, &pitch))
+            return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: stride[%d] is %lld elements of %lld bytes: past 2^63 bytes",
+                           name, d, (long long)t->strides[d], (long long)elem);
+    if (!t->data)
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: data is NULL but the view has %lld elements", name,
+                       (long long)count);
+    if ((uintptr_t)t->data > UINTPTR_MAX - (uint64_t)span)
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: data at %p plus the view's %lld bytes wraps around the address "
+                       "space", name, t->data, (long long)span);
+    *bytes = span;
     return AF_OK;
+}
+
+/* The element strides the problem gets: the view's, or for a view with no elements zeros (nothing is ever read or
+ * written through it, though the kernels form row offsets for its non-empty dims: Ev = 0 leaves S value rows) and 1
+ * along the last dim, so that the paths that want a contiguous head dim take it as before. */
+static void problem_strides(const af_tensor *t, int64_t numel, int64_t *strides) {
+    memcpy(strides, t->strides, sizeof(int64_t) * (size_t)t->ndim);
+    if (numel > 0) return;
+    for (int d = 0; d < t->ndim; d++) strides[d] = d == t->ndim - 1 ? 1 : 0;
 }
 
 /* True when no two distinct indices of `t` address the same element (sufficient test: sorted strides nest). */
@@ -222,22 +243,44 @@ af_status af_sdpa_check(const af_sdpa_args *args, const af_tensor *out, const af
     p->B = B; p->Hq = Hq; p->Hkv = Hkv; p->L = L; p->S = S; p->E = E; p->Ev = Ev;
     p->group = Hkv > 0 ? Hq / Hkv : 1;
     p->q = q->data; p->k = k->data; p->v = v->data; p->out = out->data;
-    memcpy(p->q_stride, q->strides, sizeof p->q_stride);
-    memcpy(p->k_stride, k->strides, sizeof p->k_stride);
-    memcpy(p->v_stride, v->strides, sizeof p->v_stride);
-    memcpy(p->out_stride, out->strides, sizeof p->out_stride);
+    problem_strides(q, views[0].numel, p->q_stride);
+    problem_strides(k, views[1].numel, p->k_stride);
+    problem_strides(v, views[2].numel, p->v_stride);
+    problem_strides(out, views[3].numel, p->out_stride);
     if (lse) {
         p->lse = lse->data;
-        memcpy(p->lse_stride, lse->strides, sizeof p->lse_stride);
+        problem_strides(lse, views[5].numel, p->lse_stride);
     }
     if (mask) {
         if ((st = check_mask(mask, p, q->dtype)) != AF_OK) return st;
         p->mask = mask->data;
         p->mask_dtype = mask->dtype;
-        for (int d = 0; d < mask->ndim; d++)
-            p->mask_stride[4 - mask->ndim + d] = mask->shape[d] == 1 ? 0 : mask->strides[d];
+        for (int d = 0; d < mask->ndim; d++) {   /* broadcast dims, and every dim of an empty mask, never move */
+            const bool still = mask->shape[d] == 1 || views[4].numel == 0;
+            p->mask_stride[4 - mask->ndim + d] = still ? 0 : mask->strides[d];
+        }
     }
     p->causal = args->is_causal ? AF_CAUSAL_TOP_LEFT : args->causal_bottom_right ? AF_CAUSAL_BOTTOM_RIGHT : AF_CAUSAL_NONE;
     p->scale = args->has_scale ? args->scale : 1.0 / sqrt((double)E);
     return af_sdpa_check_device(args, out, lse);
+}
+
+af_status af_check_out_as_f32(const af_sdpa_args *args, const af_tensor *out_f32, const af_tensor *lse) {
+    af_tensor as_f32 = *out_f32;
+    as_f32.dtype = AF_F32;
+    int64_t out_bytes, numel;
+    af_status st = view_span(&as_f32, "out", &out_bytes, &numel);
+    if (st != AF_OK) return st;
+    const named_view others[5] = {{"query", args->query, 0, 0}, {"key", args->key, 0, 0},
+                                  {"value", args->value, 0, 0}, {"attn_mask", args->attn_mask, 0, 0},
+                                  {"lse", lse, 0, 0}};
+    for (int i = 0; i < 5; i++) {
+        int64_t bytes;
+        if (!others[i].t) continue;
+        if ((st = view_span(others[i].t, others[i].name, &bytes, &numel)) != AF_OK) return st;
+        if (spans_overlap(out_f32->data, out_bytes, others[i].t->data, bytes))
+            return af_fail(AF_ERR_INVALID_ARGUMENT, "out: as the float32 the reference writes, overlaps %s's memory",
+                           others[i].name);
+    }
+    return AF_OK;
 }

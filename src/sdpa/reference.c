@@ -4,6 +4,7 @@
 #include "core/alloc.h"
 #include "core/dtype.h"
 #include "core/status.h"
+#include "sdpa/check.h"
 #include "sdpa/problem.h"
 
 static double load(const char *base, af_dtype dtype, int64_t offset) {
@@ -88,6 +89,7 @@ af_status af_reference_f32(const af_sdpa_args *args, af_tensor *out_f32, af_tens
     as_query_dtype.dtype = args->query->dtype;
     af_problem p;
     af_status st = af_sdpa_check(args, &as_query_dtype, lse, &p);
+    if (st == AF_OK) st = af_check_out_as_f32(args, out_f32, lse);   /* f16/bf16: it writes twice the bytes checked */
     if (st != AF_OK) return st;
     p.out_dtype = AF_F32;
     return af_reference_forward(&p);
