@@ -12,19 +12,11 @@
 #include "cuda/kernels.h"
 #include "sdpa/cuda_backend.h"
 
-/* The kernels (engineers K1, K2) land separately; until all of them exist forward() says so. */
-#if __has_include("cuda/attn_mma.cuh") && __has_include("cuda/attn_combine.cuh") && \
-    __has_include("cuda/attn_mma_launch.cuh") && __has_include("cuda/attn_simt.cuh") && \
-    __has_include("cuda/copy_4d.cuh")
 #include "cuda/attn_mma.cuh"
 #include "cuda/attn_combine.cuh"
 #include "cuda/attn_mma_launch.cuh"
 #include "cuda/attn_simt.cuh"
 #include "cuda/copy_4d.cuh"
-#define AF_CUDA_KERNELS_BUILT 1
-#else
-#define AF_CUDA_KERNELS_BUILT 0
-#endif
 
 #ifdef __cplusplus
 #define AF_EXTERN_C extern "C"
@@ -176,14 +168,16 @@ static int check_pointers(const af_problem *p, int device, char *err, size_t siz
     return check_pointer("attn_mask", p->mask, rows * p->S, device, err, size);
 }
 
-#if AF_CUDA_KERNELS_BUILT
 /* ---------------------------------------------------------------- the tensor-core path */
 typedef struct {
     const char *name;
     const char **base;         /* the problem's pointer, redirected to the copy */
-    int64_t *stride;           /* the problem's strides, made contiguous for the copy */
+    int64_t *stride;           /* the problem's strides, made those of the copy */
     int64_t shape[4];
     char rule[96];             /* which precondition the caller's view breaks; "" when none */
+    int64_t row;               /* the copy's row length: the head dim rounded up to 8 elements */
+    size_t tight_bytes;        /* 0, or the unpadded staging copy when row > head dim */
+    size_t padded_bytes;       /* the copy the kernels read */
 } mma_operand;
 
 /* Which of the tensor-core path's preconditions a view breaks ("" if none). Size-1 dims are never indexed. */
@@ -204,21 +198,56 @@ static void describe_broken_rule(mma_operand *o) {
 
 static size_t round_up(size_t bytes) { return (bytes + AF_SCRATCH_ALIGN - 1) / AF_SCRATCH_ALIGN * AF_SCRATCH_ALIGN; }
 
+/* The copy's sizes: rows padded to 8 elements (16 bytes). A head dim that is not a multiple of 8 is first gathered
+ * tight, with 8 elements of slack, and then spread into padded rows by reading each tight row 8-aligned long: the
+ * padding's values are those of the next row (never used: the kernels zero-fill past the head dim). */
+static void plan_copy(mma_operand *o, int elem_size) {
+    const size_t rows = (size_t)(o->shape[0] * o->shape[1] * o->shape[2]);
+    o->row = (o->shape[3] + 7) / 8 * 8;
+    o->padded_bytes = round_up(rows * (size_t)o->row * (size_t)elem_size);
+    o->tight_bytes = o->row == o->shape[3] ? 0 : round_up((rows * (size_t)o->shape[3] + 8) * (size_t)elem_size);
+}
+
+static cudaError_t make_copy(mma_operand *o, char *tight, char *padded, int elem_size, cudaStream_t stream) {
+    cudaError_t e;
+    if (!o->tight_bytes) {
+        e = af_cuda_copy_4d(padded, *o->base, o->shape, o->stride, elem_size, stream);
+    } else {
+        const int64_t tight_stride[4] = {o->shape[1] * o->shape[2] * o->shape[3], o->shape[2] * o->shape[3],
+                                         o->shape[3], 1};
+        const int64_t padded_shape[4] = {o->shape[0], o->shape[1], o->shape[2], o->row};
+        e = af_cuda_copy_4d(tight, *o->base, o->shape, o->stride, elem_size, stream);
+        if (e == cudaSuccess) e = af_cuda_copy_4d(padded, tight, padded_shape, tight_stride, elem_size, stream);
+    }
+    *o->base = padded;
+    o->stride[3] = 1;
+    o->stride[2] = o->row;
+    o->stride[1] = o->shape[2] * o->row;
+    o->stride[0] = o->shape[1] * o->shape[2] * o->row;
+    return e;
+}
+
 static int mma_forward(const af_problem *p, const af_cuda_device *dev, cudaStream_t stream, char *err, size_t size) {
     af_problem run = *p;
-    mma_operand operands[3] = {
-        {"query", &run.q, run.q_stride, {p->B, p->Hq, p->L, p->E}, ""},
-        {"key", &run.k, run.k_stride, {p->B, p->Hkv, p->S, p->E}, ""},
-        {"value", &run.v, run.v_stride, {p->B, p->Hkv, p->S, p->Ev}, ""}};
+    mma_operand operands[3];
+    memset(operands, 0, sizeof operands);
+    const char *names[3] = {"query", "key", "value"};
+    const char **bases[3] = {&run.q, &run.k, &run.v};
+    int64_t *strides[3] = {run.q_stride, run.k_stride, run.v_stride};
+    const int64_t shapes[3][4] = {{p->B, p->Hq, p->L, p->E}, {p->B, p->Hkv, p->S, p->E}, {p->B, p->Hkv, p->S, p->Ev}};
     const int elem_size = 2;
-    size_t scratch_bytes = 0, copy_bytes[3] = {0, 0, 0};
+    size_t scratch_bytes = 0;
     char warning[512] = "";
     for (int i = 0; i < 3; i++) {
         mma_operand *o = &operands[i];
+        o->name = names[i];
+        o->base = bases[i];
+        o->stride = strides[i];
+        memcpy(o->shape, shapes[i], sizeof o->shape);
         describe_broken_rule(o);
         if (!o->rule[0]) continue;
-        copy_bytes[i] = round_up((size_t)(o->shape[0] * o->shape[1] * o->shape[2] * o->shape[3]) * elem_size);
-        scratch_bytes += copy_bytes[i];
+        plan_copy(o, elem_size);
+        scratch_bytes += o->tight_bytes + o->padded_bytes;
         const size_t used = strlen(warning);
         snprintf(warning + used, sizeof warning - used, "%s%s (%s)", used ? "; " : "", o->name, o->rule);
     }
@@ -239,14 +268,9 @@ static int mma_forward(const af_problem *p, const af_cuda_device *dev, cudaStrea
     for (int i = 0; i < 3 && e == cudaSuccess; i++) {
         mma_operand *o = &operands[i];
         if (!o->rule[0]) continue;
-        char *copy = scratch + offset;
-        offset += copy_bytes[i];
-        e = af_cuda_copy_4d(copy, *o->base, o->shape, o->stride, elem_size, stream);
-        *o->base = copy;
-        o->stride[3] = 1;
-        o->stride[2] = o->shape[3];
-        o->stride[1] = o->shape[2] * o->shape[3];
-        o->stride[0] = o->shape[1] * o->shape[2] * o->shape[3];
+        char *tight = scratch + offset, *padded = tight + o->tight_bytes;
+        offset += o->tight_bytes + o->padded_bytes;
+        e = make_copy(o, tight, padded, elem_size, stream);
     }
     if (e == cudaSuccess) e = af_cuda_mma_forward(&run, dev, workspace_bytes ? scratch + workspace_offset : NULL, stream);
     const cudaError_t launch = e;
@@ -268,7 +292,6 @@ static void note_simt_once(const af_problem *p) {
         log_message(AF_LOG_INFO, "head dimensions above %d run on the CUDA cores (E=%lld, Ev=%lld), slower than the "
                     "tensor-core path", AF_MMA_MAX_HEAD_DIM, (long long)p->E, (long long)p->Ev);
 }
-#endif
 
 typedef struct {
     const af_problem *p;
@@ -282,17 +305,12 @@ static int forward_on_device(int device, void *context, char *err, size_t size) 
     int status = read_device(device, &dev, err, size);
     if (status != AF_OK) return status;
     if ((status = check_pointers(p, device, err, size)) != AF_OK) return status;
-#if AF_CUDA_KERNELS_BUILT
     const bool tensor_cores = (p->dtype == AF_F16 || p->dtype == AF_BF16) && p->E <= AF_MMA_MAX_HEAD_DIM &&
                               p->Ev <= AF_MMA_MAX_HEAD_DIM;
     if (tensor_cores) return mma_forward(p, &dev, call->stream, err, size);
     note_simt_once(p);
     const cudaError_t e = af_cuda_simt_forward(p, &dev, call->stream);
     return e == cudaSuccess ? AF_OK : cuda_fail(err, size, e, "launching the CUDA-core kernel");
-#else
-    return fail(err, size, AF_ERR_UNSUPPORTED, "attnforge's CUDA backend was built without its kernels (kernel not "
-                "built: src/cuda/attn_*.cuh and copy_4d.cuh were missing when %s was compiled)", AF_CUDA_LIBRARY);
-#endif
 }
 
 static int forward(const af_problem *p, int device, void *stream, char *err, size_t size) {

@@ -1,0 +1,396 @@
+/* af_sdpa on CUDA tensors, end to end: libattnforge's checks and loader, the backend's host code
+ * (src/cuda/backend.cu: pointer checks, tensor-core or CUDA-core path, copies of q/k/v the tensor cores cannot read)
+ * and the kernels, all through the emulated backend (ATTNFORGE_CUDA_LIBRARY). Device memory comes from the backend's
+ * own allocator (its registry tells device memory from host memory); in the emulation it is host memory, so the
+ * double reference runs on the CPU tensors the data was copied from, and the results are copied back to compare. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attnforge.h"
+#include "case_gen.h"
+#include "sdpa/cuda_backend.h"
+#include "test_tensor.h"
+
+static const af_cuda_backend_ops *ops;
+static const af_device cuda0 = {AF_DEVICE_CUDA, 0};
+
+/* ------------------------------------------------------------------ what the backend logs */
+
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static char log_text[1 << 16];
+static int warnings;
+
+static void capture_log(af_log_level level, const char *message, void *user) {
+    pthread_mutex_lock(&log_lock);
+    const size_t used = strlen(log_text);
+    snprintf(log_text + used, sizeof log_text - used, "%d %s\n", (int)level, message);
+    if (level == AF_LOG_WARNING) warnings++;
+    pthread_mutex_unlock(&log_lock);
+}
+
+static void log_reset(void) {
+    pthread_mutex_lock(&log_lock);
+    log_text[0] = '\0';
+    warnings = 0;
+    pthread_mutex_unlock(&log_lock);
+}
+
+/* ------------------------------------------------------------------ device copies of test tensors */
+
+typedef struct {
+    void *memory;     /* device allocation holding the whole backing buffer of the host tensor */
+    af_tensor view;   /* the host tensor's view, moved onto the device allocation */
+} device_tensor;
+
+static void to_device(device_tensor *d, const test_tensor *t) {
+    char err[512];
+    memset(d, 0, sizeof *d);
+    d->view = t->view;
+    d->view.device = cuda0;
+    if (!t->memory || t->bytes == 0) {   /* an empty view: never read, and no memory to point at */
+        d->view.data = NULL;
+        return;
+    }
+    if (ops->device_alloc(0, t->bytes, &d->memory, err, sizeof err) != AF_OK) fail_msg("device_alloc: %s", err);
+    if (ops->copy(0, d->memory, t->memory, t->bytes, true, err, sizeof err) != AF_OK) fail_msg("copy: %s", err);
+    d->view.data = (char *)d->memory + ((const unsigned char *)t->view.data - t->memory);
+    d->view.device = cuda0;
+}
+
+static void to_host(test_tensor *t, const device_tensor *d) {
+    char err[512];
+    if (!d->memory) return;
+    if (ops->copy(0, t->memory, d->memory, t->bytes, false, err, sizeof err) != AF_OK) fail_msg("copy: %s", err);
+}
+
+static void device_free(device_tensor *d) {
+    char err[512];
+    if (d->memory && ops->device_free(0, d->memory, err, sizeof err) != AF_OK) fail_msg("device_free: %s", err);
+    d->memory = NULL;
+}
+
+typedef struct {
+    device_tensor q, k, v, mask, out, lse;
+    af_sdpa_args args;
+} device_call;
+
+/* The case's tensors on the device (out and lse full of the sentinel) and its arguments pointing at them. */
+static void device_call_build(device_call *d, case_tensors *t) {
+    tt_fill_bytes(&t->out, TT_SENTINEL_BYTE);
+    if (t->c.with_lse) tt_fill_bytes(&t->lse, TT_SENTINEL_BYTE);
+    to_device(&d->q, &t->q);
+    to_device(&d->k, &t->k);
+    to_device(&d->v, &t->v);
+    to_device(&d->mask, &t->mask);
+    to_device(&d->out, &t->out);
+    if (t->c.with_lse) to_device(&d->lse, &t->lse);
+    d->args = t->args;
+    d->args.query = &d->q.view;
+    d->args.key = &d->k.view;
+    d->args.value = &d->v.view;
+    d->args.attn_mask = t->args.attn_mask ? &d->mask.view : NULL;
+}
+
+static void device_call_free(device_call *d) {
+    device_free(&d->q); device_free(&d->k); device_free(&d->v);
+    device_free(&d->mask); device_free(&d->out); device_free(&d->lse);
+}
+
+/* ------------------------------------------------------------------ the tensor-core path's rule for q/k/v */
+
+/* Why the backend must copy this q/k/v before the tensor-core kernels, or NULL (the rule of src/cuda/kernels.h). */
+static const char *needs_copy(const af_tensor *t) {
+    if (t->shape[3] > 1 && t->strides[3] != 1) return "stride[3]";
+    for (int d = 0; d < 3; d++)
+        if (t->shape[d] > 1 && t->strides[d] % 8 != 0) return "not a multiple of 8";
+    if ((uintptr_t)t->data % 16 != 0) return "16-byte aligned";
+    return NULL;
+}
+
+static bool on_tensor_cores(const sdpa_case *c) {
+    return (c->dtype == AF_F16 || c->dtype == AF_BF16) && c->E <= 256 && c->Ev <= 256;
+}
+
+/* ------------------------------------------------------------------ against the double reference */
+
+/* The CPU path's bound (af_error_bound), plus for f16 the rounding of P to f16 before P·V on the tensor cores
+ * (|dO| <= u_f16·value_max; the bf16 bound has that term already). Infinities and NaN exactly. */
+static bool out_matches(const case_tensors *t, char *why, size_t size) {
+    if (tt_numel(&t->out) == 0) return true;
+    const af_error_scale es = case_error_scale(t);
+    const double p_rounding = t->c.dtype == AF_F16 ? ldexp(1.0, -11) * es.value_max : 0.0;
+    int64_t idx[4] = {0, 0, 0, 0};
+    do {
+        const double got = tt_get(&t->out, idx), want = tt_get(&t->ref_out, idx);
+        const double bound = af_error_bound(t->c.dtype, want, &es) + p_rounding;
+        const bool ok = isnan(want) ? isnan(got) : isinf(want) ? got == want : fabs(got - want) <= bound;
+        if (!ok) {
+            snprintf(why, size, "out[%lld,%lld,%lld,%lld] = %.9g, reference %.9g, |error| %.3g > bound %.3g",
+                     (long long)idx[0], (long long)idx[1], (long long)idx[2], (long long)idx[3], got, want,
+                     fabs(got - want), bound);
+            return false;
+        }
+    } while (tt_next_index(4, t->out.view.shape, idx));
+    return true;
+}
+
+static bool lse_matches(const case_tensors *t, char *why, size_t size) {
+    if (!t->c.with_lse || tt_numel(&t->lse) == 0) return true;
+    int64_t idx[3] = {0, 0, 0};
+    do {
+        const double got = tt_get(&t->lse, idx), want = tt_get(&t->ref_lse, idx);
+        const bool ok = isinf(want) ? got == want : fabs(got - want) <= case_lse_bound(t, want);
+        if (!ok) {
+            snprintf(why, size, "lse[%lld,%lld,%lld] = %.9g, reference %.9g", (long long)idx[0], (long long)idx[1],
+                     (long long)idx[2], got, want);
+            return false;
+        }
+    } while (tt_next_index(3, t->lse.view.shape, idx));
+    return true;
+}
+
+/* ------------------------------------------------------------------ one case end to end */
+
+/* Run the case on the device and check it against the double reference; false with `why` on a mismatch. */
+static bool run_case(const sdpa_case *c, char *why, size_t size) {
+    case_tensors t;
+    if (!case_build(c, &t)) {
+        snprintf(why, size, "case_build failed");
+        return false;
+    }
+    device_call d;
+    device_call_build(&d, &t);
+    log_reset();
+    af_tensor *lse = c->with_lse ? &d.lse.view : NULL;
+    const af_status st = af_sdpa(&d.args, &d.out.view, lse);
+    char err[512];
+    bool ok = true;
+    if (st != AF_OK) {
+        snprintf(why, size, "af_sdpa: %s: %s", af_status_name(st), af_last_error());
+        ok = false;
+    } else if (ops->synchronize(0, d.args.stream, err, sizeof err) != AF_OK) {
+        snprintf(why, size, "synchronize: %s", err);
+        ok = false;
+    }
+    if (ok) {
+        to_host(&t.out, &d.out);
+        if (c->with_lse) to_host(&t.lse, &d.lse);
+        ok = out_matches(&t, why, size) && lse_matches(&t, why, size);
+        if (ok && !tt_outside_view_is(&t.out, TT_SENTINEL_BYTE)) {
+            snprintf(why, size, "out: bytes outside the view were written");
+            ok = false;
+        }
+        if (ok && c->with_lse && !tt_outside_view_is(&t.lse, TT_SENTINEL_BYTE)) {
+            snprintf(why, size, "lse: bytes outside the view were written");
+            ok = false;
+        }
+    }
+    /* a q/k/v the tensor cores cannot read is copied, and one warning per call says which and why */
+    const bool empty = c->B == 0 || c->Hq == 0 || c->L == 0;
+    const char *q_rule = needs_copy(&d.q.view), *k_rule = needs_copy(&d.k.view), *v_rule = needs_copy(&d.v.view);
+    const bool copies = on_tensor_cores(c) && !empty && (q_rule || k_rule || v_rule);
+    if (ok && copies != (warnings == 1)) {
+        snprintf(why, size, "expected %s copy warning, got %d: %s", copies ? "one" : "no", warnings, log_text);
+        ok = false;
+    }
+    if (ok && copies) {
+        const char *names[3] = {"query (", "key (", "value ("}, *rules[3] = {q_rule, k_rule, v_rule};
+        for (int i = 0; i < 3 && ok; i++)
+            if ((rules[i] != NULL) != (strstr(log_text, names[i]) != NULL) || (rules[i] && !strstr(log_text, rules[i]))) {
+                snprintf(why, size, "the copy warning misnames %s: %s", names[i], log_text);
+                ok = false;
+            }
+    }
+    device_call_free(&d);
+    case_free(&t);
+    return ok;
+}
+
+static void expect_case(const sdpa_case *c) {
+    char why[1024] = "", text[512];
+    if (!run_case(c, why, sizeof why)) {
+        case_describe(c, text, sizeof text);
+        fail_msg("%s\n  case: %s", why, text);
+    }
+}
+
+/* Work of a case (what the emulation's time grows with): the longer sequence shrinks first, as case_gen does. */
+static void fit_emulation_budget(sdpa_case *c, double budget) {
+    while ((double)c->B * c->Hq * c->L * c->S * (c->E + c->Ev) > budget) {
+        if (c->B > 1) c->B--;
+        else if (c->L > c->S && c->L > 1) c->L = c->L * 3 / 4;
+        else if (c->S > 1) c->S = c->S * 3 / 4;
+        else break;
+    }
+}
+
+/* ------------------------------------------------------------------ tests */
+
+static void random_suite_matches_the_reference(void **state) {
+    const int count = case_suite_count(36);
+    const uint64_t seed = case_suite_seed(2024);
+    for (int i = 0; i < count; i++) {
+        sdpa_case c = case_random(seed, i, 6);
+        fit_emulation_budget(&c, 4e5);
+        expect_case(&c);
+    }
+}
+
+static void chosen_cases_match_the_reference(void **state) {
+    const af_dtype dtypes[3] = {AF_F32, AF_F16, AF_BF16};
+    for (int di = 0; di < 3; di++) {
+        sdpa_case c = case_default(2, 4, 2, 19, 45, 64, 40);   /* GQA, Ev != E, L != S */
+        c.dtype = dtypes[di];
+        c.is_causal = true;
+        expect_case(&c);
+        c.is_causal = false;
+        c.causal_bottom_right = true;
+        expect_case(&c);
+        c.L = 50;   /* L > S bottom-right: the first rows see no key (out 0, lse -inf) */
+        c.S = 33;
+        expect_case(&c);
+        c.causal_bottom_right = false;
+        c.mask = MASK_BOOL;
+        c.mask_shape = "B1LS";
+        c.masked_row_rate = 0.2;
+        expect_case(&c);
+        c.mask = MASK_ADDITIVE;
+        c.mask_shape = "HLS";
+        expect_case(&c);
+    }
+    sdpa_case decode = case_default(1, 8, 2, 1, 700, 128, 128);   /* one row per head: split-KV and combine */
+    decode.dtype = AF_BF16;
+    expect_case(&decode);
+    sdpa_case wide = case_default(1, 2, 1, 9, 17, 320, 288);   /* E > 256: the CUDA-core path */
+    wide.dtype = AF_F16;
+    wide.enable_gqa = true;
+    expect_case(&wide);
+}
+
+static void strided_inputs_are_copied_with_a_warning(void **state) {
+    sdpa_case c = case_default(1, 2, 2, 24, 40, 64, 64);
+    c.dtype = AF_F16;
+    c.q_layout = LAYOUT_SLICED;   /* padded dims, inner stride > 1: every rule broken somewhere */
+    c.k_layout = LAYOUT_NHD;
+    c.v_layout = LAYOUT_SLICED;
+    for (uint64_t s = 1; s <= 4; s++) {
+        c.seed = s;
+        expect_case(&c);   /* checks the warning names exactly the tensors that break the rule */
+    }
+    c.q_layout = c.v_layout = LAYOUT_CONTIGUOUS;
+    c.E = c.Ev = 60;   /* contiguous, but rows 120 bytes apart: stride[2] = 60 is not a multiple of 8 */
+    expect_case(&c);
+    assert_non_null(strstr(log_text, "query (stride[2] is 60, not a multiple of 8)"));
+}
+
+static void float32_says_once_that_it_runs_on_the_cuda_cores(void **state) {
+    sdpa_case c = case_default(1, 1, 1, 4, 4, 16, 16);   /* the first f32 call of the process: this test runs first */
+    char why[1024];
+    assert_true(run_case(&c, why, sizeof why));
+    assert_non_null(strstr(log_text, "float32 attention runs on the CUDA cores"));
+    assert_true(run_case(&c, why, sizeof why));
+    assert_null(strstr(log_text, "CUDA cores"));
+}
+
+/* Errors: refused on the host, before any launch, naming the tensor; nothing written. */
+typedef struct {
+    case_tensors t;
+    device_call d;
+} error_call;
+
+static void error_call_setup(error_call *e) {
+    sdpa_case c = case_default(1, 2, 2, 8, 12, 16, 16);
+    c.dtype = AF_F16;
+    assert_true(case_build(&c, &e->t));
+    device_call_build(&e->d, &e->t);
+}
+
+static void expect_refused(error_call *e, af_status status, const char *needle) {
+    af_status st = af_sdpa(&e->d.args, &e->d.out.view, &e->d.lse.view);
+    if (st != status || !strstr(af_last_error(), needle))
+        fail_msg("got %s \"%s\", expected %s with \"%s\"", af_status_name(st), af_last_error(),
+                 af_status_name(status), needle);
+    unsigned char *before = tt_snapshot(&e->t.out);
+    to_host(&e->t.out, &e->d.out);
+    assert_true(tt_same_as(&e->t.out, before));   /* the device's out still holds the sentinel it was given */
+    free(before);
+}
+
+static void error_call_free(error_call *e) {
+    device_call_free(&e->d);
+    case_free(&e->t);
+}
+
+static void tensors_on_another_device_are_named(void **state) {
+    error_call e;
+    error_call_setup(&e);
+    e.d.v.view.device.index = 1;
+    expect_refused(&e, AF_ERR_INVALID_ARGUMENT, "value: on cuda:1 but query is on cuda:0");
+    e.d.v.view.device.index = 0;
+    e.d.lse.view.device.type = AF_DEVICE_CPU;
+    expect_refused(&e, AF_ERR_INVALID_ARGUMENT, "lse: on cpu but query is on cuda:0");
+    e.d.lse.view.device = cuda0;
+    /* all on cuda:1, which the emulation lacks */
+    e.d.q.view.device.index = e.d.k.view.device.index = e.d.v.view.device.index = 1;
+    e.d.out.view.device.index = e.d.lse.view.device.index = 1;
+    expect_refused(&e, AF_ERR_INVALID_ARGUMENT, "query: on cuda:1 but this machine has 1 CUDA device (cuda:0..0)");
+    error_call_free(&e);
+}
+
+static void host_memory_passed_as_cuda_is_named(void **state) {
+    error_call e;
+    error_call_setup(&e);
+    af_tensor host_key = e.t.k.view;   /* the host copy, labelled cuda:0 */
+    host_key.device = cuda0;
+    e.d.args.key = &host_key;
+    expect_refused(&e, AF_ERR_INVALID_ARGUMENT, "key: ");
+    assert_non_null(strstr(af_last_error(), "is host memory, but the tensor says cuda:0"));
+    e.d.args.key = &e.d.k.view;
+    af_tensor host_lse = e.t.lse.view;
+    host_lse.device = cuda0;
+    assert_int_equal(af_sdpa(&e.d.args, &e.d.out.view, &host_lse), AF_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(af_last_error(), "lse: "));
+    assert_non_null(strstr(af_last_error(), "is host memory"));
+    error_call_free(&e);
+}
+
+static void reference_is_refused_on_cuda(void **state) {
+    error_call e;
+    error_call_setup(&e);
+    assert_int_equal(af_sdpa_reference(&e.d.args, &e.d.out.view, &e.d.lse.view), AF_ERR_UNSUPPORTED);
+    assert_non_null(strstr(af_last_error(), "the reference reads host memory"));
+    error_call_free(&e);
+}
+
+static int setup(void **state) {
+    if (!getenv("ATTNFORGE_CUDA_LIBRARY")) setenv("ATTNFORGE_CUDA_LIBRARY", AF_TEST_EMULATED_BACKEND, 1);
+    unsetenv("ATTNFORGE_EMU_CUDA");
+    af_set_log_callback(capture_log, NULL, AF_LOG_INFO);
+    if (af_cuda_backend_load(&ops) != AF_OK) {
+        fprintf(stderr, "the emulated CUDA backend did not load: %s\n", af_last_error());
+        return -1;
+    }
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(float32_says_once_that_it_runs_on_the_cuda_cores),
+        cmocka_unit_test(chosen_cases_match_the_reference),
+        cmocka_unit_test(random_suite_matches_the_reference),
+        cmocka_unit_test(strided_inputs_are_copied_with_a_warning),
+        cmocka_unit_test(tensors_on_another_device_are_named),
+        cmocka_unit_test(host_memory_passed_as_cuda_is_named),
+        cmocka_unit_test(reference_is_refused_on_cuda),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}
