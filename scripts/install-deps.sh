@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Installs what attnforge needs to build and test, from Debian's packages; quick when all are present.
+# The CUDA toolkit (nvcc) is optional and not installed here: where CMake finds it (on PATH, CUDACXX, or
+# /usr/local/cuda/bin/nvcc) it also builds libattnforge_cuda.so; the CUDA tests run on the CPU emulation either way.
 set -euo pipefail
 packages=(build-essential cmake pkg-config libjansson-dev libcmocka-dev clang libclang-rt-14-dev valgrind)
 missing=()
