@@ -13,7 +13,9 @@
 #define AF_MMA_DEFAULT_SMEM (48 * 1024)        /* dynamic shared memory every device allows without opting in */
 #define AF_MMA_SPLITS_MAX 128                  /* split-KV: at most this many key ranges per row block */
 #define AF_MMA_CTAS_PER_SM 2                   /* what one wave holds per multiprocessor, for the split count */
+#ifndef AF_MMA_GRID_YZ_MAX                     /* a test lowers it to exercise the fold into x */
 #define AF_MMA_GRID_YZ_MAX 65535               /* CUDA's limit on grid y and z */
+#endif
 #define AF_MMA_GRID_X_MAX 0x7fffffffLL         /* and on grid x */
 #define AF_MMA_WORKSPACE_ALIGN 256
 

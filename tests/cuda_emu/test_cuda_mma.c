@@ -20,6 +20,7 @@
 #include "attnforge.h"
 #include "case_gen.h"
 #include "core/dtype.h"
+#define AF_MMA_GRID_YZ_MAX 3   /* the launcher folds (batch, kv head) pairs past grid y into grid x from 4 on */
 #include "cuda/attn_mma_launch.cuh"
 #include "sdpa/problem.h"
 #include "sdpa/tolerance.h"
@@ -384,6 +385,20 @@ static void workspace_sizes(void **state) {
     assert_int_equal(af_cuda_mma_workspace_bytes(&p, &many_sms), 0);
 }
 
+/* More (batch, kv head) pairs than grid y holds (lowered to 3 here): the rest folded into grid x, the last fold
+ * ragged (3 folds of 3 for 8 pairs), with several row blocks per pair. */
+static void grid_fold(void **state) {
+    (void)state;
+    for (int n = 0; n < 2; n++) {
+        sdpa_case c = small_case(900 + (uint64_t)n, half_dtype(n), 4, 2, 70, 90, 16, 16);
+        c.B = 4;
+        c.is_causal = n == 1;
+        check_case(&c, ALIGNED_NHD, &one_sm, SPLIT_NONE, NULL);
+        c.L = 2;   /* decode: split too */
+        check_case(&c, ALIGNED_PADDED, &many_sms, SPLIT_YES, NULL);
+    }
+}
+
 /* ---------------------------------------------------------------- random suite */
 
 typedef struct {
@@ -421,7 +436,7 @@ int main(void) {
     static const struct CMUnitTest fixed[] = {
         cmocka_unit_test(head_dims),       cmocka_unit_test(causal_alignments), cmocka_unit_test(masks),
         cmocka_unit_test(decode_split_kv), cmocka_unit_test(decode_without_split), cmocka_unit_test(single_buffered),
-        cmocka_unit_test(empty_dims),      cmocka_unit_test(lazy_rescale),      cmocka_unit_test(workspace_sizes),
+        cmocka_unit_test(empty_dims),      cmocka_unit_test(lazy_rescale),      cmocka_unit_test(workspace_sizes), cmocka_unit_test(grid_fold),
     };
     const int n_fixed = (int)(sizeof fixed / sizeof fixed[0]);
     random_item *items = calloc((size_t)n, sizeof *items);
