@@ -56,8 +56,10 @@ static bool device_case_make(device_case *c, const cli_shape *s, bool nhd, uint6
     const int64_t qs[4] = {s->B, s->Hq, s->L, s->E}, ks[4] = {s->B, s->Hkv, s->S, s->E};
     const int64_t vs[4] = {s->B, s->Hkv, s->S, s->Ev}, os[4] = {s->B, s->Hq, s->L, s->Ev};
     memset(c, 0, sizeof *c);
-    if (!cli_tensor_random(&c->q, s->dtype, qs, nhd, &seed, 1.0) || !cli_tensor_random(&c->k, s->dtype, ks, nhd, &seed, 1.0) ||
-        !cli_tensor_random(&c->v, s->dtype, vs, nhd, &seed, 1.0) || !cli_tensor_zeros(&c->out, s->dtype, 4, os)) {
+    const bool filled = cli_tensor_random(&c->q, s->dtype, qs, nhd, &seed, 1.0) &&
+                        cli_tensor_random(&c->k, s->dtype, ks, nhd, &seed, 1.0) &&
+                        cli_tensor_random(&c->v, s->dtype, vs, nhd, &seed, 1.0) && cli_tensor_zeros(&c->out, s->dtype, 4, os);
+    if (!filled) {
         snprintf(err, err_size, "out of host memory");
         return false;
     }

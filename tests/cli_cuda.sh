@@ -11,6 +11,7 @@ emulated=${ATTNFORGE_CUDA_EMULATED:-$(dirname "$cli")/tests/cuda_emu/libattnforg
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
 # expect CODE NEEDLE command...: the exit code, and NEEDLE (fixed string) in stdout+stderr
 expect() {
@@ -39,9 +40,11 @@ expect 0 "--device cpu|cuda|cuda:N" "$cli" verify --help
 expect 0 "--device cuda[:N]" "$cli" bench --help
 
 # ---- no backend: exit 3 and the loader's message (which library, how to fix it); the CPU is unaffected
-expect 3 "ATTNFORGE_CUDA_LIBRARY=/nonexistent could not be opened" env ATTNFORGE_CUDA_LIBRARY=/nonexistent "$cli" verify --device cuda
-expect 3 "ATTNFORGE_CUDA_LIBRARY=/nonexistent could not be opened" env ATTNFORGE_CUDA_LIBRARY=/nonexistent "$cli" bench --device cuda:0 --quick
-expect 0 "" env ATTNFORGE_CUDA_LIBRARY=/nonexistent "$cli" bench --device cpu --shape 1,2,1,16,16,8,8 --reps 1 --portable-max-gflop 0
+missing="ATTNFORGE_CUDA_LIBRARY=/nonexistent could not be opened"
+expect 3 "$missing" env ATTNFORGE_CUDA_LIBRARY=/nonexistent "$cli" verify --device cuda
+expect 3 "$missing" env ATTNFORGE_CUDA_LIBRARY=/nonexistent "$cli" bench --device cuda:0 --quick
+expect 0 "" env ATTNFORGE_CUDA_LIBRARY=/nonexistent "$cli" bench --device cpu --shape 1,2,1,16,16,8,8 --reps 1 \
+    --portable-max-gflop 0
 
 if [ ! -f "$emulated" ]; then
     echo "cli_cuda: $emulated is not built: the emulated part is skipped ($failures failure(s) before it)"
@@ -75,9 +78,10 @@ cat >"$tmp/cuda.samples.json" <<'JSON'
 ]}
 JSON
 expect 0 "3 of 3 checks within tolerance (device cuda:0)" "$cli" verify --device cuda --samples "$tmp/cpu.samples.json"
-grep -qE '^samples\[2\] +1,2,1,21,30,40,40 +float32 +yes' "$tmp/out" || { echo "FAIL: no f32 row"; failures=$((failures + 1)); }
-expect 0 "2 of 2 checks within tolerance (device cuda:0)" "$cli" verify --device cuda:0 --samples "$tmp/cuda.samples.json"
-grep -qF '"backend": "cuda"' "$tmp/out" || { echo "FAIL: the cuda samples did not give a cuda plan"; failures=$((failures + 1)); }
+grep -qE '^samples\[2\] +1,2,1,21,30,40,40 +float32 +yes' "$tmp/out" || fail "no f32 row"
+expect 0 "2 of 2 checks within tolerance (device cuda:0)" \
+    "$cli" verify --device cuda:0 --samples "$tmp/cuda.samples.json"
+grep -qF '"backend": "cuda"' "$tmp/out" || fail "the cuda samples did not give a cuda plan"
 expect 3 "this machine has 1 CUDA device" "$cli" verify --device cuda:1 --samples "$tmp/cpu.samples.json"
 
 # ---- bench on the emulated device: the spot check passes; GFLOP/s and GB/s follow from the shape and the seconds
@@ -102,19 +106,17 @@ else:
     assert "gbps" not in r, r
 PY
 }
-if "$cli" bench --device cuda --shape 1,4,2,48,64,64,64 --dtype bfloat16 --reps 2 --json >"$tmp/prefill" 2>"$tmp/err"; then
-    check_row "$tmp/prefill" 0 || fail=1
-else
-    fail=1
-fi
-[ "${fail:-0}" -eq 0 ] || { echo "FAIL: bench --device cuda (prefill): $(cat "$tmp/prefill" "$tmp/err")"; failures=$((failures + 1)); }
-fail=0
-if "$cli" bench --device cuda --shape 1,8,2,1,256,64,64 --dtype float16 --reps 2 --json >"$tmp/decode" 2>"$tmp/err"; then
-    check_row "$tmp/decode" 1 || fail=1
-else
-    fail=1
-fi
-[ "$fail" -eq 0 ] || { echo "FAIL: bench --device cuda (decode): $(cat "$tmp/decode" "$tmp/err")"; failures=$((failures + 1)); }
+# bench_row DECODE(0|1) bench-options...: bench --device cuda --json, its rows checked
+bench_row() {
+    local decode=$1
+    shift
+    if ! "$cli" bench --device cuda --reps 2 --json "$@" >"$tmp/rows" 2>"$tmp/err" || ! check_row "$tmp/rows" "$decode"
+    then
+        fail "bench --device cuda $*: $(cat "$tmp/rows" "$tmp/err")"
+    fi
+}
+bench_row 0 --shape 1,4,2,48,64,64,64 --dtype bfloat16
+bench_row 1 --shape 1,8,2,1,256,64,64 --dtype float16
 expect 0 "spot check against the double reference (cuda:0): 4 of 4 within tolerance" \
     "$cli" bench --device cuda --shape 1,2,2,16,16,64,64 --dtype float16 --reps 1
 

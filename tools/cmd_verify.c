@@ -18,7 +18,8 @@ static void verify_usage(FILE *f) {
                "                       Needs libattnforge_cuda.so (ATTNFORGE_CUDA_LIBRARY overrides its path), a\n"
                "                       driver and a GPU; docs/CUDA.md.\n"
                "Exit status: 0 every case within tolerance on every ISA, 1 one failed, 2 bad usage or an\n"
-               "unreadable/malformed file, 3 the samples are not supported or the plan (or --device) cannot run here.\n");
+               "unreadable/malformed file, 3 the samples are not supported or the plan (or --device) cannot run\n"
+               "here.\n");
 }
 
 /* Every case once on the CUDA device. */
