@@ -16,6 +16,7 @@
 #include "attnforge.h"
 #include "case_gen.h"
 #include "kernel/ukernel.h"
+#include "sdpa/problem.h"
 #include "test_tensor.h"
 
 /* ------------------------------------------------------------------ one call, valid until a rule breaks it */
@@ -133,6 +134,10 @@ static void out_inside_key(call *c) { c->out_view.data = (char *)c->key.data + 4
 static void out_on_value(call *c) { c->out_view.data = c->value.data; }
 static void out_on_mask(call *c) { use_mask(c); c->out_view.data = c->attn_mask.data; }
 static void out_on_last_query_element(call *c) { c->out_view.data = (float *)c->query.data + B * HQ * L * E - 1; }
+static void out_data_wraps_the_address_space(call *c) { c->out_view.data = (void *)(UINTPTR_MAX - 63); }
+static void query_data_wraps_the_address_space(call *c) {   /* its last element past the top of the address space */
+    c->query.data = (void *)(UINTPTR_MAX - 4 * B * HQ * L * E + 5);
+}
 static void lse_dtype(call *c) { c->lse_view.dtype = AF_F16; }
 static void lse_shape(call *c) { c->lse_view.shape[2] = L - 1; }
 static void lse_ndim(call *c) { c->lse_view.ndim = 4; c->lse_view.shape[3] = 1; }
@@ -215,6 +220,8 @@ static const rule rules[] = {
     RULE(out_on_value, INVALID, "out: overlaps value's memory"),
     RULE(out_on_mask, INVALID, "out: overlaps attn_mask's memory"),
     RULE(out_on_last_query_element, INVALID, "out: overlaps query's memory"),
+    RULE(out_data_wraps_the_address_space, INVALID, "out: data at 0xffffffffffffffc0 plus the view's 1920 bytes wraps"),
+    RULE(query_data_wraps_the_address_space, INVALID, "query: data at"),
     RULE(lse_dtype, INVALID, "lse: dtype must be float32, got float16"),
     RULE(lse_shape, INVALID, "lse: expected shape (2, 8, 5), got (2, 8, 4)"),
     RULE(lse_ndim, INVALID, "lse: expected 3 dimensions, got 4"),
@@ -468,6 +475,93 @@ static void contiguous_view_of_an_absurd_shape_is_refused(void **state) {
     call_teardown(&c);
 }
 
+/* Issue 15 (fuzz): a value with Ev = 0 has no elements, so its strides were never bounded, yet the reference formed
+ * j·stride for each of its S rows: signed overflow. Such a call is valid (nothing to write but lse) whatever the empty
+ * views' strides, through af_sdpa and the reference alike, and lse is right. */
+static void empty_value_and_out_with_absurd_strides_write_only_lse(void **state) {
+    (void)state;
+    float lse[2][B * HQ * L];
+    for (int e = 0; e < 2; e++) {
+        call c;
+        call_setup(&c);
+        c.value.shape[3] = c.out_view.shape[3] = 0;
+        c.value.strides[2] = INT64_MAX - 8;   /* the fuzz input's: 2 · stride overflowed at key 2 */
+        c.value.strides[1] = c.out_view.strides[0] = INT64_MAX;
+        c.value.data = c.out_view.data = NULL;   /* no elements: may be NULL */
+        unsigned char *before_q = tt_snapshot(&c.q);
+        assert_int_equal(call_run(&c, e ? af_sdpa_reference : af_sdpa), AF_OK);
+        assert_true(tt_same_as(&c.q, before_q));
+        free(before_q);
+        memcpy(lse[e], c.lse_view.data, sizeof lse[e]);
+        call_teardown(&c);
+    }
+    for (int i = 0; i < B * HQ * L; i++) {   /* a finite logsumexp of 7 scores, the same on both paths */
+        assert_true(isfinite(lse[1][i]));
+        if (fabsf(lse[0][i] - lse[1][i]) > 1e-5f * (1.0f + fabsf(lse[1][i])))
+            fail_msg("lse[%d]: af_sdpa %.9g, reference %.9g", i, lse[0][i], lse[1][i]);
+    }
+}
+
+/* A size-1 dim's stride never meets an index other than 0, but the kernels form it in bytes (a row pitch): it must
+ * fit in int64 bytes even though the span does. */
+static void size_1_stride_past_2_63_bytes_is_refused(void **state) {
+    (void)state;
+    long_call c;
+    long_call_init(&c, 2, 3);
+    c.key.strides[0] = INT64_MAX / 4 + 1;   /* fits in elements, not in bytes */
+    assert_int_equal(af_sdpa(&c.args, &c.out_view, NULL), AF_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(af_last_error(), "key: stride[0] is 2305843009213693952 elements of 4 bytes: past 2^63"));
+    assert_true(long_call_out_untouched(&c));
+    c.key.strides[0] = INT64_MAX / 4;   /* the largest that fits */
+    assert_int_equal(af_sdpa(&c.args, &c.out_view, NULL), AF_OK);
+}
+
+/* Bottom-right causal forms i + 1 + S - L: L + S must fit in int64 (S of a broadcast key may be near 2^63). One key
+ * fewer is valid and is refused only for its split-KV partials, computed without overflow. */
+static void bottom_right_diagonal_past_2_63_is_refused(void **state) {
+    (void)state;
+    long_call c;
+    long_call_init(&c, 2, INT64_MAX - 1);
+    c.args.causal_bottom_right = true;
+    assert_int_equal(af_sdpa(&c.args, &c.out_view, NULL), AF_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(af_last_error(), "causal_bottom_right: L = 2 query rows plus S = 9223372036854775806 keys"));
+    assert_true(long_call_out_untouched(&c));
+    long_call_init(&c, 2, INT64_MAX - 2);
+    c.args.causal_bottom_right = true;
+    assert_int_equal(af_sdpa(&c.args, &c.out_view, NULL), AF_ERR_NO_MEMORY);
+    assert_true(long_call_out_untouched(&c));
+}
+
+/* af_reference_f32 checks `out` in the query's dtype and writes it as float32: for f16 inputs twice the bytes. Its
+ * float32 span must fit in int64 and must not overlap an input, though the f16 span does and does not. */
+static void f32_reference_checks_out_as_the_float32_it_writes(void **state) {
+    (void)state;
+    uint16_t mem[64] = {0};   /* inputs below out, so that out's huge span does not reach them */
+    mem[4] = mem[5] = 0x3C00;   /* value: f16 1.0, so out = 1 where written */
+    af_tensor q = af_tensor_contiguous(mem, AF_F16, 4, (int64_t[]){1, 1, 2, 1});
+    af_tensor k = af_tensor_contiguous(mem + 2, AF_F16, 4, (int64_t[]){1, 1, 2, 1});
+    af_tensor v = af_tensor_contiguous(mem + 4, AF_F16, 4, (int64_t[]){1, 1, 2, 1});
+    af_sdpa_args args = {.query = &q, .key = &k, .value = &v};
+    af_tensor out = af_tensor_contiguous(mem + 32, AF_F32, 4, (int64_t[]){1, 1, 2, 1});
+    out.strides[2] = (int64_t)1 << 61;   /* (2^61 + 1)·2 bytes fit in int64, (2^61 + 1)·4 do not */
+    uint16_t before[64];
+    memcpy(before, mem, sizeof mem);
+    assert_int_equal(af_reference_f32(&args, &out, NULL), AF_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(af_last_error(), "out: the view spans more than 2^63 bytes"));
+    assert_memory_equal(mem, before, sizeof mem);
+    /* out's 2 f16 elements end where query starts; its 2 float32 elements cover query's first */
+    out = af_tensor_contiguous(mem + 8, AF_F32, 4, (int64_t[]){1, 1, 2, 1});
+    q.data = mem + 10;
+    assert_int_equal(af_reference_f32(&args, &out, NULL), AF_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(af_last_error(), "out: as the float32 the reference writes, overlaps query's memory"));
+    assert_memory_equal(mem, before, sizeof mem);
+    q.data = mem + 12;   /* clear of out's 8 bytes: valid, and written */
+    assert_int_equal(af_reference_f32(&args, &out, NULL), AF_OK);
+    float written[2];
+    memcpy(written, mem + 8, sizeof written);
+    assert_true(written[0] == 1.0f && written[1] == 1.0f);
+}
+
 int main(void) {
     static const struct CMUnitTest fixed[] = {
         cmocka_unit_test(the_unbroken_call_succeeds_and_clears_the_message),
@@ -478,6 +572,10 @@ int main(void) {
         cmocka_unit_test(reference_refuses_scratch_past_size_max),
         cmocka_unit_test(split_kv_partials_past_size_max_are_refused),
         cmocka_unit_test(contiguous_view_of_an_absurd_shape_is_refused),
+        cmocka_unit_test(empty_value_and_out_with_absurd_strides_write_only_lse),
+        cmocka_unit_test(size_1_stride_past_2_63_bytes_is_refused),
+        cmocka_unit_test(bottom_right_diagonal_past_2_63_is_refused),
+        cmocka_unit_test(f32_reference_checks_out_as_the_float32_it_writes),
     };
     enum { FIXED = sizeof fixed / sizeof fixed[0] };
     struct CMUnitTest tests[FIXED + RULE_COUNT];

@@ -210,6 +210,10 @@ af_status af_sdpa_check(const af_sdpa_args *args, const af_tensor *out, const af
                        (long long)Ev, AF_MAX_HEAD_DIM);
     if (args->has_scale && !isfinite(args->scale))
         return af_fail(AF_ERR_INVALID_ARGUMENT, "scale: must be finite, got %g", args->scale);
+    int64_t diagonal_end;   /* af_visible_keys forms i + 1 + S - L: S of a broadcast (stride-0) key may be near 2^63 */
+    if (args->causal_bottom_right && __builtin_add_overflow(L, S, &diagonal_end))
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "causal_bottom_right: L = %lld query rows plus S = %lld keys pass 2^63",
+                       (long long)L, (long long)S);
 
     const int64_t out_shape[4] = {B, Hq, L, Ev};
     af_status st = check_shape(out, "out", 4, out_shape);
