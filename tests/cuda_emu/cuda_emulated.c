@@ -629,6 +629,17 @@ static void pool_destroy(fiber_pool *pool)
     free(pool->fibers);
 }
 
+/* Apart from run_block: getcontext returns twice as far as the compiler knows, which endangers a caller's locals. */
+static void start_context(fiber *f)
+{
+    if (getcontext(&f->context) != 0)
+        report("getcontext failed: %s", strerror(errno));
+    f->context.uc_stack.ss_sp = f->stack;
+    f->context.uc_stack.ss_size = AF_EMU_STACK_BYTES;
+    f->context.uc_link = NULL;
+    makecontext(&f->context, fiber_main, 0);
+}
+
 static void run_block(block_run *b, uint64_t *rng)
 {
     b->done = b->at_barrier = 0;
@@ -654,12 +665,7 @@ static void run_block(block_run *b, uint64_t *rng)
         f->groups_committed = 0;
         f->view.thread_idx = i;
         memcpy(f->view.block_idx, b->block_idx, sizeof b->block_idx);
-        if (getcontext(&f->context) != 0)
-            report("getcontext failed: %s", strerror(errno));
-        f->context.uc_stack.ss_sp = f->stack;
-        f->context.uc_stack.ss_size = AF_EMU_STACK_BYTES;
-        f->context.uc_link = NULL;
-        makecontext(&f->context, fiber_main, 0);
+        start_context(f);
         push_ready(b, i);
     }
     int next = b->ready[b->ready_head];
