@@ -51,6 +51,7 @@ banner() { printf '\n==== [%3ss] %s\n' "$(elapsed)" "$*"; }
 run_phase() {
     local name=$1 fn=$2 t0 code
     allowed=$(allowance "$name")
+    phase_end=$(($(date +%s) + allowed))
     banner "phase $name (budget ${budget[$name]} s, allowed ${allowed} s)"
     t0=$(date +%s)
     "$fn"
@@ -151,10 +152,11 @@ phase_build() {
     return 0
 }
 
-# Random samples files for verify (one plan per file: the kwargs are shared, the shapes random): dtypes, GQA,
-# L != S, both causal settings, head dims up to 256, NHD views; small.samples.json for the sanitizers.
+# Random samples for verify, one per file (each file is one plan, and the plan's copy-free layout depends on the
+# shape): dtypes, GQA, L != S, both causal settings, head dims up to 256, NHD views; small_*.samples.json are the
+# sanitizers' cases.
 write_samples() {
-    mkdir -p "$1"
+    rm -rf "$1" && mkdir -p "$1"
     "$(python_bin)" - "$1" <<'PY'
 import json, os, random, sys
 out, rng = sys.argv[1], random.Random(20251130)
@@ -165,7 +167,7 @@ def tensor(b, h, n, d, dtype, nhd):
         t["strides"] = [n * h * d, d, h * d, 1]
     return t
 
-def sample(causal, gqa, nhd, small):
+def sample(causal, gqa, small):
     while True:   # sizes within a work budget: the double reference runs on one CPU core
         dtype = rng.choice(["bfloat16", "float16", "bfloat16", "float16", "float32"])
         E = rng.choice([32, 64, 64, 128, 128, 96, 256] if not small else [64, 128])
@@ -177,28 +179,56 @@ def sample(causal, gqa, nhd, small):
         b = rng.choice([1, 2])
         if b * hq * L * S * (E + Ev) <= 2e8:
             break
+    nhd = rng.random() < 0.5
     kwargs = {"is_causal": causal}
     if gqa:
         kwargs["enable_gqa"] = True
     q, k, v = tensor(b, hq, L, E, dtype, nhd), tensor(b, hkv, S, E, dtype, nhd), tensor(b, hkv, S, Ev, dtype, nhd)
-    return {"args": [q, k, v], "kwargs": kwargs}
+    return {"samples": [{"args": [q, k, v], "kwargs": kwargs}]}
 
+n = 0
 for causal in (False, True):
     for gqa in (False, True):
-        nhd = rng.random() < 0.5
-        name = f"random_{'causal' if causal else 'full'}_{'gqa' if gqa else 'mha'}.samples.json"
-        with open(os.path.join(out, name), "w") as f:
-            json.dump({"samples": [sample(causal, gqa, nhd, False) for _ in range(6)]}, f)
-with open(os.path.join(out, "small.samples.json"), "w") as f:
-    json.dump({"samples": [sample(True, True, False, True) for _ in range(3)]}, f)
-print(f"samples files in {out}")
+        for _ in range(6):
+            with open(os.path.join(out, f"random_{n:02d}.samples.json"), "w") as f:
+                json.dump(sample(causal, gqa, False), f)
+            n += 1
+for i in range(3):
+    with open(os.path.join(out, f"small_{i}.samples.json"), "w") as f:
+        json.dump(sample(True, i > 0, True), f)
+print(f"{n} random and 3 small samples files in {out}")
 PY
+}
+
+# verify_files LIBRARY SECONDS FILE...: verify --device cuda on each samples file; the rows and the total
+verify_files() {
+    local library=$1 seconds=$2 f code=0 checks=0 ok=0
+    shift 2
+    for f in "$@"; do
+        if [ "$(date +%s)" -ge "$phase_end" ]; then
+            echo "stopped at the phase's time budget before $(basename "$f")"
+            break
+        fi
+        ATTNFORGE_CUDA_LIBRARY=$library bounded "$seconds" "$cli" verify --device cuda --samples "$f" \
+            >"$build.verify.out" 2>&1 || code=1
+        grep -E '^samples\[|failed|error' "$build.verify.out" | sed "s|^|$(basename "$f" .samples.json): |"
+        checks=$((checks + 1))
+        grep -q '1 of 1 checks within tolerance' "$build.verify.out" && ok=$((ok + 1))
+    done
+    echo "samples files: $ok of $checks within tolerance"
+    return "$code"
 }
 
 phase_verify() {
     [ -x "$cli" ] || return 1
-    if ! has_gpu; then
-        echo "no GPU (or dry run): verify --device cuda must refuse with exit 3"
+    local emulated=$build/tests/cuda_emu/libattnforge_cuda_emulated.so
+    if ! has_gpu && [ "$dry" = 1 ] && [ -f "$emulated" ]; then
+        echo "dry run: the small samples on the emulated backend instead of a GPU"
+        write_samples "$build/samples" || return 1
+        verify_files "$emulated" "$allowed" "$build"/samples/small_*.samples.json
+        return
+    elif ! has_gpu; then
+        echo "no GPU: verify --device cuda must refuse with exit 3"
         bounded 60 "$cli" verify --device cuda
         [ $? -eq 3 ] && return 77 || return 1
     fi
@@ -206,11 +236,7 @@ phase_verify() {
     export ATTNFORGE_CUDA_LIBRARY=$cuda_lib
     bounded "$half" "$cli" verify --device cuda || code=1
     write_samples "$build/samples" || return 1
-    local f
-    for f in "$build"/samples/*.samples.json; do
-        echo "-- $(basename "$f")"
-        bounded "$((allowed - half))" "$cli" verify --device cuda --samples "$f" 2>/dev/null || code=1
-    done
+    verify_files "$cuda_lib" 60 "$build"/samples/random_*.samples.json || code=1
     # the command-line checks of tests/cli_cuda.sh with the real backend in place of the emulated one
     echo "-- tests/cli_cuda.sh on the GPU"
     ATTNFORGE_CUDA_EMULATED=$cuda_lib bounded 60 bash "$root/tests/cli_cuda.sh" "$cli" >"$build.cli_cuda.log" 2>&1 ||
@@ -240,7 +266,7 @@ phase_sanitizer() {
     for tool in memcheck racecheck; do
         echo "-- $tool"
         bounded "$per" "$sanitizer" --tool "$tool" --error-exitcode 9 \
-            "$cli" verify --device cuda --samples "$build/samples/small.samples.json" >"$build.$tool.log" 2>&1
+            "$cli" verify --device cuda --samples "$build/samples/small_1.samples.json" >"$build.$tool.log" 2>&1
         local c=$?
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|checks within tolerance|Error" "$build.$tool.log" | head -10
         [ "$c" -ne 0 ] && { echo "$tool: exit $c"; code=1; }
