@@ -3,7 +3,7 @@ BUILD ?= build
 BUILD_SAN ?= build-san
 JOBS ?= $(shell nproc)
 
-.PHONY: deps build run test test-fast test-sanitize test-tsan fuzz valgrind test-python install clean
+.PHONY: deps build run test test-fast test-sanitize test-tsan fuzz fuzz-long valgrind test-python install clean
 BUILD_FUZZ ?= build-fuzz
 FUZZ_SECONDS ?= 60
 BUILD_TSAN ?= build-tsan
@@ -47,6 +47,15 @@ fuzz: deps
 	CC=clang cmake -S . -B $(BUILD_FUZZ) -DAF_FUZZ=ON -DAF_WITH_CUDA=OFF -DAF_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
 	cmake --build $(BUILD_FUZZ) -j $(JOBS)
 	bash tests/fuzz/run_fuzzers.sh $(BUILD_FUZZ)/tests/fuzz $(FUZZ_SECONDS)
+
+# Each harness to FUZZ_LONG_RUNS executions in all, over FUZZ_LONG_WORKERS processes (not in `make test`: 10^7 each
+# is tens of minutes on 2 cores; run it before a release and after changing a check; docs/RELIABILITY.md).
+FUZZ_LONG_RUNS ?= 10000000
+FUZZ_LONG_WORKERS ?= $(JOBS)
+fuzz-long: deps
+	CC=clang cmake -S . -B $(BUILD_FUZZ) -DAF_FUZZ=ON -DAF_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build $(BUILD_FUZZ) -j $(JOBS)
+	FUZZ_RUNS=$(FUZZ_LONG_RUNS) FUZZ_WORKERS=$(FUZZ_LONG_WORKERS) bash tests/fuzz/run_fuzzers.sh $(BUILD_FUZZ)/tests/fuzz
 
 # pip install ./ (the attnforge Python package) and pytest python/tests; ATTNFORGE_CLI for plan round trips
 test-python: build
