@@ -21,9 +21,11 @@
 #define AF_SIMT_K_CHUNK 64                         /* head-dim columns of a K tile staged at a time */
 #define AF_SIMT_K_PITCH (AF_SIMT_K_CHUNK + 1)      /* lane j reads row j: an odd pitch keeps the banks apart */
 #define AF_SIMT_V_CHUNK 128                        /* value columns staged at a time: 4 per lane */
-#define AF_SIMT_MAX_BLOCKS 0x7fffffffLL            /* CUDA's grid x limit; blocks stride over what is left */
 #define AF_SIMT_LOG2E 1.4426950408889634
 #define AF_SIMT_LN2 0.6931471805599453f
+#ifndef AF_SIMT_MAX_BLOCKS   /* the tests lower it to run the grid-stride loop */
+#define AF_SIMT_MAX_BLOCKS 0x7fffffffLL            /* CUDA's grid x limit; blocks stride over what is left */
+#endif
 
 #if defined(__CUDACC__)
 #define AF_SIMT_UNROLL _Pragma("unroll")           /* keeps the accumulators in registers */
@@ -130,7 +132,9 @@ AF_DEVICE void af_simt_block(const af_simt_params prm, int64_t block, const int 
         if (visible > keys) keys = visible;
     }
 
-    af_syncthreads();   /* the previous block's readers of q_smem / p_smem are done */
+    /* No barrier before these stores: a warp's q row is read by that warp alone, whose lanes all passed the
+     * previous block's shuffles after their last read (the scores depend on it); p_smem is next written after
+     * the K barriers. */
     float *q_own = q_smem + warp * p->E;
     const int64_t q_row = b * p->q_stride[0] + h * p->q_stride[1] + i * p->q_stride[2];
     for (int64_t e = lane; e < p->E; e += 32)

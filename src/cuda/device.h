@@ -1,5 +1,5 @@
-/* The CUDA features attnforge's kernels use, named once. Kernel sources (the .cuh files beside this header) are written in the
- * common subset of C11 and C++17 and speak only through these names:
+/* The CUDA features attnforge's kernels use, named once. Kernel sources (the .cuh files beside this header) are
+ * written in the common subset of C11 and C++17 and speak only through these names:
  *   - built by nvcc (__CUDACC__): the real thing, inline PTX (src/cuda/device_nvidia.h);
  *   - built by the host compiler with AF_CUDA_EMULATED: the emulation in tests/cuda_emu/cuda_emulated.h, which
  *     runs every CUDA thread of a block as a fiber on the CPU and implements exactly these features (fragment

@@ -17,6 +17,10 @@
 #include "attnforge.h"
 #include "case_gen.h"
 #include "core/dtype.h"
+
+static long long simt_grid_cap = 0x7fffffffLL, copy_grid_cap = 0x7fffffffLL;   /* CUDA's limit, or lowered */
+#define AF_SIMT_MAX_BLOCKS simt_grid_cap
+#define AF_COPY_4D_MAX_BLOCKS copy_grid_cap
 #include "cuda/attn_simt.cuh"
 #include "cuda/copy_4d.cuh"
 #include "sdpa/problem.h"
@@ -303,6 +307,25 @@ static void out_dtype_f32(void **state) {
     }
 }
 
+/* Grids capped at a few blocks (the copy's at 2 blocks of 256 threads), so each block strides over several (batch, kv head,
+ * row block) items / elements: the loop a launch past CUDA's 2^31 - 1 blocks would take. */
+static int uncapped_grids(void **state) {   /* teardown: also after a failure */
+    simt_grid_cap = copy_grid_cap = 0x7fffffffLL;
+    return 0;
+}
+
+static void grid_stride(void **state) {
+    simt_grid_cap = 3;
+    for (int n = 0; n < 6; n++) {
+        sdpa_case c = small_case(900 + (uint64_t)n, (af_dtype)(n % 3), 6, 2, 11, 23, 16, n % 2 ? 0 : 24);
+        c.is_causal = n % 3 == 0;
+        c.causal_bottom_right = n % 3 == 1;
+        c.mask = n % 3 == 2 ? MASK_BOOL : MASK_NONE;
+        c.masked_row_rate = 0.3;
+        check_case(&c, NULL);
+    }
+}
+
 /* ---------------------------------------------------------------- af_cuda_copy_4d */
 
 static void copy_one(int elem_size, const int64_t shape[4], const int64_t stride[4], uint64_t seed) {
@@ -342,15 +365,30 @@ static void copy_4d(void **state) {
         for (int size = 2; size <= 4; size += 2) copy_one(size, shapes[s], strides[s], (uint64_t)(s * 10 + size));
 }
 
+static void copy_grid_stride(void **state) {
+    const int64_t shape[4] = {2, 3, 50, 9}, stride[4] = {2000, 9, 27, 3};
+    copy_grid_cap = 2;
+    copy_one(4, shape, stride, 77);
+    copy_one(2, shape, stride, 78);
+}
+
 /* ---------------------------------------------------------------- main */
 
 int main(void) {
     const int n = case_suite_count(DEFAULT_CASES);
     const uint64_t seed = case_suite_seed(DEFAULT_SEED);
     static const struct CMUnitTest fixed[] = {
-        cmocka_unit_test(head_dims),         cmocka_unit_test(wide_heads), cmocka_unit_test(causal_alignments),
-        cmocka_unit_test(masks),             cmocka_unit_test(broadcast_strides), cmocka_unit_test(empty_dims),
-        cmocka_unit_test(non_finite),        cmocka_unit_test(out_dtype_f32),     cmocka_unit_test(copy_4d),
+        cmocka_unit_test(head_dims),
+        cmocka_unit_test(wide_heads),
+        cmocka_unit_test(causal_alignments),
+        cmocka_unit_test(masks),
+        cmocka_unit_test(broadcast_strides),
+        cmocka_unit_test(empty_dims),
+        cmocka_unit_test(non_finite),
+        cmocka_unit_test(out_dtype_f32),
+        cmocka_unit_test_teardown(grid_stride, uncapped_grids),
+        cmocka_unit_test(copy_4d),
+        cmocka_unit_test_teardown(copy_grid_stride, uncapped_grids),
     };
     const int n_fixed = (int)(sizeof fixed / sizeof fixed[0]);
     sdpa_case *cases = calloc((size_t)n, sizeof *cases);
