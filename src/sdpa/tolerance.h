@@ -14,7 +14,7 @@ typedef struct {
 /* Largest |out - ref| accepted for one output element whose reference value is `ref`:
  *   2·u(out)·|ref|                         rounding of the output to its dtype (one ulp of slack)
  * + value_max·(4·p(out)                     polynomial exp2 error (degree chosen by the output dtype)
- *              + u(bf16) for bf16 only      P rounded to bf16 before P·V (AMX; docs/AMX.md)
+ *              + u(out) for f16/bf16        P rounded to the input dtype before P·V (AMX, CUDA tensor cores)
  *              + 8·u32·√E·(1 + logit_max)   f32 scores: absolute error of the logits moves every weight
  *              + 4·u32·√S + 64·u32)         f32 accumulation of l and O over S keys
  * with u = unit roundoff (f32 2^-24, f16 2^-11, bf16 2^-8) and p = 2^-23, 2^-18, 2^-13 for f32, f16, bf16. */
