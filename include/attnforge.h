@@ -127,7 +127,7 @@ AF_API void af_free(void *ptr);
  * docs/PROVIDER.md describes the behaviour, docs/FORMATS.md the samples file and the plan file. */
 
 typedef enum { AF_QKV_POSITIONAL = 0, AF_QKV_KEYWORD = 1 } af_qkv_source;   /* "positional_qkv", "keyword_qkv" */
-typedef enum { AF_BACKEND_CPU = 0, AF_BACKEND_CUDA = 1 } af_backend;         /* "cpu", "cuda" (not built yet) */
+typedef enum { AF_BACKEND_CPU = 0, AF_BACKEND_CUDA = 1 } af_backend;         /* "cpu", "cuda" */
 
 typedef struct af_samples af_samples;     /* an ordered list of recorded calls */
 typedef struct af_provider af_provider;   /* one prepared (or not yet prepared) plan */
@@ -166,7 +166,7 @@ AF_API size_t af_samples_count(const af_samples *samples);
 AF_API void af_samples_free(af_samples *samples);
 /* Build samples in C: an empty list, then one recorded call at a time. add_call reads the descriptors of
  * args' tensors (shape, dtype, strides; never data) and the arguments that differ from SDPA's defaults;
- * `device` NULL means "cpu"; `count` >= 1. causal_bottom_right is recorded as a keyword SDPA lacks
+ * `device` NULL: each tensor's own af_tensor.device ("cpu", "cuda:N"); `count` >= 1. causal_bottom_right is recorded as a keyword SDPA lacks
  * (so prepare refuses it by name). */
 AF_API af_samples *af_samples_new(void);                    /* NULL only when out of memory */
 AF_API af_status af_samples_add_call(af_samples *samples, const af_sdpa_args *args, af_qkv_source source,
