@@ -307,8 +307,8 @@ static void out_dtype_f32(void **state) {
     }
 }
 
-/* Grids capped at a few blocks (the copy's at 2 blocks of 256 threads), so each block strides over several (batch, kv head,
- * row block) items / elements: the loop a launch past CUDA's 2^31 - 1 blocks would take. */
+/* Grids capped at a few blocks (the copy's at 2 blocks of 256 threads), so each block strides over several
+ * (batch, kv head, row block) items / elements: the loop a launch past CUDA's 2^31 - 1 blocks would take. */
 static int uncapped_grids(void **state) {   /* teardown: also after a failure */
     simt_grid_cap = copy_grid_cap = 0x7fffffffLL;
     return 0;
@@ -357,10 +357,12 @@ static void copy_one(int elem_size, const int64_t shape[4], const int64_t stride
     cudaFree(dst);
 }
 
+/* Contiguous, permuted (transposed), broadcast (zero strides), inner stride > 1, an empty dim, a scalar repeated. */
 static void copy_4d(void **state) {
-    const int64_t shapes[][4] = {{2, 3, 5, 7}, {2, 3, 5, 7}, {1, 4, 33, 16}, {3, 1, 1, 300}, {2, 0, 4, 4}, {1, 2, 3, 4}};
-    const int64_t strides[][4] = {{105, 35, 7, 1}, {3, 1, 42, 6}, {0, 16, 64, 1}, {900, 0, 0, 3}, {16, 16, 4, 1},
-                                  {0, 0, 0, 0}};
+    const int64_t shapes[][4] = {{2, 3, 5, 7},  {2, 3, 5, 7}, {1, 4, 33, 16},
+                                 {3, 1, 1, 300}, {2, 0, 4, 4}, {1, 2, 3, 4}};
+    const int64_t strides[][4] = {{105, 35, 7, 1}, {3, 1, 42, 6}, {0, 16, 64, 1},
+                                  {900, 0, 0, 3},  {16, 16, 4, 1}, {0, 0, 0, 0}};
     for (int s = 0; s < 6; s++)
         for (int size = 2; size <= 4; size += 2) copy_one(size, shapes[s], strides[s], (uint64_t)(s * 10 + size));
 }
@@ -399,7 +401,8 @@ int main(void) {
     for (int i = 0; i < n; i++) {
         cases[i] = random_simt_case(seed, i);
         snprintf(names[i], sizeof names[i], "random_case_%03d", i);
-        tests[n_fixed + i] = (struct CMUnitTest){.name = names[i], .test_func = random_case, .initial_state = &cases[i]};
+        tests[n_fixed + i] =
+            (struct CMUnitTest){.name = names[i], .test_func = random_case, .initial_state = &cases[i]};
     }
     const int failures = _cmocka_run_group_tests("cuda_simt", tests, (size_t)(n + n_fixed), NULL, NULL);
     free(cases);
