@@ -291,6 +291,7 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16) 
     if (bhk >= p.heads) return;   /* the fold of B·Hkv into grid x has a ragged end */
     const int64_t b = bhk / p.Hkv, hk = bhk % p.Hkv;
     const int64_t r0 = (int64_t)(AF_BLOCK_IDX_X % p.row_blocks) * AF_MMA_BR;
+    const int warp_live = r0 + 16 * warp < p.rows;
 
     /* The keys this CTA's rows see: visible keys grow with the query index, and a block that wraps from one head
      * of the group to the next holds both query 0 and query L-1. */
@@ -350,35 +351,35 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16) 
             af_cp_async_wait_0();
         }
         af_syncthreads();   /* every thread's copies of this tile (and Q) are visible */
-        const char *k_tile = smem_k + buf * tile_bytes, *v_tile = smem_v + buf * tile_bytes;
-        const char *q_warp = smem_q;
-
-        float s[AF_MMA_BC / 8][4];
-        AF_MMA_UNROLL
-        for (int n = 0; n < AF_MMA_BC / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-        AF_MMA_UNROLL
-        for (int kk = 0; kk < hd / 16; kk++) {
-            if (16 * kk >= p.E) continue;   /* zero columns of the padded head dim */
-            const int q_at = af_mma_swizzle(16 * warp + (lane & 15), 2 * kk + (lane >> 4), hd);
-            if (q_in_regs) {
-                if (tile == t_begin) af_ldmatrix_x4(qf[kk], q_warp + q_at);
-                af_mma_qk_slice(s, qf[kk], k_tile, kk, hd, bf16);
-            } else {
-                uint32_t qa[4];
-                af_ldmatrix_x4(qa, q_warp + q_at);
-                af_mma_qk_slice(s, qa, k_tile, kk, hd, bf16);
+        if (warp_live) {   /* a warp whose 16 rows are all past the packed rows (decode) only helps load */
+            const char *k_tile = smem_k + buf * tile_bytes, *v_tile = smem_v + buf * tile_bytes;
+            float s[AF_MMA_BC / 8][4];
+            AF_MMA_UNROLL
+            for (int n = 0; n < AF_MMA_BC / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+            AF_MMA_UNROLL
+            for (int kk = 0; kk < hd / 16; kk++) {
+                if (16 * kk >= p.E) continue;   /* zero columns of the padded head dim */
+                const int q_at = af_mma_swizzle(16 * warp + (lane & 15), 2 * kk + (lane >> 4), hd);
+                if (q_in_regs) {
+                    if (tile == t_begin) af_ldmatrix_x4(qf[kk], smem_q + q_at);
+                    af_mma_qk_slice(s, qf[kk], k_tile, kk, hd, bf16);
+                } else {
+                    uint32_t qa[4];
+                    af_ldmatrix_x4(qa, smem_q + q_at);
+                    af_mma_qk_slice(s, qa, k_tile, kk, hd, bf16);
+                }
             }
+            AF_MMA_UNROLL
+            for (int n = 0; n < AF_MMA_BC / 8; n++) {
+                s[n][0] *= p.scale_log2;
+                s[n][1] *= p.scale_log2;
+                s[n][2] *= p.scale_log2;
+                s[n][3] *= p.scale_log2;
+            }
+            if (p.mask || key0 + AF_MMA_BC > keys_min) af_mma_apply_mask(s, &p, key0, limit, mask_row, bf16);
+            af_mma_softmax(s, o, m, l, hd, p.Ev);
+            af_mma_pv(o, s, v_tile, hd, p.Ev, bf16);
         }
-        AF_MMA_UNROLL
-        for (int n = 0; n < AF_MMA_BC / 8; n++) {
-            s[n][0] *= p.scale_log2;
-            s[n][1] *= p.scale_log2;
-            s[n][2] *= p.scale_log2;
-            s[n][3] *= p.scale_log2;
-        }
-        if (p.mask || key0 + AF_MMA_BC > keys_min) af_mma_apply_mask(s, &p, key0, limit, mask_row, bf16);
-        af_mma_softmax(s, o, m, l, hd, p.Ev);
-        af_mma_pv(o, s, v_tile, hd, p.Ev, bf16);
         af_syncthreads();   /* every warp is done with this buffer before it is refilled */
         if (!p.double_buffer && tile + 1 < t_end) {
             af_mma_load_tile(smem_k, k_base, k_row_bytes, key0 + AF_MMA_BC, p.S, p.E, hd);
