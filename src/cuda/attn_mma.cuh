@@ -138,28 +138,35 @@ AF_DEVICE void af_mma_qk_slice(float s[][4], const uint32_t qa[4], const char *k
     }
 }
 
-/* Causality, keys past S and the attention mask on one tile of scores (log2 units): -inf or additive terms (the
- * mask in the inputs' dtype). limit[half]: this lane's rows' visible keys; mask_row[half]: their mask rows (NULL:
- * no mask or no row). */
-AF_DEVICE void af_mma_apply_mask(float s[][4], const af_mma_params *p, int64_t key0, const int64_t limit[2],
-                                 const char *const mask_row[2], const int bf16) {
-    const int t = af_lane() & 3;
+/* Causality, keys past S and the attention mask on one tile of scores (log2 units) of this lane's rows g and g+8
+ * (packed rows r0 + 16·warp + g + 8·half): -inf, or additive terms (the mask in the inputs' dtype). The rows' key
+ * limits and mask rows are found here, on the tiles that need them, to keep registers free in the main loop. */
+AF_DEVICE void af_mma_apply_mask(float s[][4], const af_mma_params *p, int64_t b, int64_t hk, int64_t r0,
+                                 int64_t key0, const int bf16) {
+    const int lane = af_lane(), g = lane >> 2, t = lane & 3;
     AF_MMA_UNROLL
     for (int half = 0; half < 2; half++) {
+        const int64_t r = r0 + 16 * af_warp() + g + 8 * half;
+        const int64_t h = hk * p->group + r / p->L, i = r % p->L;
+        const int64_t limit = r < p->rows ? af_mma_visible_keys(p, i) : p->S;
+        const char *mask_row = NULL;
+        if (p->mask && r < p->rows)
+            mask_row = p->mask + (p->mask_kind == AF_MMA_MASK_BOOL ? 1 : 2) *
+                                     (b * p->mask_stride[0] + h * p->mask_stride[1] + i * p->mask_stride[2]);
         AF_MMA_UNROLL
         for (int n = 0; n < AF_MMA_BC / 8; n++) {
             AF_MMA_UNROLL
             for (int c = 0; c < 2; c++) {
                 const int64_t key = key0 + 8 * n + 2 * t + c;
                 float v = s[n][2 * half + c];
-                if (key >= limit[half]) {
+                if (key >= limit) {
                     v = -INFINITY;
-                } else if (mask_row[half]) {
+                } else if (mask_row) {
                     const int64_t at = key * p->mask_stride[3];
                     if (p->mask_kind == AF_MMA_MASK_BOOL) {
-                        if (!((const unsigned char *)mask_row[half])[at]) v = -INFINITY;
+                        if (!((const unsigned char *)mask_row)[at]) v = -INFINITY;
                     } else {
-                        const uint16_t bits = ((const uint16_t *)mask_row[half])[at];
+                        const uint16_t bits = ((const uint16_t *)mask_row)[at];
                         v += (bf16 ? af_bf16_to_float(bits) : af_f16_to_float(bits)) * AF_MMA_LOG2E;
                     }
                 }
@@ -303,19 +310,6 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16) 
     const int64_t t_begin = (int64_t)AF_BLOCK_IDX_Z * p.tiles_per_split;
     const int64_t t_end = t_begin + p.tiles_per_split < tiles ? t_begin + p.tiles_per_split : tiles;
 
-    int64_t limit[2];
-    const char *mask_row[2];
-    AF_MMA_UNROLL
-    for (int half = 0; half < 2; half++) {
-        const int64_t r = r0 + 16 * warp + g + 8 * half;
-        const int64_t h = hk * p.group + r / p.L, i = r % p.L;
-        limit[half] = r < p.rows ? af_mma_visible_keys(&p, i) : p.S;
-        mask_row[half] = NULL;
-        if (p.mask && r < p.rows)
-            mask_row[half] = p.mask + (p.mask_kind == AF_MMA_MASK_BOOL ? 1 : 2) *
-                                          (b * p.mask_stride[0] + h * p.mask_stride[1] + i * p.mask_stride[2]);
-    }
-
     char *smem_q = af_shared_memory();
     const int tile_bytes = AF_MMA_BC * hd * 2;
     char *smem_k = smem_q + tile_bytes;
@@ -330,11 +324,20 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16) 
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     uint32_t qf[AF_MMA_HD_MAX / 16][4];   /* used up to AF_MMA_Q_REGS_MAX_HD */
 
-    if (t_begin < t_end) {   /* Q and the first tile: one group */
+    if (t_begin < t_end) {   /* Q, then the first tile: two groups */
         af_mma_load_q(smem_q, &p, b, hk, r0, hd);
+        af_cp_async_commit();
         af_mma_load_tile(smem_k, k_base, k_row_bytes, t_begin * AF_MMA_BC, p.S, p.E, hd);
         af_mma_load_tile(smem_v, v_base, v_row_bytes, t_begin * AF_MMA_BC, p.S, p.Ev, hd);
         af_cp_async_commit();
+        if (q_in_regs) {   /* Q's fragments, while the first tile is in flight */
+            af_cp_async_wait_1();
+            af_syncthreads();
+            AF_MMA_UNROLL
+            for (int kk = 0; kk < hd / 16; kk++)
+                if (warp_live && 16 * kk < p.E)
+                    af_ldmatrix_x4(qf[kk], smem_q + af_mma_swizzle(16 * warp + (lane & 15), 2 * kk + (lane >> 4), hd));
+        }
     }
     for (int64_t tile = t_begin; tile < t_end; tile++) {
         const int64_t key0 = tile * AF_MMA_BC;
@@ -359,13 +362,11 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16) 
             AF_MMA_UNROLL
             for (int kk = 0; kk < hd / 16; kk++) {
                 if (16 * kk >= p.E) continue;   /* zero columns of the padded head dim */
-                const int q_at = af_mma_swizzle(16 * warp + (lane & 15), 2 * kk + (lane >> 4), hd);
                 if (q_in_regs) {
-                    if (tile == t_begin) af_ldmatrix_x4(qf[kk], smem_q + q_at);
                     af_mma_qk_slice(s, qf[kk], k_tile, kk, hd, bf16);
                 } else {
                     uint32_t qa[4];
-                    af_ldmatrix_x4(qa, smem_q + q_at);
+                    af_ldmatrix_x4(qa, smem_q + af_mma_swizzle(16 * warp + (lane & 15), 2 * kk + (lane >> 4), hd));
                     af_mma_qk_slice(s, qa, k_tile, kk, hd, bf16);
                 }
             }
@@ -376,7 +377,7 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16) 
                 s[n][2] *= p.scale_log2;
                 s[n][3] *= p.scale_log2;
             }
-            if (p.mask || key0 + AF_MMA_BC > keys_min) af_mma_apply_mask(s, &p, key0, limit, mask_row, bf16);
+            if (p.mask || key0 + AF_MMA_BC > keys_min) af_mma_apply_mask(s, &p, b, hk, r0, key0, bf16);
             af_mma_softmax(s, o, m, l, hd, p.Ev);
             af_mma_pv(o, s, v_tile, hd, p.Ev, bf16);
         }
