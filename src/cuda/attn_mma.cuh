@@ -132,7 +132,8 @@ AF_DEVICE void af_mma_qk_slice(float s[][4], const uint32_t qa[4], const char *k
     AF_MMA_UNROLL
     for (int np = 0; np < AF_MMA_BC / 16; np++) {
         uint32_t kb[4];
-        af_ldmatrix_x4(kb, k_tile + af_mma_swizzle(16 * np + (lane & 7) + 8 * (lane >> 4), 2 * kk + ((lane >> 3) & 1), hd));
+        const int key = 16 * np + (lane & 7) + 8 * (lane >> 4), chunk = 2 * kk + ((lane >> 3) & 1);
+        af_ldmatrix_x4(kb, k_tile + af_mma_swizzle(key, chunk, hd));
         af_mma_op(s[2 * np], qa, kb, bf16);
         af_mma_op(s[2 * np + 1], qa, kb + 2, bf16);
     }
@@ -293,7 +294,7 @@ AF_DEVICE void af_mma_epilogue(const af_mma_params *p, float o[][4], const float
 /* The whole CTA: hd (64, 128, 256) and bf16 are constants here (see AF_MMA_KERNEL). */
 AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16) {
     const int q_in_regs = hd <= AF_MMA_Q_REGS_MAX_HD;
-    const int lane = af_lane(), warp = af_warp(), g = lane >> 2;
+    const int lane = af_lane(), warp = af_warp();
     const int64_t bhk = (int64_t)(AF_BLOCK_IDX_X / p.row_blocks) * AF_GRID_DIM_Y + AF_BLOCK_IDX_Y;
     if (bhk >= p.heads) return;   /* the fold of B·Hkv into grid x has a ragged end */
     const int64_t b = bhk / p.Hkv, hk = bhk % p.Hkv;

@@ -400,7 +400,8 @@ int main(void) {
     static const struct CMUnitTest fixed[] = {
         cmocka_unit_test(head_dims),       cmocka_unit_test(causal_alignments), cmocka_unit_test(masks),
         cmocka_unit_test(decode_split_kv), cmocka_unit_test(decode_without_split), cmocka_unit_test(single_buffered),
-        cmocka_unit_test(empty_dims),      cmocka_unit_test(lazy_rescale),      cmocka_unit_test(workspace_sizes), cmocka_unit_test(grid_fold),
+        cmocka_unit_test(empty_dims),      cmocka_unit_test(lazy_rescale),      cmocka_unit_test(workspace_sizes),
+        cmocka_unit_test(grid_fold),
     };
     const int n_fixed = (int)(sizeof fixed / sizeof fixed[0]);
     random_item *items = calloc((size_t)n, sizeof *items);
@@ -411,7 +412,8 @@ int main(void) {
     for (int i = 0; i < n; i++) {
         items[i] = random_mma_case(seed, i);
         snprintf(names[i], sizeof names[i], "random_case_%03d", i);
-        tests[n_fixed + i] = (struct CMUnitTest){.name = names[i], .test_func = random_case, .initial_state = &items[i]};
+        tests[n_fixed + i] =
+            (struct CMUnitTest){.name = names[i], .test_func = random_case, .initial_state = &items[i]};
     }
     const int failures = _cmocka_run_group_tests("cuda_mma", tests, (size_t)(n + n_fixed), NULL, NULL);
     free(items);
