@@ -53,7 +53,7 @@ fuzz: deps
 FUZZ_LONG_RUNS ?= 10000000
 FUZZ_LONG_WORKERS ?= $(JOBS)
 fuzz-long: deps
-	CC=clang cmake -S . -B $(BUILD_FUZZ) -DAF_FUZZ=ON -DAF_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	CC=clang cmake -S . -B $(BUILD_FUZZ) -DAF_FUZZ=ON -DAF_WITH_CUDA=OFF -DAF_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
 	cmake --build $(BUILD_FUZZ) -j $(JOBS)
 	FUZZ_RUNS=$(FUZZ_LONG_RUNS) FUZZ_WORKERS=$(FUZZ_LONG_WORKERS) bash tests/fuzz/run_fuzzers.sh $(BUILD_FUZZ)/tests/fuzz
 
