@@ -127,7 +127,9 @@ AF_API void af_free(void *ptr);
  * docs/PROVIDER.md describes the behaviour, docs/FORMATS.md the samples file and the plan file. */
 
 typedef enum { AF_QKV_POSITIONAL = 0, AF_QKV_KEYWORD = 1 } af_qkv_source;   /* "positional_qkv", "keyword_qkv" */
-typedef enum { AF_BACKEND_CPU = 0, AF_BACKEND_CUDA = 1 } af_backend;         /* "cpu", "cuda" */
+/* "cpu", "cuda", "fa4". fa4: FlashAttention-4 itself (flash_attn.cute), which only the Python provider can call;
+ * plan files may name it, af_provider_check_call guards its calls, af_provider_infer refuses to run them. */
+typedef enum { AF_BACKEND_CPU = 0, AF_BACKEND_CUDA = 1, AF_BACKEND_FA4 = 2 } af_backend;
 
 typedef struct af_samples af_samples;     /* an ordered list of recorded calls */
 typedef struct af_provider af_provider;   /* one prepared (or not yet prepared) plan */

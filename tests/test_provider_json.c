@@ -112,6 +112,58 @@ static void the_seeds_form_is_read(void **state) {
     af_provider_free(p);
 }
 
+/* An fa4 plan (FlashAttention-4 itself, run by the Python provider): read and written like the others, its calls
+ * guarded by the same C guard (CUDA devices), never run or loaded by libattnforge; uncovered calls take the general
+ * path as under any plan. */
+static void fa4_plans_are_read_guarded_and_never_run_here(void **state) {
+    (void)state;
+    const char *text = "{\"type\": \"FlashAttention4KernelProvider\", \"version\": 1, \"qkv_source\": \"positional_qkv\", "
+                       "\"flash_kwargs\": {\"causal\": true}, \"copy_free_layout\": false, \"backend\": \"fa4\"}";
+    af_provider *p = NULL;
+    assert_int_equal(af_provider_from_json(text, strlen(text), &p), AF_OK);
+    af_plan plan;
+    assert_int_equal(af_provider_get_plan(p, &plan), AF_OK);
+    assert_int_equal(plan.backend, AF_BACKEND_FA4);
+    char *json = NULL;
+    assert_int_equal(af_provider_to_json(p, &json), AF_OK);
+    assert_string_equal(json, text);
+    af_free(json);
+    assert_non_null(strstr(af_provider_name(p), "attnforge FlashAttention-4 (fa4) "));
+    assert_int_equal(af_provider_load_runtime_dependencies(p), AF_ERR_UNSUPPORTED);
+    assert_non_null(strstr(af_last_error(), "the plan's backend is fa4"));
+    assert_non_null(strstr(af_last_error(), "only the Python provider"));
+
+    float q_data[2 * 3 * 8], k_data[2 * 3 * 8], v_data[2 * 3 * 8], out_data[2 * 3 * 8];
+    for (int i = 0; i < 2 * 3 * 8; i++) q_data[i] = k_data[i] = v_data[i] = (float)(i % 7) * 0.25f;
+    const int64_t shape[4] = {1, 2, 3, 8};
+    af_tensor q = af_tensor_contiguous(q_data, AF_F32, 4, shape), k = af_tensor_contiguous(k_data, AF_F32, 4, shape);
+    af_tensor v = af_tensor_contiguous(v_data, AF_F32, 4, shape), out = af_tensor_contiguous(out_data, AF_F32, 4, shape);
+    af_sdpa_args call = {.query = &q, .key = &k, .value = &v, .is_causal = true};
+    /* CUDA descriptors (never read): covered, yet infer refuses to run FlashAttention-4 and writes nothing */
+    q.device = k.device = v.device = out.device = (af_device){AF_DEVICE_CUDA, 3};
+    assert_int_equal(af_provider_check_call(p, &call, AF_QKV_POSITIONAL), AF_OK);
+    for (int i = 0; i < 2 * 3 * 8; i++) out_data[i] = -7.0f;
+    assert_int_equal(af_provider_infer(p, &call, AF_QKV_POSITIONAL, &out, NULL), AF_ERR_UNSUPPORTED);
+    assert_non_null(strstr(af_last_error(), "attnforge.FlashAttention4KernelProvider"));
+    for (int i = 0; i < 2 * 3 * 8; i++) assert_true(out_data[i] == -7.0f);
+    /* the guard's other rules hold for fa4 plans as for any */
+    call.is_causal = false;
+    assert_int_equal(af_provider_check_call(p, &call, AF_QKV_POSITIONAL), AF_ERR_PLAN_MISMATCH);
+    assert_non_null(strstr(af_last_error(), "is_causal is false, the plan's is true"));
+    call.is_causal = true;
+    assert_int_equal(af_provider_check_call(p, &call, AF_QKV_KEYWORD), AF_ERR_PLAN_MISMATCH);
+    /* CPU tensors are not covered: infer runs them on the general path (af_sdpa, the CPU kernels) */
+    q.device = k.device = v.device = out.device = (af_device){AF_DEVICE_CPU, 0};
+    assert_int_equal(af_provider_check_call(p, &call, AF_QKV_POSITIONAL), AF_ERR_PLAN_MISMATCH);
+    assert_non_null(strstr(af_last_error(), "query, key and value are on cpu, the plan runs on fa4"));
+    assert_int_equal(af_provider_infer(p, &call, AF_QKV_POSITIONAL, &out, NULL), AF_OK);
+    float expected[2 * 3 * 8];
+    af_tensor reference = af_tensor_contiguous(expected, AF_F32, 4, shape);
+    assert_int_equal(af_sdpa_reference(&call, &reference, NULL), AF_OK);
+    for (int i = 0; i < 2 * 3 * 8; i++) assert_float_equal(out_data[i], expected[i], 1e-5);
+    af_provider_free(p);
+}
+
 static void expect_parse_error(const char *text, const char *needle) {
     af_provider *p = (af_provider *)(uintptr_t)1;   /* must come back NULL */
     af_status st = fx_plan_from(text, &p);
@@ -162,7 +214,7 @@ static void malformed_plans_are_refused_naming_the_field(void **state) {
     expect_parse_error("{'type': 'FlashAttention4KernelProvider', 'version': 0, 'qkv_source': 'keyword_qkv', " GOOD_FLASH ", 'copy_free_layout': true}",
                        "version: 0 is not a format version");
     expect_parse_error("{'type': 'FlashAttention4KernelProvider', 'qkv_source': 'keyword_qkv', " GOOD_FLASH ", 'copy_free_layout': true, 'backend': 'tpu'}",
-                       "backend: \"tpu\" is neither");
+                       "backend: \"tpu\" is none of \"cpu\", \"cuda\" and \"fa4\"");
     expect_parse_error("{'type': 'FlashAttention4KernelProvider', 'qkv_source': 'keyword_qkv', " GOOD_FLASH ", 'copy_free_layout': true, 'backend': 1}",
                        "backend: must be");
     expect_parse_error("{'type': 'FlashAttention4KernelProvider', 'qkv_source': 'keyword_qkv', " GOOD_FLASH ", 'copy_free_layout': true, 'extra': 1}",
@@ -325,6 +377,7 @@ int main(void) {
         cmocka_unit_test(the_seeds_form_is_read),
         cmocka_unit_test(malformed_plans_are_refused_naming_the_field),
         cmocka_unit_test(plan_files),
+        cmocka_unit_test(fa4_plans_are_read_guarded_and_never_run_here),
         cmocka_unit_test(the_issues_example_reads),
         cmocka_unit_test(samples_round_trip),
         cmocka_unit_test(malformed_samples_are_refused_naming_the_field),

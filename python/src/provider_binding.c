@@ -150,6 +150,30 @@ static PyObject *provider_infer(afpy_provider *self, PyObject *args, PyObject *k
     Py_RETURN_NONE;
 }
 
+/* check_call(args: tuple, kwargs: dict, stream=None) -> None: the per-call guard alone (af_provider_check_call);
+ * PlanMismatchError naming the difference when infer would not run this call with the plan. Runs nothing (the
+ * Python provider guards fa4 plans with it before it calls FlashAttention-4). */
+static PyObject *provider_check_call(afpy_provider *self, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"args", "kwargs", "stream", NULL};
+    PyObject *call_args, *call_kwargs, *stream_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!|O:check_call", keywords, &PyTuple_Type, &call_args,
+                                     &PyDict_Type, &call_kwargs, &stream_obj))
+        return NULL;
+    uintptr_t stream;
+    if (afpy_stream_from_object(stream_obj, &stream) < 0) return NULL;
+    afpy_call call;
+    if (afpy_call_parse(call_args, call_kwargs, stream, &call) < 0) return NULL;
+    af_status status;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_rwlock_rdlock(&self->lock);
+    status = af_provider_check_call(self->provider, &call.args, call_source(self, call_args, call.source));
+    pthread_rwlock_unlock(&self->lock);
+    Py_END_ALLOW_THREADS
+    afpy_call_release(&call);
+    if (status != AF_OK) return afpy_raise_status(status);
+    Py_RETURN_NONE;
+}
+
 static PyObject *provider_load_runtime(afpy_provider *self, PyObject *unused) {
     af_status status;
     Py_BEGIN_ALLOW_THREADS
@@ -184,6 +208,8 @@ static PyMethodDef provider_methods[] = {
     {"load", (PyCFunction)provider_load, METH_O | METH_CLASS, "A prepared provider from a plan file."},
     {"infer", (PyCFunction)(void (*)(void))provider_infer, METH_VARARGS | METH_KEYWORDS,
      "infer(args, kwargs, out, lse=None, strict=False, stream=None): run one SDPA call into out."},
+    {"check_call", (PyCFunction)(void (*)(void))provider_check_call, METH_VARARGS | METH_KEYWORDS,
+     "check_call(args, kwargs, stream=None): PlanMismatchError unless infer would run this call with the plan."},
     {"load_runtime_dependencies", (PyCFunction)provider_load_runtime, METH_NOARGS, "Load the plan's backend now."},
     {NULL, NULL, 0, NULL},
 };

@@ -15,7 +15,7 @@
 
 static const char *const qkv_names[3] = {"query", "key", "value"};
 
-/* q/k/v on one device of the plan's backend (any CUDA device for a cuda plan); else true and why not. */
+/* q/k/v on one device of the plan's backend (any CUDA device for a cuda or fa4 plan); else true and why not. */
 static bool device_mismatch(const af_plan *plan, const af_tensor *const qkv[3], char *why, size_t size) {
     char names[3][AF_DEVICE_NAME_MAX];
     for (int i = 0; i < 3; i++) af_device_name(qkv[i]->device, names[i], sizeof names[i]);
@@ -30,8 +30,8 @@ static bool device_mismatch(const af_plan *plan, const af_tensor *const qkv[3], 
                  af_backend_name(plan->backend));
         return true;
     }
-    const af_backend runs_on = qkv[0]->device.type == AF_DEVICE_CUDA ? AF_BACKEND_CUDA : AF_BACKEND_CPU;
-    if (runs_on != plan->backend) {
+    const bool call_on_cuda = qkv[0]->device.type == AF_DEVICE_CUDA, plan_on_cuda = plan->backend != AF_BACKEND_CPU;
+    if (call_on_cuda != plan_on_cuda) {
         snprintf(why, size, "query, key and value are on %s, the plan runs on %s", names[0],
                  af_backend_name(plan->backend));
         return true;
@@ -155,6 +155,7 @@ af_status af_provider_infer(af_provider *p, const af_sdpa_args *args, af_qkv_sou
         atomic_fetch_add(&p->general_calls, 1);
         return (p->kernel_override ? p->kernel_override : af_sdpa)(args, out, lse);
     }
+    if (p->plan.backend == AF_BACKEND_FA4) return af_fail(AF_ERR_UNSUPPORTED, AF_FA4_ONLY_IN_PYTHON);
     af_kernel_fn kernel = p->kernel_override;   /* a test's stand-in replaces the backend, which is then not loaded */
     if (!kernel) {
         const af_backend_ops *backend;

@@ -275,4 +275,6 @@ const char *af_qkv_source_name(af_qkv_source source) {
     return source == AF_QKV_KEYWORD ? "keyword_qkv" : "positional_qkv";
 }
 
-const char *af_backend_name(af_backend backend) { return backend == AF_BACKEND_CUDA ? "cuda" : "cpu"; }
+const char *af_backend_name(af_backend backend) {
+    return backend == AF_BACKEND_FA4 ? "fa4" : backend == AF_BACKEND_CUDA ? "cuda" : "cpu";
+}

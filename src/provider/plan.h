@@ -23,6 +23,6 @@ bool af_plan_equal(const af_plan *a, const af_plan *b);
 void af_plan_difference(const af_plan *a, const af_plan *b, char *text, size_t size);
 
 const char *af_qkv_source_name(af_qkv_source source);   /* "positional_qkv", "keyword_qkv" */
-const char *af_backend_name(af_backend backend);         /* "cpu", "cuda" */
+const char *af_backend_name(af_backend backend);         /* "cpu", "cuda", "fa4" */
 
 #endif

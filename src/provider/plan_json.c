@@ -120,11 +120,14 @@ static af_status read_plan(json_t *root, af_plan *plan) {
     if ((st = read_flash_kwargs(json_object_get(root, "flash_kwargs"), plan)) != AF_OK) return st;
     if ((st = read_bool(root, "copy_free_layout", "copy_free_layout", &plan->copy_free_layout)) != AF_OK) return st;
     json_t *backend = json_object_get(root, "backend");   /* absent: cpu (the seed's form has none) */
-    if (backend) {
-        if (!json_is_string(backend)) return field_error("backend", "must be \"cpu\" or \"cuda\"", NULL);
+    if (backend) {   /* fa4: FlashAttention-4 itself, which the Python provider runs (docs/PROVIDER.md) */
+        if (!json_is_string(backend)) return field_error("backend", "must be \"cpu\", \"cuda\" or \"fa4\"", NULL);
         if (strcmp(json_string_value(backend), "cpu") == 0) plan->backend = AF_BACKEND_CPU;
         else if (strcmp(json_string_value(backend), "cuda") == 0) plan->backend = AF_BACKEND_CUDA;
-        else return af_fail(AF_ERR_PARSE, "plan: backend: \"%s\" is neither \"cpu\" nor \"cuda\"", json_string_value(backend));
+        else if (strcmp(json_string_value(backend), "fa4") == 0) plan->backend = AF_BACKEND_FA4;
+        else
+            return af_fail(AF_ERR_PARSE, "plan: backend: \"%s\" is none of \"cpu\", \"cuda\" and \"fa4\"",
+                           json_string_value(backend));
     }
     return AF_OK;
 }

@@ -124,8 +124,9 @@ const char *af_provider_name(const af_provider *cp) {
     if (!cp) return "attnforge FlashAttention-4 (no provider) " AF_VERSION_STRING;
     af_provider *p = (af_provider *)cp;   /* the name is a cache, not part of the plan */
     pthread_mutex_lock(&p->lock);
-    if (p->plan.backend == AF_BACKEND_CUDA) {
-        snprintf(p->name, sizeof p->name, "attnforge FlashAttention-4 (cuda) %s", AF_VERSION_STRING);
+    if (p->plan.backend != AF_BACKEND_CPU) {   /* "(cuda)", "(fa4)" */
+        snprintf(p->name, sizeof p->name, "attnforge FlashAttention-4 (%s) %s", af_backend_name(p->plan.backend),
+                 AF_VERSION_STRING);
         p->name_isa = NULL;
     } else {
         const char *isa = af_get_isa();

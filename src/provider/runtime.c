@@ -5,6 +5,7 @@
 
 #include <stdatomic.h>
 
+#include "core/status.h"
 #include "sdpa/cuda_backend.h"
 
 static const af_backend_ops cpu_ops = {"cpu", af_sdpa};
@@ -12,6 +13,8 @@ static const af_backend_ops cuda_ops = {"cuda", af_sdpa};
 static atomic_bool cpu_loaded;
 
 af_status af_runtime_load(af_backend backend, const af_backend_ops **ops) {
+    *ops = NULL;
+    if (backend == AF_BACKEND_FA4) return af_fail(AF_ERR_UNSUPPORTED, AF_FA4_ONLY_IN_PYTHON);
     if (backend == AF_BACKEND_CUDA) {
         const af_cuda_backend_ops *cuda;
         af_status st = af_cuda_backend_load(&cuda);
@@ -26,5 +29,5 @@ af_status af_runtime_load(af_backend backend, const af_backend_ops **ops) {
 
 bool af_runtime_is_loaded(af_backend backend) {
     if (backend == AF_BACKEND_CPU) return atomic_load(&cpu_loaded);
-    return af_cuda_backend_is_loaded();
+    return backend == AF_BACKEND_CUDA && af_cuda_backend_is_loaded();
 }

@@ -4,6 +4,12 @@
 #define AF_PROVIDER_RUNTIME_H
 #include "attnforge.h"
 
+/* An fa4 plan names FlashAttention-4 itself (flash_attn.cute, a Python package): only the Python provider can
+ * call it, so libattnforge refuses to run or load it with this message (AF_ERR_UNSUPPORTED). */
+#define AF_FA4_ONLY_IN_PYTHON                                                                                          \
+    "the plan's backend is fa4: FlashAttention-4 itself (flash_attn.cute), which only the Python provider "            \
+    "(attnforge.FlashAttention4KernelProvider) can call; libattnforge runs plans for its own backends, cpu and cuda"
+
 typedef af_status (*af_kernel_fn)(const af_sdpa_args *args, af_tensor *out, af_tensor *lse);
 
 /* What a loaded backend gives the provider. */
