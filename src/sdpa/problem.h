@@ -29,7 +29,7 @@ typedef struct {
 static inline int64_t af_visible_keys(const af_problem *p, int64_t i) {
     int64_t limit = p->S;
     if (p->causal == AF_CAUSAL_TOP_LEFT) limit = i + 1;
-    else if (p->causal == AF_CAUSAL_BOTTOM_RIGHT) limit = i + 1 + p->S - p->L;
+    else if (p->causal == AF_CAUSAL_BOTTOM_RIGHT) limit = i + 1 + (p->S - p->L);
     return limit < 0 ? 0 : limit > p->S ? p->S : limit;
 }
 
