@@ -82,7 +82,7 @@ AF_DEVICE int af_mma_chunk_bytes(int cols, int chunk) {
 AF_DEVICE int64_t af_mma_visible_keys(const af_mma_params *p, int64_t i) {
     int64_t limit = p->S;
     if (p->causal == AF_CAUSAL_TOP_LEFT) limit = i + 1;
-    else if (p->causal == AF_CAUSAL_BOTTOM_RIGHT) limit = i + 1 + p->S - p->L;
+    else if (p->causal == AF_CAUSAL_BOTTOM_RIGHT) limit = i + 1 + (p->S - p->L);
     return limit < 0 ? 0 : limit > p->S ? p->S : limit;
 }
 

@@ -61,7 +61,7 @@ AF_DEVICE void af_simt_store(char *base, af_dtype dtype, int64_t index, float x)
 AF_DEVICE int64_t af_simt_visible_keys(const af_problem *p, int64_t i) {
     int64_t limit = p->S;
     if (p->causal == AF_CAUSAL_TOP_LEFT) limit = i + 1;
-    else if (p->causal == AF_CAUSAL_BOTTOM_RIGHT) limit = i + 1 + p->S - p->L;
+    else if (p->causal == AF_CAUSAL_BOTTOM_RIGHT) limit = i + 1 + (p->S - p->L);
     return limit < 0 ? 0 : limit > p->S ? p->S : limit;
 }
 
