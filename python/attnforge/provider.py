@@ -1,14 +1,17 @@
 """The seed's FlashAttention4KernelProvider, backed by the C library's af_provider: the accepted subset,
-the plan, its JSON and the per-call guard are all decided in C; this class only carries calls across."""
+the plan, its JSON and the per-call guard are all decided in C; this class only carries calls across, and for a
+plan on backend "fa4" calls FlashAttention-4 itself (attnforge._fa4) where the C guard covers the call."""
 import json
 import logging
 import os
 
-from . import _C
-from ._samples import samples_to_json
+from . import _C, _fa4
+from ._samples import _entries
+from ._sdpa import scaled_dot_product_attention
 from ._tensors import call_stream, exportable, new_lse, new_output
 
 SUPPORTED_FUNCTION = _C.SUPPORTED_FUNCTION   # "scaled_dot_product_attention"
+BACKENDS = ("auto", "attnforge", "fa4")
 
 logger = logging.getLogger("attnforge")
 
@@ -20,19 +23,46 @@ class FlashAttention4KernelProvider:
     if provider.prepare([((q, k, v), {"is_causal": True})]):
         out = provider(q, k, v, is_causal=True)      # like F.scaled_dot_product_attention
         state = provider.to_dict()                   # same JSON as `attnforge plan` writes
+
+    backend: which kernels a plan for CUDA samples runs on (docs/PROVIDER.md, "Backends fa4 and auto"):
+    "auto" (default): FlashAttention-4 itself (flash_attn.cute) where it imports and computes every sample with SDPA's
+        meaning, else attnforge's own CUDA kernels; CPU samples always plan attnforge's CPU kernels;
+    "attnforge": attnforge's own kernels only;
+    "fa4": FlashAttention-4 or nothing: prepare() returns False, with the reason, when it cannot take the samples.
     """
 
     supported_function = SUPPORTED_FUNCTION
 
-    def __init__(self):
+    def __init__(self, backend: str = "auto"):
+        if backend not in BACKENDS:
+            raise ValueError(f'FlashAttention4KernelProvider(backend=...): expected "auto", "attnforge" or "fa4", '
+                             f"got {backend!r}")
+        self._backend = backend
         self._c = _C.Provider()
-        self._refusal = ""   # a refusal found before the C provider saw the samples
+        self._refusal = ""   # a refusal found before (or, for "fa4", after) the C provider saw the samples
+        self._plan = None    # the plan's JSON as a dict while prepared
+        self._flash_attn_func = None   # FA4's function, once loaded (the seed's per-instance _backend)
+        self.fa4_refusals = []
 
     # ---- identity
     @property
     def name(self) -> str:
-        """Human-readable name with the version, e.g. "attnforge FlashAttention-4 (cpu, avx2) 0.1.0"."""
+        """Human-readable name with the version, e.g. "attnforge FlashAttention-4 (cpu, avx2) 0.1.0"; for an fa4 plan
+        also FA4's version, e.g. "attnforge FlashAttention-4 (fa4: FlashAttention-4 v4.0.0b27) 0.1.0" (reading it
+        imports flash_attn.cute, as the seed's name does)."""
+        if self._is_fa4():
+            return f"attnforge FlashAttention-4 (fa4: FlashAttention-4 {_fa4.version()}) {_C.__version__}"
         return self._c.name
+
+    @property
+    def backend(self) -> str:
+        """The backend asked for: "auto", "attnforge" or "fa4" (plan_backend says where the plan runs)."""
+        return self._backend
+
+    @property
+    def plan_backend(self):
+        """Where the plan runs: "cpu", "cuda" (attnforge's kernels) or "fa4" (FlashAttention-4); None unprepared."""
+        return self._plan["backend"] if self._plan is not None else None
 
     def __repr__(self) -> str:
         return self.name
@@ -42,19 +72,54 @@ class FlashAttention4KernelProvider:
         """Select one plan for all representative samples; each sample is (args, kwargs) exactly as passed to
         F.scaled_dot_product_attention. False (with `reason`, and a DEBUG log on "attnforge") when a sample is
         outside the supported subset or the samples disagree; never runs a kernel or loads a runtime.
-        Unlike the seed's base class, a prepared provider re-derives its plan (the C library's rule)."""
+        Unlike the seed's base class, a prepared provider re-derives its plan (the C library's rule).
+        Backends "auto" and "fa4" then decide whether FlashAttention-4 runs the plan (fa4_refusals says why not);
+        "auto" imports flash_attn.cute for CUDA samples, "fa4" never does (the plan may be made where FA4 is not)."""
         try:
-            text = samples_to_json(samples)
+            entries = _entries(samples)
         except TypeError as e:   # not a list of (args, kwargs): the caller's mistake, said plainly
             raise TypeError(f"prepare(samples): {e}") from None
-        self._refusal = ""
+        self._refusal, self._plan, self.fa4_refusals = "", None, []
         try:
-            return self._c.prepare(text)
+            prepared = self._c.prepare(json.dumps({"samples": entries}))
         except _C.ParseError as e:   # a description the C library cannot read (e.g. an exotic dtype): not supported
             self._c = _C.Provider()   # as after any failed prepare: unprepared
             self._refusal = str(e)
             logger.debug("FlashAttention-4 not supported due to: %s", e)
             return False
+        if not prepared:
+            return False
+        self._plan = json.loads(self._c.to_json())
+        return self._route(entries) if self._backend != "attnforge" else True
+
+    def _route(self, entries) -> bool:
+        """The C plan accepted the samples; FlashAttention-4 runs it when it computes every sample with SDPA's meaning
+        (and, for "auto", imports). A DEBUG line per reason it cannot, in the seed's words."""
+        if self._plan["backend"] == "cpu" and self._backend == "auto":
+            return True   # FA4 is a CUDA backend: CPU samples keep attnforge's CPU plan
+        reasons = _fa4.sample_refusals(entries)
+        if self._backend == "auto" and self._plan["backend"] == "cuda":
+            try:
+                _fa4.flash_attn_func()
+            except _C.RuntimeUnavailableError as e:
+                reasons.insert(0, f"flash_attn.cute cannot be imported: {e}")
+        for reason in reasons:
+            logger.debug("FlashAttention-4 not supported due to: %s", reason)
+        self.fa4_refusals = reasons
+        if reasons and self._backend == "auto":
+            logger.debug("FlashAttention-4 cannot take these samples: the plan runs on attnforge's %s backend",
+                         self._plan["backend"])
+            return True
+        if reasons:   # "fa4" insists
+            self._c, self._plan = _C.Provider(), None
+            self._refusal = "; ".join(reasons)
+            return False
+        self._c = _C.Provider.from_json(json.dumps(dict(self._plan, backend="fa4")))
+        self._plan = json.loads(self._c.to_json())
+        logger.debug("FlashAttention-4 takes these samples: the plan runs on backend fa4")
+        if not self._plan["copy_free_layout"]:
+            logger.warning(_fa4.COPY_WARNING)
+        return True
 
     @property
     def reason(self) -> str:
@@ -82,6 +147,8 @@ class FlashAttention4KernelProvider:
         kwargs = {} if kwargs is None else kwargs
         args = tuple(exportable(a) for a in args)
         kwargs = {k: exportable(v) for k, v in kwargs.items()}
+        if self._is_fa4():
+            return self._infer_fa4(args, kwargs, strict, False)[0]
         query = args[0] if args else kwargs.get("query")
         value = args[2] if len(args) > 2 else kwargs.get("value")
         out = new_output(query, value)
@@ -92,6 +159,8 @@ class FlashAttention4KernelProvider:
         """Like calling the provider, also returning the float32 log-sum-exp (B, Hq, L)."""
         args = tuple(exportable(a) for a in args)
         kwargs = {k: exportable(v) for k, v in kwargs.items()}
+        if self._is_fa4():
+            return self._infer_fa4(args, kwargs, False, True)
         query = args[0] if args else kwargs.get("query")
         value = args[2] if len(args) > 2 else kwargs.get("value")
         out, lse = new_output(query, value), new_lse(query)
@@ -99,8 +168,57 @@ class FlashAttention4KernelProvider:
         return out, lse
 
     def load_runtime_dependencies(self) -> None:
-        """Load the plan's backend now (before graph capture) instead of on the first call. Idempotent."""
+        """Load the plan's backend now (before graph capture) instead of on the first call. Idempotent. An fa4 plan
+        imports flash_attn.cute (the seed's order: its version, then flash_attn_func), RuntimeUnavailableError with the
+        seed's message where it is missing."""
+        if self._is_fa4():
+            _fa4.version()
+            self._fa4_function()
+            return
         self._c.load_runtime_dependencies()
+
+    # ---- the fa4 backend: the C guard, FA4's own limits, then FlashAttention-4 itself
+    def _is_fa4(self) -> bool:
+        return self.plan_backend == "fa4"
+
+    def _fa4_function(self):
+        if self._flash_attn_func is None:   # a failure is not cached: FA4 installed later is found
+            self._flash_attn_func = _fa4.flash_attn_func()
+        return self._flash_attn_func
+
+    def _fa4_mismatch(self, args, kwargs):
+        """Why the fa4 plan does not cover this call (the C guard first, then what FA4 computes), None if it does."""
+        view = _fa4.testing.cpu_as_cuda
+        guard_args, guard_kwargs = args, kwargs
+        if view is not None:   # tests: CPU tensors stand for cuda:0 tensors; the guard reads descriptors only
+            guard_args = tuple(view(a) if _fa4.is_on_cuda(a) else a for a in args)
+            guard_kwargs = {k: view(v) if _fa4.is_on_cuda(v) else v for k, v in kwargs.items()}
+        query = args[0] if args else kwargs.get("query")
+        try:
+            self._c.check_call(guard_args, guard_kwargs, call_stream(query))
+        except _C.PlanMismatchError as e:
+            return str(e)
+        q, k, v = args[:3] if len(args) >= 3 else (kwargs["query"], kwargs["key"], kwargs["value"])
+        why = _fa4.call_refusal(q, k, v, self._plan["flash_kwargs"]["causal"])
+        return f"FlashAttention-4 plan does not match this call ({why})" if why else None
+
+    def _infer_fa4(self, args, kwargs, strict, with_lse):
+        """(out, lse or None): FlashAttention-4 on a covered call; the general path (attnforge's kernels with the
+        call's own arguments) or, strict, PlanMismatchError for any other."""
+        mismatch = self._fa4_mismatch(args, kwargs)
+        if mismatch is None:
+            q, k, v = args[:3] if len(args) >= 3 else (kwargs["query"], kwargs["key"], kwargs["value"])
+            nhd = _fa4.to_nhd((q, k, v), self._plan["copy_free_layout"])
+            unaligned = _fa4.misaligned(nhd)
+            if unaligned is None:
+                fa4_kwargs = _fa4.flash_kwargs(self._plan["flash_kwargs"], q.shape[2], k.shape[2])
+                return _fa4.run(self._fa4_function(), nhd, fa4_kwargs, with_lse)
+            mismatch = f"FlashAttention-4 plan does not match this call ({unaligned} is not 16-byte aligned)"
+        if strict:
+            raise _C.PlanMismatchError(mismatch)
+        logger.debug("%s; running it on the general path", mismatch)
+        result = scaled_dot_product_attention(*args, **kwargs, return_lse=with_lse)
+        return result if with_lse else (result, None)
 
     # ---- serialization (the same JSON as the C library and the `attnforge` command)
     def to_dict(self) -> dict:
@@ -130,7 +248,7 @@ class FlashAttention4KernelProvider:
 
     @classmethod
     def _wrap(cls, c_provider):
-        self = cls.__new__(cls)
+        self = cls()
         self._c = c_provider
-        self._refusal = ""
+        self._plan = json.loads(c_provider.to_json())
         return self
