@@ -14,8 +14,8 @@ logger = logging.getLogger("attnforge")
 
 # The seed's texts, verbatim.
 RUNTIME_UNAVAILABLE_MESSAGE = "FlashAttention-4 is not available. Install it with `pip install --pre flash-attn-4`."
-COPY_WARNING = ("FlashAttention-4 must copy query, key, and value tensors from HND to NHD layout on every call; this may "
-                "reduce performance. Use HND views of NHD-contiguous tensors to enable the copy-free path.")
+COPY_WARNING = ("FlashAttention-4 must copy query, key, and value tensors from HND to NHD layout on every call; "
+                "this may reduce performance. Use HND views of NHD-contiguous tensors to enable the copy-free path.")
 
 FA4_DTYPES = ("float16", "bfloat16")
 FA4_ARCHES = (9, 10, 11)          # Hopper and Blackwell: the compute capabilities FA4's forward is written for

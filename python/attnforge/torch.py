@@ -142,7 +142,9 @@ def apply(module, provider_or_plan, uncovered="pytorch"):
     A cuda plan (recorded on CUDA tensors) runs the module's CUDA calls on attnforge's CUDA kernels, on any one
     CUDA device, enqueued on PyTorch's current stream; its CPU calls are not covered. A cpu plan does not cover
     CUDA calls. The plan's backend is loaded on entry: a cuda plan raises RuntimeUnavailableError here, not in
-    the forward pass, where attnforge's CUDA backend, a driver or a GPU is missing.
+    the forward pass, where attnforge's CUDA backend, a driver or a GPU is missing. An fa4 plan runs the calls it
+    covers on FlashAttention-4 itself and imports flash_attn.cute on entry (RuntimeUnavailableError where it is
+    missing); calls it does not cover go to PyTorch as above.
 
     provider_or_plan: a prepared FlashAttention4KernelProvider, a plan dict (to_dict()) or a plan file path.
     Like the seed, this patches a process-wide function (not thread-safe) and only reaches code that looks up
