@@ -46,9 +46,9 @@ AF_API const char *af_version(void);                   /* AF_VERSION_STRING of t
 /* ---------------------------------------------------------------- tensors */
 #define AF_MAX_DIMS 8
 
-typedef enum { AF_F32 = 0, AF_F16 = 1, AF_BF16 = 2, AF_BOOL = 3 } af_dtype;
+typedef enum { AF_F32 = 0, AF_F16 = 1, AF_BF16 = 2, AF_BOOL = 3, AF_I32 = 4 } af_dtype;   /* int32: lengths, pages */
 
-AF_API const char *af_dtype_name(af_dtype dtype);      /* "float32", "float16", "bfloat16", "bool" */
+AF_API const char *af_dtype_name(af_dtype dtype);      /* "float32", "float16", "bfloat16", "bool", "int32" */
 AF_API size_t af_dtype_size(af_dtype dtype);           /* bytes per element; 0 for an unknown dtype */
 
 typedef enum { AF_DEVICE_CPU = 0, AF_DEVICE_CUDA = 1 } af_device_type;
@@ -95,6 +95,35 @@ AF_API af_status af_sdpa(const af_sdpa_args *args, af_tensor *out, af_tensor *ls
 
 /* The plain reference: double accumulation, one row at a time. Slow; for tests and `attnforge verify`. */
 AF_API af_status af_sdpa_reference(const af_sdpa_args *args, af_tensor *out, af_tensor *lse);
+
+/* ---------------------------------------------------------------- FlashAttention-style calls
+ * FlashAttention-4's forward semantics (flash_attn_func / flash_attn_varlen_func): NHD layouts, bottom-right aligned
+ * causality and sliding windows, softcap, a learned sink per head, variable-length and paged K/V. af_sdpa's meaning
+ * is unchanged; this is a second entry point over the same kernels. docs/API.md states every rule. */
+typedef struct {
+    const af_tensor *query;          /* (B, Lq, Hq, E); varlen: (total_q, Hq, E) */
+    const af_tensor *key;            /* (B, S, Hkv, E); varlen: (total_k, Hkv, E);
+                                        paged: (num_pages, page_size, Hkv, E) */
+    const af_tensor *value;          /* as key, with head dim Ev */
+    bool has_scale; double scale;    /* default 1/sqrt(E) */
+    bool causal;                     /* bottom-right aligned: row i sees keys j <= i + S - Lq (window right = 0) */
+    bool has_window;                 /* false: no window (FA4's window_size=(None, None)) */
+    int64_t window_left, window_right;   /* -1 = unbounded; row i sees i + S - Lq - left <= j <= i + S - Lq + right */
+    double softcap;                  /* 0 = off; > 0: s <- softcap·tanh(s / softcap) on the scaled score */
+    const af_tensor *learnable_sink; /* NULL or (Hq,) f32/f16/bf16: one logit per query head, in the denominator only */
+    const af_tensor *cu_seqlens_q;   /* varlen: int32 (B + 1,) prefix sums over query rows, else NULL */
+    const af_tensor *cu_seqlens_k;   /* varlen: int32 (B + 1,) prefix sums over keys, else NULL */
+    int64_t max_seqlen_q, max_seqlen_k;  /* varlen: bounds on the sequences' lengths */
+    const af_tensor *seqused_k;      /* NULL or int32 (B,): keys used by each sequence (paged K/V needs it) */
+    const af_tensor *page_table;     /* paged K/V: int32 (B, max_pages) page indices, else NULL */
+    void *stream;                    /* as af_sdpa_args.stream */
+} af_flash_args;                     /* zero-initialised = plain attention with FA4's defaults */
+
+/* out: query's shape with head dim Ev, in query's dtype; lse NULL or f32 (B, Hq, Lq) / varlen (Hq, total_q),
+ * natural log. Rows that see no key (and no sink) get out = 0 and lse = -inf. */
+AF_API af_status af_flash_attn(const af_flash_args *args, af_tensor *out, af_tensor *lse);
+/* The plain reference of af_flash_attn: double accumulation, one row at a time. For tests and verify. */
+AF_API af_status af_flash_attn_reference(const af_flash_args *args, af_tensor *out, af_tensor *lse);
 
 /* ---------------------------------------------------------------- execution settings */
 AF_API void af_set_num_threads(int n);   /* 0 = all cores (the default) */
@@ -168,7 +197,8 @@ AF_API size_t af_samples_count(const af_samples *samples);
 AF_API void af_samples_free(af_samples *samples);
 /* Build samples in C: an empty list, then one recorded call at a time. add_call reads the descriptors of
  * args' tensors (shape, dtype, strides; never data) and the arguments that differ from SDPA's defaults;
- * `device` NULL: each tensor's own af_tensor.device ("cpu", "cuda:N"); `count` >= 1. causal_bottom_right is recorded as a keyword SDPA lacks
+ * `device` NULL: each tensor's own af_tensor.device ("cpu", "cuda:N"); `count` >= 1. causal_bottom_right is
+ * recorded as a keyword SDPA lacks
  * (so prepare refuses it by name). */
 AF_API af_samples *af_samples_new(void);                    /* NULL only when out of memory */
 AF_API af_status af_samples_add_call(af_samples *samples, const af_sdpa_args *args, af_qkv_source source,
