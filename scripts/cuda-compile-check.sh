@@ -32,7 +32,9 @@ find_cuobjdump() {
     [ -x "$(dirname "$nvcc")/cuobjdump" ] && { echo "$(dirname "$nvcc")/cuobjdump"; return; }
     python3 - <<'PY' 2>/dev/null
 import glob, os, site, sys
-for base in site.getsitepackages() + [site.getusersitepackages()]:
+# scripts/install-deps.sh puts PyPI's nvidia-cuda-cuobjdump/nvdisasm into /opt/attnforge-cuda-tools
+for base in site.getsitepackages() + [site.getusersitepackages()] + \
+        glob.glob("/opt/attnforge-cuda-tools/lib/python3*/site-packages"):
     for path in sorted(glob.glob(os.path.join(base, "nvidia", "cu*", "bin", "cuobjdump"))):
         print(path); sys.exit(0)
 PY
@@ -43,20 +45,35 @@ mkdir -p "$out"
 echo "cuda-compile-check: $("$nvcc" --version | tail -1)"
 failures=0
 
-# ---- ptxas -v for each target (both compiled at once: two processes)
-for arch in 80 90a; do
-    "$nvcc" -cubin -std=c++17 -O3 -I"$root/include" -I"$root/src" "-gencode=arch=compute_$arch,code=sm_$arch" \
-        --ptxas-options=-v -o "$out/backend_sm$arch.cubin" "$root/src/cuda/backend.cu" >"$out/ptxas_sm$arch.log" 2>&1 &
-done
-for arch in 80 90a; do
-    if ! wait -n; then failures=$((failures + 1)); fi
-done
-for arch in 80 90a; do
-    if [ ! -s "$out/backend_sm$arch.cubin" ]; then
-        echo "FAIL: nvcc for sm_$arch:"
-        tail -30 "$out/ptxas_sm$arch.log"
-    fi
-done
+# ---- ptxas -v for each target: from the build's own log when it has one (scripts/capture-ptxas.sh), else compiled
+build_log=$build/cuda-ptxas.log
+if [ -s "$build_log" ] && [ -f "$build/libattnforge_cuda.so" ] && [ "$build_log" -nt "$root/src/cuda/backend.cu" ]; then
+    echo "ptxas report: $build_log (the build of $build/libattnforge_cuda.so)"
+    # one nvcc run reports every target in turn: each line belongs to the target of the last entry function named
+    awk -v out="$out" '
+        match($0, /for .sm_[0-9]+a?./) { arch = substr($0, RSTART + 8, RLENGTH - 9) }
+        arch != "" { print > (out "/ptxas_sm" arch ".log") }' "$build_log"
+    for arch in 80 90a; do
+        if [ ! -s "$out/ptxas_sm$arch.log" ]; then
+            echo "FAIL: the build's ptxas report has no sm_$arch section"
+            failures=$((failures + 1))
+        fi
+    done
+else
+    for arch in 80 90a; do   # both targets at once: two processes
+        "$nvcc" -cubin -std=c++17 -O3 -I"$root/include" -I"$root/src" "-gencode=arch=compute_$arch,code=sm_$arch" \
+            --ptxas-options=-v -o "$out/backend_sm$arch.cubin" "$root/src/cuda/backend.cu" >"$out/ptxas_sm$arch.log" 2>&1 &
+    done
+    for arch in 80 90a; do
+        if ! wait -n; then failures=$((failures + 1)); fi
+    done
+    for arch in 80 90a; do
+        if [ ! -s "$out/backend_sm$arch.cubin" ]; then
+            echo "FAIL: nvcc for sm_$arch:"
+            tail -30 "$out/ptxas_sm$arch.log"
+        fi
+    done
+fi
 if [ "$failures" -gt 0 ]; then
     echo "cuda-compile-check: $failures target(s) did not compile"
     exit 1
