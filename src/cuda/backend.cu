@@ -293,6 +293,17 @@ static void note_simt_once(const af_problem *p) {
                     "tensor-core path", AF_MMA_MAX_HEAD_DIM, (long long)p->E, (long long)p->Ev);
 }
 
+typedef enum { PATH_TENSOR_CORES_SM80, PATH_CUDA_CORES } kernel_path;
+
+/* Which kernels run a problem. The seam for generation-specific kernels: a Hopper kernel (wgmma, TMA, warp
+ * specialisation) will be chosen here for dev->cc_major == 9; today every GPU from 8.0 on runs the mma.sync kernels. */
+static kernel_path choose_path(const af_problem *p, const af_cuda_device *dev) {
+    (void)dev;
+    const bool half = p->dtype == AF_F16 || p->dtype == AF_BF16;
+    return half && p->E <= AF_MMA_MAX_HEAD_DIM && p->Ev <= AF_MMA_MAX_HEAD_DIM ? PATH_TENSOR_CORES_SM80
+                                                                                : PATH_CUDA_CORES;
+}
+
 typedef struct {
     const af_problem *p;
     cudaStream_t stream;
@@ -305,9 +316,10 @@ static int forward_on_device(int device, void *context, char *err, size_t size) 
     int status = read_device(device, &dev, err, size);
     if (status != AF_OK) return status;
     if ((status = check_pointers(p, device, err, size)) != AF_OK) return status;
-    const bool tensor_cores = (p->dtype == AF_F16 || p->dtype == AF_BF16) && p->E <= AF_MMA_MAX_HEAD_DIM &&
-                              p->Ev <= AF_MMA_MAX_HEAD_DIM;
-    if (tensor_cores) return mma_forward(p, &dev, call->stream, err, size);
+    if (dev.cc_major < 8)   /* the library holds code for sm_80 and newer only (mma.sync bf16, cp.async) */
+        return fail(err, size, AF_ERR_UNSUPPORTED, "cuda:%d has compute capability %d.%d; attnforge's CUDA kernels "
+                    "need 8.0 (Ampere) or newer", device, dev.cc_major, dev.cc_minor);
+    if (choose_path(p, &dev) == PATH_TENSOR_CORES_SM80) return mma_forward(p, &dev, call->stream, err, size);
     note_simt_once(p);
     const cudaError_t e = af_cuda_simt_forward(p, &dev, call->stream);
     return e == cudaSuccess ? AF_OK : cuda_fail(err, size, e, "launching the CUDA-core kernel");
