@@ -120,43 +120,6 @@ static bool on_tensor_cores(const sdpa_case *c) {
     return (c->dtype == AF_F16 || c->dtype == AF_BF16) && c->E <= 256 && c->Ev <= 256;
 }
 
-/* ------------------------------------------------------------------ against the double reference */
-
-/* The CPU path's bound (af_error_bound, whose P-rounding term covers the tensor cores' f16/bf16 P). Infinities and
- * NaN exactly. */
-static bool out_matches(const case_tensors *t, char *why, size_t size) {
-    if (tt_numel(&t->out) == 0) return true;
-    const af_error_scale es = case_error_scale(t);
-    int64_t idx[4] = {0, 0, 0, 0};
-    do {
-        const double got = tt_get(&t->out, idx), want = tt_get(&t->ref_out, idx);
-        const double bound = af_error_bound(t->c.dtype, want, &es);
-        const bool ok = isnan(want) ? isnan(got) : isinf(want) ? got == want : fabs(got - want) <= bound;
-        if (!ok) {
-            snprintf(why, size, "out[%lld,%lld,%lld,%lld] = %.9g, reference %.9g, |error| %.3g > bound %.3g",
-                     (long long)idx[0], (long long)idx[1], (long long)idx[2], (long long)idx[3], got, want,
-                     fabs(got - want), bound);
-            return false;
-        }
-    } while (tt_next_index(4, t->out.view.shape, idx));
-    return true;
-}
-
-static bool lse_matches(const case_tensors *t, char *why, size_t size) {
-    if (!t->c.with_lse || tt_numel(&t->lse) == 0) return true;
-    int64_t idx[3] = {0, 0, 0};
-    do {
-        const double got = tt_get(&t->lse, idx), want = tt_get(&t->ref_lse, idx);
-        const bool ok = isinf(want) ? got == want : fabs(got - want) <= case_lse_bound(t, want);
-        if (!ok) {
-            snprintf(why, size, "lse[%lld,%lld,%lld] = %.9g, reference %.9g", (long long)idx[0], (long long)idx[1],
-                     (long long)idx[2], got, want);
-            return false;
-        }
-    } while (tt_next_index(3, t->lse.view.shape, idx));
-    return true;
-}
-
 /* ------------------------------------------------------------------ one case end to end */
 
 /* Run the case on the device and check it against the double reference; false with `why` on a mismatch. */
@@ -183,7 +146,7 @@ static bool run_case(const sdpa_case *c, char *why, size_t size) {
     if (ok) {
         to_host(&t.out, &d.out);
         if (c->with_lse) to_host(&t.lse, &d.lse);
-        ok = out_matches(&t, why, size) && lse_matches(&t, why, size);
+        ok = case_matches_reference(&t, NULL, why, size);   /* af_error_bound, as on the CPU */
         if (ok && !tt_outside_view_is(&t.out, TT_SENTINEL_BYTE)) {
             snprintf(why, size, "out: bytes outside the view were written");
             ok = false;
