@@ -4,8 +4,10 @@ The work is done by the C library (attnforge._C, built from the same sources as 
 only turns Python calls into C calls:
 
 - scaled_dot_product_attention(...): one call, like torch.nn.functional.scaled_dot_product_attention;
+- flash_attn_func / flash_attn_varlen_func: FlashAttention-4's forward API (windows, softcap, sinks, varlen, paged);
 - FlashAttention4KernelProvider: the seed's provider API (prepare / call / to_dict / from_dict);
-- attnforge.torch: record a module's SDPA calls and apply a plan to it (imports torch).
+- attnforge.torch: record a module's SDPA calls and apply a plan to it (imports torch);
+- attnforge.transformers: register() adds attn_implementation="attnforge" to Hugging Face Transformers.
 """
 import atexit as _atexit
 import logging as _logging
@@ -22,6 +24,7 @@ from ._C import (
     RuntimeUnavailableError,
     UnsupportedError,
 )
+from ._flash import flash_attn_func, flash_attn_varlen_func
 from ._sdpa import scaled_dot_product_attention, scaled_dot_product_attention_reference
 from ._samples import load_samples, samples_to_json, save_samples
 from .provider import SUPPORTED_FUNCTION, FlashAttention4KernelProvider
@@ -69,6 +72,7 @@ __all__ = [
     "PlanMismatchError", "RuntimeUnavailableError", "UnsupportedError",
     "FlashAttention4KernelProvider", "SUPPORTED_FUNCTION",
     "scaled_dot_product_attention", "scaled_dot_product_attention_reference",
+    "flash_attn_func", "flash_attn_varlen_func",
     "samples_to_json", "save_samples", "load_samples",
     "set_num_threads", "get_num_threads", "set_isa", "get_isa", "isa_available", "isas", "__version__",
 ]

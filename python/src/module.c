@@ -4,6 +4,7 @@
 
 #include "attnforge.h"
 #include "errors.h"
+#include "flash_binding.h"
 #include "log_bridge.h"
 #include "provider_binding.h"
 #include "sdpa_binding.h"
@@ -110,6 +111,8 @@ static PyObject *module_shutdown(PyObject *m, PyObject *unused) {
 static PyMethodDef module_methods[] = {
     {"sdpa", (PyCFunction)(void (*)(void))afpy_sdpa, METH_VARARGS | METH_KEYWORDS,
      "sdpa(args, kwargs, out, lse=None, causal_bottom_right=False, reference=False): af_sdpa into out."},
+    {"flash_attn", (PyCFunction)(void (*)(void))afpy_flash_attn, METH_VARARGS | METH_KEYWORDS,
+     "flash_attn(query, key, value, out, lse=None, *, ...): af_flash_attn (or its reference) into out."},
     {"version", module_version, METH_NOARGS, "The linked library's version."},
     {"set_num_threads", module_set_num_threads, METH_O, "Threads per call; 0 = all cores."},
     {"get_num_threads", module_get_num_threads, METH_NOARGS, "Threads a call will use."},

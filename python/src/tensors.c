@@ -28,6 +28,7 @@ static int dtype_from_format(const char *format, Py_ssize_t itemsize, af_dtype *
     case 'f': if (itemsize == 4) { *dtype = AF_F32; return 0; } break;
     case 'e': if (itemsize == 2) { *dtype = AF_F16; return 0; } break;
     case '?': if (itemsize == 1) { *dtype = AF_BOOL; return 0; } break;
+    case 'i': if (itemsize == 4) { *dtype = AF_I32; return 0; } break;   /* lengths and page tables */
     }
     return -1;
 }
@@ -54,7 +55,7 @@ static int from_buffer(PyObject *obj, const char *name, bool writable, afpy_tens
     Py_buffer *b = &t->buffer;
     af_dtype dtype;
     if (dtype_from_format(b->format, b->itemsize, &dtype) < 0) {
-        unsupported("%s: buffer format '%s' is not supported; expected float32, float16 or bool "
+        unsupported("%s: buffer format '%s' is not supported; expected float32, float16, bool or int32 "
                     "(bfloat16 through torch tensors)", name, b->format ? b->format : "B");
         goto fail;
     }
@@ -115,6 +116,7 @@ static int dtype_from_dlpack(DLDataType dt, af_dtype *dtype) {
     else if (dt.code == kDLFloat && dt.bits == 16) *dtype = AF_F16;
     else if (dt.code == kDLBfloat && dt.bits == 16) *dtype = AF_BF16;
     else if (dt.code == kDLBool && dt.bits == 8) *dtype = AF_BOOL;
+    else if (dt.code == kDLInt && dt.bits == 32) *dtype = AF_I32;
     else return -1;
     return 0;
 }
@@ -137,7 +139,8 @@ static int view_from_dltensor(const DLTensor *dl, const char *name, bool handsha
     af_dtype dtype;
     if (dtype_from_dlpack(dl->dtype, &dtype) < 0) {
         char text[32];
-        return unsupported("%s: dtype %s is not supported; expected float32, float16, bfloat16 or bool", name,
+        return unsupported("%s: dtype %s is not supported; expected float32, float16, bfloat16, bool or int32",
+                           name,
                            dlpack_type_text(dl->dtype, text, sizeof text));
     }
     if (dl->ndim < 0 || dl->ndim > AF_MAX_DIMS) {

@@ -1,0 +1,107 @@
+#include "flash_binding.h"
+
+#include <string.h>
+
+#include "call_args.h"
+#include "errors.h"
+#include "sdpa_binding.h"
+#include "tensors.h"
+
+/* The call's input tensors, in the order they are borrowed (and released). */
+enum { IN_QUERY, IN_KEY, IN_VALUE, IN_SINK, IN_CU_Q, IN_CU_K, IN_SEQUSED_K, IN_PAGE_TABLE, N_INPUTS };
+static const char *const input_names[N_INPUTS] = {"q", "k", "v", "learnable_sink", "cu_seqlens_q", "cu_seqlens_k",
+                                                  "seqused_k", "page_table"};
+
+static void release_inputs(afpy_tensor inputs[N_INPUTS]) {
+    for (int i = 0; i < N_INPUTS; i++) afpy_tensor_release(&inputs[i]);
+}
+
+/* Borrow every input that is given (None = absent); 0, or -1 with an exception set and nothing held. */
+static int borrow_inputs(PyObject *objects[N_INPUTS], uintptr_t stream, afpy_tensor inputs[N_INPUTS]) {
+    memset(inputs, 0, sizeof(afpy_tensor) * N_INPUTS);
+    for (int i = 0; i < N_INPUTS; i++) {
+        if (!objects[i] || objects[i] == Py_None) continue;
+        if (afpy_tensor_from_object(objects[i], input_names[i], false, stream, &inputs[i]) < 0) {
+            release_inputs(inputs);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static const af_tensor *view_or_null(PyObject *obj, afpy_tensor *t) {
+    return obj && obj != Py_None ? &t->view : NULL;
+}
+
+/* window: None, or a (left, right) pair of ints (-1 = unbounded on that side). */
+static int read_window(PyObject *window, af_flash_args *a) {
+    if (window == Py_None) return 0;
+    long long left, right;
+    if (!PyTuple_Check(window) || !PyArg_ParseTuple(window, "LL", &left, &right)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "window: expected None or a (left, right) pair of ints, got %R", window);
+        return -1;
+    }
+    a->has_window = true;
+    a->window_left = left;
+    a->window_right = right;
+    return 0;
+}
+
+PyObject *afpy_flash_attn(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"query", "key", "value", "out", "lse", "scale", "causal", "window", "softcap",
+                               "learnable_sink", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
+                               "seqused_k", "page_table", "reference", "stream", NULL};
+    PyObject *objects[N_INPUTS] = {0};
+    PyObject *out_obj, *lse_obj = Py_None, *scale_obj = Py_None, *window = Py_None, *stream_obj = Py_None;
+    int causal = 0, reference = 0;
+    double softcap = 0.0;
+    long long max_seqlen_q = 0, max_seqlen_k = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|O$OpOdOOOLLOOpO:flash_attn", keywords, &objects[IN_QUERY],
+                                     &objects[IN_KEY], &objects[IN_VALUE], &out_obj, &lse_obj, &scale_obj, &causal,
+                                     &window, &softcap, &objects[IN_SINK], &objects[IN_CU_Q], &objects[IN_CU_K],
+                                     &max_seqlen_q, &max_seqlen_k, &objects[IN_SEQUSED_K], &objects[IN_PAGE_TABLE],
+                                     &reference, &stream_obj))
+        return NULL;
+    af_flash_args a;
+    memset(&a, 0, sizeof a);
+    a.causal = causal;
+    a.softcap = softcap;
+    a.max_seqlen_q = max_seqlen_q;
+    a.max_seqlen_k = max_seqlen_k;
+    if (scale_obj != Py_None) {
+        a.scale = PyFloat_AsDouble(scale_obj);
+        if (a.scale == -1.0 && PyErr_Occurred()) return NULL;
+        a.has_scale = true;
+    }
+    if (read_window(window, &a) < 0) return NULL;
+    uintptr_t stream;
+    if (afpy_stream_from_object(stream_obj, &stream) < 0) return NULL;
+    a.stream = (void *)stream;   /* read by af_flash_attn for CUDA tensors only */
+
+    afpy_tensor inputs[N_INPUTS];
+    if (borrow_inputs(objects, stream, inputs) < 0) return NULL;
+    afpy_tensor out = {0}, lse = {0};
+    if (afpy_outputs_from_objects(out_obj, lse_obj, stream, &out, &lse) < 0) {
+        release_inputs(inputs);
+        return NULL;
+    }
+    a.query = &inputs[IN_QUERY].view;
+    a.key = &inputs[IN_KEY].view;
+    a.value = &inputs[IN_VALUE].view;
+    a.learnable_sink = view_or_null(objects[IN_SINK], &inputs[IN_SINK]);
+    a.cu_seqlens_q = view_or_null(objects[IN_CU_Q], &inputs[IN_CU_Q]);
+    a.cu_seqlens_k = view_or_null(objects[IN_CU_K], &inputs[IN_CU_K]);
+    a.seqused_k = view_or_null(objects[IN_SEQUSED_K], &inputs[IN_SEQUSED_K]);
+    a.page_table = view_or_null(objects[IN_PAGE_TABLE], &inputs[IN_PAGE_TABLE]);
+    af_tensor *lse_view = lse_obj != Py_None ? &lse.view : NULL;
+    af_status status;
+    Py_BEGIN_ALLOW_THREADS   /* the views hold their memory; nothing here touches Python objects */
+    status = reference ? af_flash_attn_reference(&a, &out.view, lse_view) : af_flash_attn(&a, &out.view, lse_view);
+    Py_END_ALLOW_THREADS
+    afpy_tensor_release(&out);
+    afpy_tensor_release(&lse);
+    release_inputs(inputs);
+    if (status != AF_OK) return afpy_raise_status(status);
+    Py_RETURN_NONE;
+}

@@ -1,0 +1,177 @@
+"""attn_implementation="attnforge" in Hugging Face Transformers: tiny random models built from configs in code (no
+downloads) — a GQA Llama, a sliding-window Mistral, Gemma 2 (softcap + sliding window), gpt-oss (sinks + sliding
+window) — against "eager" (logits, float32) and "sdpa" (20 greedy tokens; "eager" where the model has no sdpa),
+unpadded and left-padded, and a count of the calls attnforge received."""
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import attnforge as af  # noqa: E402
+import attnforge.transformers as aft  # noqa: E402
+
+aft.register()
+
+SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=16, vocab_size=97, max_position_embeddings=128, initializer_range=0.2, pad_token_id=0,
+             bos_token_id=1, eos_token_id=2)
+WINDOW = 6   # shorter than the prompts (and the generated text), so the window changes results
+
+FAMILIES = {   # name: (config class, extra config, features the calls must reach)
+    "llama_gqa": ("LlamaConfig", dict(), set()),
+    "mistral_sliding": ("MistralConfig", dict(sliding_window=WINDOW), {"window"}),
+    "gemma2_softcap": ("Gemma2Config", dict(sliding_window=WINDOW, attn_logit_softcapping=1.5,
+                                            final_logit_softcapping=None, query_pre_attn_scalar=16),
+                       {"window", "softcap"}),
+    "gpt_oss_sinks": ("GptOssConfig", dict(sliding_window=WINDOW, num_local_experts=4, num_experts_per_tok=2),
+                      {"window", "sinks"}),
+}
+
+
+def build(family, implementation="eager"):
+    class_name, extra, _ = FAMILIES[family]
+    config_class = getattr(transformers, class_name, None)
+    if config_class is None:
+        pytest.skip(f"transformers {transformers.__version__} has no {class_name}")
+    torch.manual_seed(0)
+    config = config_class(**{**SMALL, **extra})
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=implementation)
+    return model.eval()
+
+
+def switch(model, implementation):
+    model.set_attn_implementation(implementation)
+    return model
+
+
+class Calls:
+    """Counts what reaches attnforge's C entry points, and with which features."""
+
+    def __init__(self, monkeypatch):
+        self.sdpa = 0
+        self.flash = 0
+        self.features = set()
+        real_sdpa, real_flash = af._C.sdpa, af._C.flash_attn
+
+        def sdpa(*args, **kwargs):
+            self.sdpa += 1
+            return real_sdpa(*args, **kwargs)
+
+        def flash(*args, **kwargs):
+            self.flash += 1
+            if kwargs.get("window") is not None:
+                self.features.add("window")
+            if kwargs.get("softcap"):
+                self.features.add("softcap")
+            if kwargs.get("learnable_sink") is not None:
+                self.features.add("sinks")
+            if kwargs.get("page_table") is not None:
+                self.features.add("rows")
+            return real_flash(*args, **kwargs)
+
+        monkeypatch.setattr(af._C, "sdpa", sdpa)
+        monkeypatch.setattr(af._C, "flash_attn", flash)
+
+
+def prompt(batch=2, length=14, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, SMALL["vocab_size"], (batch, length), generator=g)
+
+
+def left_padded(ids, pads):
+    """Row b's first pads[b] tokens become padding (attention_mask 0)."""
+    ids, mask = ids.clone(), torch.ones_like(ids)
+    for b, n in enumerate(pads):
+        ids[b, :n] = SMALL["pad_token_id"]
+        mask[b, :n] = 0
+    return ids, mask
+
+
+def logits(model, ids, mask=None):
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask).logits
+
+
+def assert_logits_close(got, want, mask=None):
+    if mask is not None:   # padding rows are not compared: their outputs are undefined in every implementation
+        got, want = got[mask.bool()], want[mask.bool()]
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_match_eager(family, monkeypatch):
+    model = build(family)
+    ids = prompt()
+    want = logits(model, ids)
+    calls = Calls(monkeypatch)
+    got = logits(switch(model, "attnforge"), ids)
+    assert_logits_close(got, want)
+    assert calls.sdpa + calls.flash == model.config.num_hidden_layers, "every attention call runs on attnforge"
+    assert FAMILIES[family][2] <= calls.features, f"the calls must use {FAMILIES[family][2]}"
+    assert "rows" not in calls.features, "no mask without padding: the window goes to the kernel"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_padded_logits_match_eager(family, monkeypatch):
+    model = build(family)
+    ids, mask = left_padded(prompt(batch=3), [0, 5, 9])
+    want = logits(model, ids, mask)
+    calls = Calls(monkeypatch)
+    got = logits(switch(model, "attnforge"), ids, mask)
+    assert_logits_close(got, want, mask)
+    assert calls.sdpa + calls.flash == model.config.num_hidden_layers
+    if FAMILIES[family][2] & {"softcap", "sinks"}:
+        assert "rows" in calls.features, "softcap/sinks under a padding mask: one varlen row per query"
+
+
+def greedy(model, ids, mask=None, tokens=20):
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=tokens, min_new_tokens=tokens,
+                             do_sample=False, pad_token_id=SMALL["pad_token_id"])
+    return out[:, ids.shape[1]:]
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left_padded"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_tokens_match(family, padded, monkeypatch):
+    model = build(family)
+    reference = "sdpa" if model._supports_sdpa else "eager"   # Gemma 2 and gpt-oss have no sdpa path
+    ids, mask = (left_padded(prompt(), [0, 4]) if padded else (prompt(batch=1), None))
+    want = greedy(switch(model, reference), ids, mask)
+    calls = Calls(monkeypatch)
+    got = greedy(switch(model, "attnforge"), ids, mask)
+    assert got.shape == (ids.shape[0], 20)
+    assert torch.equal(got, want), f"attnforge {got.tolist()} != {reference} {want.tolist()}"
+    assert calls.sdpa + calls.flash >= 20 * model.config.num_hidden_layers, "prefill and every decode step"
+
+
+def test_registered_names():
+    from transformers import AttentionInterface
+    assert AttentionInterface._global_mapping[aft.NAME] is aft.attention_forward
+    masks = getattr(transformers, "AttentionMaskInterface", None)
+    if masks is not None:
+        assert masks._global_mapping[aft.NAME] is aft.attention_mask
+
+
+def test_calls_attnforge_cannot_run_raise():
+    model = build("llama_gqa")
+    model.config.attention_dropout = 0.1
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.1
+    switch(model, "attnforge").train()
+    with torch.no_grad(), pytest.raises(af.UnsupportedError, match="dropout"):
+        model(input_ids=prompt())
+    model.eval()
+    with pytest.raises(af.UnsupportedError, match="gradients"):   # autograd: attnforge has no backward
+        model(input_ids=prompt())
+
+
+def test_masks_attnforge_cannot_express_with_softcap_raise():
+    q = torch.randn(1, 2, 3, 8)
+    k = v = torch.randn(1, 2, 5, 8)
+    holes = torch.tensor([[True, False, True, True, True]]).expand(1, 1, 3, 5)   # not one contiguous key range
+    module = torch.nn.Module()
+    with pytest.raises(af.UnsupportedError, match="contiguous"):
+        aft.attention_forward(module, q, k, v, holes, scaling=0.3, softcap=2.0)
+    out, weights = aft.attention_forward(module, q, k, v, holes, scaling=0.3)   # no softcap: sdpa takes any mask
+    assert out.shape == (1, 3, 2, 8) and weights is None
