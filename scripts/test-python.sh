@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Python tests (run by `make test`): a virtual environment that reuses what the machine already has
-# (torch among it), torch/numpy/pytest/scikit-build-core from PyPI where missing, `pip install ./` (the
+# (torch among it), torch/numpy/pytest/scikit-build-core/transformers from PyPI where missing, `pip install ./` (the
 # extension built from the same C sources by CMake), then pytest python/tests.
 # Usage: scripts/test-python.sh [PATH/TO/attnforge-command]   (for the plan round trips with the C command)
 set -euo pipefail
@@ -36,6 +36,13 @@ if ! "$py" -c "import torch" 2>/dev/null; then
   else
     echo "test-python: WARNING: torch could not be installed; only the NumPy tier runs (torch tests skip)" >&2
   fi
+fi
+# Hugging Face Transformers for attnforge.transformers (tests/test_transformers_backend.py): pinned, the version
+# those tests were written and run against with the torch above.
+transformers_pin="transformers==5.24.0"
+if ! "$py" -c "import transformers, sys; sys.exit(transformers.__version__ != '${transformers_pin#*==}')" 2>/dev/null \
+   && ! "$py" -m pip install -q --disable-pip-version-check "$transformers_pin"; then
+  echo "test-python: WARNING: $transformers_pin could not be installed; the Transformers tests skip" >&2
 fi
 "$py" -m pip install -q --disable-pip-version-check --no-build-isolation ./
 
