@@ -46,7 +46,7 @@ static inline uint16_t af_f32_to_f16(float f) {
     return (uint16_t)(sign | ((r - 0x38000000u) >> 13));
 }
 
-/* Read element `p` of `dtype` as f32 (bool reads as 0/1); `p` need not be aligned. */
+/* Read element `p` of `dtype` as f32 (bool reads as 0/1, int32 rounds past 2^24); `p` need not be aligned. */
 static inline float af_load_as_f32(const void *p, af_dtype dtype) {
     float f;
     uint16_t h;
@@ -55,6 +55,7 @@ static inline float af_load_as_f32(const void *p, af_dtype dtype) {
     case AF_F16: memcpy(&h, p, 2); return af_f16_to_f32(h);
     case AF_BF16: memcpy(&h, p, 2); return af_bf16_to_f32(h);
     case AF_BOOL: return *(const uint8_t *)p ? 1.0f : 0.0f;
+    case AF_I32: { int32_t i; memcpy(&i, p, 4); return (float)i; }
     }
     return 0.0f;
 }
@@ -65,6 +66,11 @@ static inline void af_store_from_f32(void *p, af_dtype dtype, float v) {
     case AF_F16: *(uint16_t *)p = af_f32_to_f16(v); break;
     case AF_BF16: *(uint16_t *)p = af_f32_to_bf16(v); break;
     case AF_BOOL: *(uint8_t *)p = v != 0.0f; break;
+    case AF_I32: {   /* out of range (or NaN): 0 */
+        const int32_t i = v >= -2147483648.0f && v < 2147483648.0f ? (int32_t)v : 0;
+        memcpy(p, &i, 4);
+        break;
+    }
     }
 }
 

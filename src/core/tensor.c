@@ -6,6 +6,7 @@ const char *af_dtype_name(af_dtype dtype) {
     case AF_F16: return "float16";
     case AF_BF16: return "bfloat16";
     case AF_BOOL: return "bool";
+    case AF_I32: return "int32";
     }
     return "unknown";
 }
@@ -15,6 +16,7 @@ size_t af_dtype_size(af_dtype dtype) {
     case AF_F32: return 4;
     case AF_F16: case AF_BF16: return 2;
     case AF_BOOL: return 1;
+    case AF_I32: return 4;
     }
     return 0;
 }

@@ -3,7 +3,13 @@
  *
  * Rows: the query heads of one GQA group are packed into the rows of one tile (pack-GQA): packed row r of
  * key/value head hk is query position r / G of query head hk·G + r % G, so a K/V tile is packed once for the
- * whole group and causal limits grow monotonically with r. A work item is (batch, kv head, row block, kv split). */
+ * whole group and causal limits grow monotonically with r. A work item is (batch, kv head, row block, kv split).
+ *
+ * FlashAttention features (af_flash_attn) live here, not in the micro-kernels: a window or causality limits each row
+ * block to the key tiles its rows can see (af_key_range), so the cost grows with the window; softcap transforms the
+ * S block before the softmax step; the sink joins the row's max and sum when the row is stored; varlen sequences are
+ * items of their own length (row blocks past a sequence's rows do nothing); paged K/V rows are found through
+ * af_kv_row_offset, tiles gathered row by row or in page-contiguous runs (direct kernels read pages in place). */
 #include <math.h>
 #include <string.h>
 
@@ -13,6 +19,7 @@
 #include "core/status.h"
 #include "core/threadpool.h"
 #include "kernel/flash.h"
+#include "kernel/softcap.h"
 #include "kernel/ukernel.h"
 
 #define SPLIT_KEYS 512          /* keys per split-KV chunk: fixed by shape, so results never depend on threads */
@@ -27,7 +34,7 @@
  * af_parallel_for zeroes. Tiles are packed whole and in order: tiles [0, packed) are valid. */
 typedef struct {
     int64_t b_plus_1;   /* 0: empty */
-    int64_t hk, packed;
+    int64_t hk, first, packed;   /* tiles [first, packed) are valid (a window starts past tile 0) */
 } tile_cache;
 
 typedef struct {
@@ -66,7 +73,10 @@ static int tile_ld(size_t floats) {
     return (int)((lines | 1) * AF_TILE_PAD);
 }
 
-typedef struct { int64_t b, hk, rb, split; } work_item;
+typedef struct {
+    int64_t b, hk, rb, split;
+    af_sequence seq;   /* batch b's query rows and keys */
+} work_item;
 
 static work_item decode_item(const flash_plan *fp, int64_t t) {
     const af_problem *p = fp->p;
@@ -75,11 +85,31 @@ static work_item decode_item(const flash_plan *fp, int64_t t) {
     t /= fp->splits;
     /* Neighbours share a (batch, head): its K/V stays in cache and a thread's tile cache serves its next item.
      * Causal: within a head the longest row blocks (the most keys) come first, so the last items are short. */
-    w.rb = p->causal != AF_CAUSAL_NONE ? fp->row_blocks - 1 - t % fp->row_blocks : t % fp->row_blocks;
+    const bool longest_first = p->causal != AF_CAUSAL_NONE || p->window_right >= 0;
+    w.rb = longest_first ? fp->row_blocks - 1 - t % fp->row_blocks : t % fp->row_blocks;
     t /= fp->row_blocks;
     w.hk = t % p->Hkv;
     w.b = t / p->Hkv;
+    w.seq = af_sequence_of(p, w.b);
     return w;
+}
+
+/* Rows of the item's row block within its sequence (0: the block lies past the sequence's rows). */
+static int block_rows_of(const flash_plan *fp, const work_item *w) {
+    const int64_t r0 = w->rb * fp->block_rows, total = w->seq.L * fp->p->group;
+    return r0 >= total ? 0 : (int)(total - r0 < fp->block_rows ? total - r0 : fp->block_rows);
+}
+
+/* The keys [*lo, *hi) packed row r of the item may see. */
+static void row_key_range(const flash_plan *fp, const work_item *w, int64_t r, int64_t *lo, int64_t *hi) {
+    af_key_range(fp->p, w->seq.L, w->seq.S, r / fp->p->group, lo, hi);
+}
+
+/* Keys from j that lie contiguously in memory, at most `left`: all of them unless K/V are paged. */
+static int run_length(const flash_plan *fp, int64_t j, int left) {
+    if (!fp->p->page_table) return left;
+    const int64_t in_page = fp->p->page_size - j % fp->p->page_size;
+    return in_page < left ? (int)in_page : left;
 }
 
 /* Copy `n` elements of `dtype` with element stride `stride` into f32 `dst`. */
@@ -103,24 +133,24 @@ static const char *qrow_ptr(const flash_plan *fp, const work_item *w, int64_t r,
     const int64_t i = r / p->group, h = w->hk * p->group + r % p->group;
     *h_out = h;
     *i_out = i;
-    return p->q + (size_t)(w->b * p->q_stride[0] + h * p->q_stride[1] + i * p->q_stride[2]) * fp->elem;
+    return p->q + (size_t)(w->b * p->q_stride[0] + h * p->q_stride[1] + (w->seq.q0 + i) * p->q_stride[2]) * fp->elem;
 }
 
-/* Where key / value row j of the work item's (batch, kv head) starts. */
+/* Where key / value row j of the work item's (batch, kv head) starts (varlen and paged: af_kv_row_offset). */
 static const char *key_row(const flash_plan *fp, const work_item *w, int64_t j) {
     const af_problem *p = fp->p;
-    return p->k + (size_t)(w->b * p->k_stride[0] + w->hk * p->k_stride[1] + j * p->k_stride[2]) * fp->elem;
+    return p->k + (size_t)af_kv_row_offset(p, p->k_stride, w->b, w->hk, &w->seq, j) * fp->elem;
 }
 
 static const char *value_row(const flash_plan *fp, const work_item *w, int64_t j) {
     const af_problem *p = fp->p;
-    return p->v + (size_t)(w->b * p->v_stride[0] + w->hk * p->v_stride[1] + j * p->v_stride[2]) * fp->elem;
+    return p->v + (size_t)af_kv_row_offset(p, p->v_stride, w->b, w->hk, &w->seq, j) * fp->elem;
 }
 
 /* K tile transposed: kt[e][j] for keys j0..j0+cols, zero-padded to a whole vector of columns. */
 static void pack_key_tile(const flash_plan *fp, const work_item *w, int64_t j0, int cols, float *kt, float *row) {
     const af_problem *p = fp->p;
-    if (fp->uk->pack_kt && p->k_stride[3] == 1) {   /* the micro-kernel's transposing packer */
+    if (fp->uk->pack_kt && p->k_stride[3] == 1 && run_length(fp, j0, cols) == cols) {   /* transposing packer */
         const char *src = key_row(fp, w, j0);
         fp->uk->pack_kt(cols, fp->E, src, (size_t)p->k_stride[2] * fp->elem, p->dtype, kt, fp->keys_pad);
         return;
@@ -184,20 +214,43 @@ static void apply_scale_and_mask(const flash_plan *fp, const work_item *w, int64
     }
 }
 
-/* Causal: -inf for the keys a row may not see in this tile. */
-static void apply_causal(const flash_plan *fp, int64_t r0, int rows, int64_t j0, int cols, float *S) {
-    const af_problem *p = fp->p;
+/* Softcap: S = cap·tanh(S·scale / cap) (scale first: the cap applies to the scaled score). */
+static void apply_softcap(const flash_plan *fp, int rows, int cols, float *S) {
+    const float cap = (float)fp->p->softcap, k = (float)(fp->p->scale / fp->p->softcap);
+    for (int r = 0; r < rows; r++) af_softcap_row(S + (size_t)r * fp->keys_pad, cols, k, cap);
+}
+
+/* Causality and window: -inf for the keys of this tile outside a row's range. */
+static void apply_key_range(const flash_plan *fp, const work_item *w, int64_t r0, int rows, int64_t j0, int cols,
+                            float *S) {
     for (int r = 0; r < rows; r++) {
-        const int64_t visible = af_visible_keys(p, (r0 + r) / p->group) - j0;
+        int64_t lo, hi;
+        row_key_range(fp, w, r0 + r, &lo, &hi);
         float *s = S + (size_t)r * fp->keys_pad;
-        for (int64_t j = visible < 0 ? 0 : visible; j < cols; j++) s[j] = -INFINITY;
+        for (int64_t j = 0; j < cols && j < lo - j0; j++) s[j] = -INFINITY;
+        for (int64_t j = hi - j0 < 0 ? 0 : hi - j0; j < cols; j++) s[j] = -INFINITY;
     }
 }
 
-/* Write one finished row: out = O / l in the output dtype, lse = (m + log2 l)·ln 2. */
-static void store_row(const flash_plan *fp, int64_t b, int64_t h, int64_t i, float *o, float m, float l) {
+/* Write one finished row: out = O / l in the output dtype, lse = (m + log2 l)·ln 2. A sink (log2 units: sink·log2 e,
+ * the scores' units) joins the max and the sum here, never O: FA4's learnable_sink. */
+static void store_row(const flash_plan *fp, const work_item *w, int64_t h, int64_t i, float *o, float m, float l) {
     const af_problem *p = fp->p;
-    const float inv = l > 0.0f || l != l ? 1.0f / l : 0.0f;   /* no visible key: 0, as documented */
+    float o_scale = 1.0f;
+    if (p->sink) {
+        const float sink = af_load_as_f32(p->sink + h * p->sink_stride * (int64_t)af_dtype_size(p->sink_dtype),
+                                          p->sink_dtype) * 1.44269504088896341f;
+        if (sink > m) {   /* the sink is the new max: rescale what the keys gave (m = -inf: nothing) */
+            o_scale = exp2f(m - sink);
+            l = l * o_scale + 1.0f;
+            m = sink;
+        } else if (sink != -INFINITY) {
+            l += exp2f(sink - m);   /* NaN m or sink: NaN l, as the reference */
+        }
+    }
+    const float inv = l > 0.0f || l != l ? o_scale / l : 0.0f;   /* no visible key: 0, as documented */
+    const int64_t b = w->b;
+    i += w->seq.q0;
     const size_t row = (size_t)(b * p->out_stride[0] + h * p->out_stride[1] + i * p->out_stride[2]);
     char *dst = fp->Ev == 0 ? NULL : p->out + row * fp->out_elem;   /* Ev = 0: out has no elements, may be NULL */
     const int64_t os = p->out_stride[3];
@@ -224,7 +277,8 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
     float *m = (float *)(base + fp->off_m), *l = (float *)(base + fp->off_l), *alpha = (float *)(base + fp->off_a);
 
     const int64_t r0 = w.rb * fp->block_rows;
-    const int rows = (int)(fp->rows_total - r0 < fp->block_rows ? fp->rows_total - r0 : fp->block_rows);
+    const int rows = block_rows_of(fp, &w);
+    if (rows == 0) return;   /* past this sequence's rows (varlen): no work, and combine_item reads nothing */
     for (int r = 0; r < rows; r++) {
         int64_t h, i;
         const char *src = qrow_ptr(fp, &w, r0 + r, &h, &i);
@@ -235,15 +289,20 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
     memset(O, 0, sizeof(float) * (size_t)rows * (size_t)fp->ev_pad);
     if (fp->px) fp->px->pack_q(rows, fp->E, qb, fp->E, qpack);
 
-    const int64_t k_lo = w.split * fp->split_keys;   /* < S */
-    int64_t k_hi = p->S - k_lo < fp->split_keys ? p->S : k_lo + fp->split_keys;
-    const int64_t first_visible = af_visible_keys(p, r0 / p->group);
-    const int64_t last_visible = af_visible_keys(p, (r0 + rows - 1) / p->group);
-    if (k_hi > last_visible) k_hi = last_visible;   /* tiles wholly above the diagonal are never touched */
+    /* The block's keys: from the first row's lower limit to the last row's upper one (both grow with the row), within
+     * this split; the first tile stays aligned to block_keys (the tile cache indexes tiles by j0 / block_keys). */
+    int64_t first_lo, first_hi, last_lo, last_hi;
+    row_key_range(fp, &w, r0, &first_lo, &first_hi);
+    row_key_range(fp, &w, r0 + rows - 1, &last_lo, &last_hi);
+    int64_t k_lo = w.split * fp->split_keys;   /* < S; a multiple of block_keys */
+    int64_t k_hi = w.seq.S - k_lo < fp->split_keys ? w.seq.S : k_lo + fp->split_keys;
+    if (k_hi > last_hi) k_hi = last_hi;   /* tiles wholly past the rows' keys are never touched ... */
+    if (first_lo / fp->block_keys * fp->block_keys > k_lo) k_lo = first_lo / fp->block_keys * fp->block_keys;
+                                          /* ... nor those wholly before them (a window) */
 
     tile_cache *cache = (tile_cache *)base;
     if (fp->tile_cache && (cache->b_plus_1 != w.b + 1 || cache->hk != w.hk))
-        *cache = (tile_cache){.b_plus_1 = w.b + 1, .hk = w.hk, .packed = 0};
+        *cache = (tile_cache){.b_plus_1 = w.b + 1, .hk = w.hk, .first = 0, .packed = 0};
 
     int skip = 0;   /* leading rows of the block that see no key of the tile (causal): they sit the tile out */
     int cols;
@@ -251,22 +310,28 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
         cols = (int)(k_hi - j0 < fp->block_keys ? k_hi - j0 : fp->block_keys);
         /* The tiles this block's products read: cached ones, or the scratch tiles packed for this block alone.
          * Cached tiles are packed whole, whatever this block's causal limit, so that a later block of the head may
-         * use every key of them (with causal blocks longest first that does not happen, but the cache does not
-         * depend on the order). */
+         * use every key of them. The cache holds one run of consecutive tiles; a block starting elsewhere (a window)
+         * starts a new run. */
         float *ktile = kt, *vtile = vt;
         bool pack = true;
         int pack_cols = cols;
         if (fp->tile_cache) {
-            const int64_t ti = j0 / fp->block_keys;   /* k_lo = 0: tiles come in order from the first */
+            const int64_t ti = j0 / fp->block_keys;
             ktile = (float *)(base + fp->off_cache) + (size_t)ti * fp->cache_tile_floats;
             vtile = ktile + fp->cache_kt_floats;
-            pack = ti >= cache->packed;
-            pack_cols = (int)(p->S - j0 < fp->block_keys ? p->S - j0 : fp->block_keys);
+            pack = ti < cache->first || ti >= cache->packed;
+            pack_cols = (int)(w.seq.S - j0 < fp->block_keys ? w.seq.S - j0 : fp->block_keys);
+            if (pack && ti != cache->packed) cache->first = ti;   /* not the next tile of the run: a new run */
             if (pack) cache->packed = ti + 1;
         }
-        /* Such a row's scores would all be -inf: P = 0, alpha = 1, m and l unchanged, so skipping it is exact. */
-        while (skip < rows && af_visible_keys(p, (r0 + skip) / p->group) <= j0) skip++;
-        const int n = rows - skip;
+        /* Rows whose scores in this tile would all be -inf: P = 0, alpha = 1, m and l unchanged, so skipping them is
+         * exact. Leading rows end before the tile (causal, right edge), trailing rows start after it (left edge). */
+        int64_t lo, hi;
+        while (skip < rows && (row_key_range(fp, &w, r0 + skip, &lo, &hi), hi <= j0)) skip++;
+        int end = rows;
+        while (end > skip && (row_key_range(fp, &w, r0 + end - 1, &lo, &hi), lo >= j0 + cols)) end--;
+        const int n = end - skip;
+        if (n == 0) continue;
         float *Sn = S + (size_t)skip * fp->keys_pad, *On = O + (size_t)skip * fp->ev_pad;
         const float *qn = qb + (size_t)skip * fp->E;
         if (fp->px) {
@@ -274,29 +339,35 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
             fp->px->pack_k(cols, fp->E, k, (size_t)p->k_stride[2] * fp->elem, p->dtype, kt);
             fp->px->scores(n, cols, fp->E, qpack, skip, kt, Sn, fp->keys_pad);
         } else if (fp->direct) {
-            const char *k = key_row(fp, &w, j0);
-            uk->scores_direct(n, cols, fp->E, qn, fp->E, k, (size_t)p->k_stride[2] * fp->elem, p->dtype, Sn, fp->keys_pad);
+            for (int c = 0, len; c < cols; c += len) {   /* paged: each page's run read in place */
+                len = run_length(fp, j0 + c, cols - c);
+                uk->scores_direct(n, len, fp->E, qn, fp->E, key_row(fp, &w, j0 + c), (size_t)p->k_stride[2] * fp->elem,
+                                  p->dtype, Sn + c, fp->keys_pad);
+            }
         } else {
             /* vt is free until the V tile: a row buffer for the transpose */
             if (pack) pack_key_tile(fp, &w, j0, pack_cols, ktile, vt);
             uk->gemm(n, cols, fp->E, qn, fp->E, ktile, fp->keys_pad, Sn, fp->keys_pad, false);
         }
-        if (fp->pre_scale) apply_scale_and_mask(fp, &w, r0 + skip, n, j0, cols, Sn);
-        if (j0 + cols > first_visible) apply_causal(fp, r0 + skip, n, j0, cols, Sn);
+        if (p->softcap > 0.0) apply_softcap(fp, n, cols, Sn);   /* af_flash_attn: no mask */
+        else if (fp->pre_scale) apply_scale_and_mask(fp, &w, r0 + skip, n, j0, cols, Sn);
+        if (j0 < last_lo || j0 + cols > first_hi) apply_key_range(fp, &w, r0 + skip, n, j0, cols, Sn);
         uk->softmax_step(n, cols, Sn, fp->keys_pad, fp->c, m + skip, l + skip, alpha + skip, fp->exp2_degree);
         if (fp->Ev == 0) continue;
-        for (int r = skip; r < rows; r++)
+        for (int r = skip; r < end; r++)
             if (alpha[r] != 1.0f) uk->scale_row(O + (size_t)r * fp->ev_pad, fp->Ev, alpha[r]);
         if (fp->px) {
             const char *v = value_row(fp, &w, j0);
             fp->px->pack_v(cols, fp->Ev, v, (size_t)p->v_stride[2] * fp->elem, p->dtype, vt);
             fp->px->values(n, fp->Ev, cols, Sn, fp->keys_pad, vt, On, fp->ev_pad);
         } else if (fp->direct) {
-            const char *v = value_row(fp, &w, j0);
-            uk->values_direct(n, fp->Ev, cols, Sn, fp->keys_pad, v, (size_t)p->v_stride[2] * fp->elem, p->dtype, On,
-                              fp->ev_pad);
+            for (int c = 0, len; c < cols; c += len) {
+                len = run_length(fp, j0 + c, cols - c);
+                uk->values_direct(n, fp->Ev, len, Sn + c, fp->keys_pad, value_row(fp, &w, j0 + c),
+                                  (size_t)p->v_stride[2] * fp->elem, p->dtype, On, fp->ev_pad);
+            }
         } else if (fp->v_direct) {
-            const float *v = (const float *)p->v + w.b * p->v_stride[0] + w.hk * p->v_stride[1] + j0 * p->v_stride[2];
+            const float *v = (const float *)value_row(fp, &w, j0);
             uk->gemm(n, fp->Ev, cols, Sn, fp->keys_pad, v, (int)p->v_stride[2], On, fp->ev_pad, true);
         } else {
             if (pack) pack_value_tile(fp, &w, j0, pack_cols, vtile, j0 + fp->block_keys, k_hi);
@@ -308,7 +379,7 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
         for (int r = 0; r < rows; r++) {
             int64_t h, i;
             qrow_ptr(fp, &w, r0 + r, &h, &i);
-            store_row(fp, w.b, h, i, O + (size_t)r * fp->ev_pad, m[r], l[r]);
+            store_row(fp, &w, h, i, O + (size_t)r * fp->ev_pad, m[r], l[r]);
         }
         return;
     }
@@ -329,7 +400,7 @@ static void combine_item(void *ctx, int64_t t, void *scratch) {
     float *acc = scratch;
     const work_item w = decode_item(fp, t * fp->splits);
     const int64_t r0 = w.rb * fp->block_rows;
-    const int rows = (int)(fp->rows_total - r0 < fp->block_rows ? fp->rows_total - r0 : fp->block_rows);
+    const int rows = block_rows_of(fp, &w);
     const size_t row_floats = (size_t)fp->ev_pad + 2;
     const float *first = fp->partials + (size_t)(t * fp->splits) * (size_t)fp->block_rows * row_floats;
     const size_t split_stride = (size_t)fp->block_rows * row_floats;
@@ -354,7 +425,7 @@ static void combine_item(void *ctx, int64_t t, void *scratch) {
         }
         int64_t h, i;
         qrow_ptr(fp, &w, r0 + r, &h, &i);
-        store_row(fp, w.b, h, i, acc, m_all, l_all);
+        store_row(fp, &w, h, i, acc, m_all, l_all);
     }
 }
 
@@ -363,6 +434,7 @@ static void combine_item(void *ctx, int64_t t, void *scratch) {
 static const af_products *products_for(const af_problem *p, const af_ukernel *uk, int64_t rows_total) {
     const af_products *px = uk->products;
     if (!px || p->k_stride[3] != 1 || p->v_stride[3] != 1 || !px->accepts(p->dtype, (int)p->E, (int)p->Ev)) return NULL;
+    if (p->page_table) return NULL;   /* they pack a tile from one base and stride: the f32 path gathers pages */
     if (rows_total < px->min_rows && uk->scores_direct && uk->values_direct) return NULL;
     return px;
 }
@@ -387,7 +459,7 @@ af_status af_flash_forward(const af_problem *p) {
         fp.splits = ceil_div(p->S, fp.split_keys);
     }
     const double log2e = 1.4426950408889634;
-    fp.pre_scale = p->mask != NULL || !(p->scale > 0.0);
+    fp.pre_scale = p->mask != NULL || !(p->scale > 0.0) || p->softcap > 0.0;
     fp.c = (float)(fp.pre_scale ? log2e : p->scale * log2e);
     fp.exp2_degree = p->dtype == AF_BF16 ? 3 : p->dtype == AF_F16 ? 4 : 5;
     /* V tiles straight from the caller's f32 tensor when they meet the gemm's B contract (whole vectors of
@@ -395,7 +467,7 @@ af_status af_flash_forward(const af_problem *p) {
      * are an odd number of cache lines apart like a packed tile's (tile_ld). Else the tile is copied: a transformer's
      * (B,L,H,E) memory puts rows H·E floats apart, 8 KiB at H·E = 2048, and a strip then lands in one L1 set
      * (measured: 85 -> 140 GFLOP/s at L=S=2048, E=128, 2 threads). */
-    fp.v_direct = !fp.px && p->dtype == AF_F32 && p->v_stride[3] == 1 && fp.Ev % AF_TILE_PAD == 0 &&
+    fp.v_direct = !fp.px && !p->page_table && p->dtype == AF_F32 && p->v_stride[3] == 1 && fp.Ev % AF_TILE_PAD == 0 &&
                   p->v_stride[2] % AF_TILE_PAD == 0 && p->v_stride[1] % AF_TILE_PAD == 0 &&
                   p->v_stride[0] % AF_TILE_PAD == 0 && (uintptr_t)p->v % 64 == 0 && p->v_stride[2] <= INT32_MAX &&
                   tile_ld((size_t)p->v_stride[2]) == p->v_stride[2];

@@ -288,3 +288,16 @@ af_status af_check_out_as_f32(const af_sdpa_args *args, const af_tensor *out_f32
     }
     return AF_OK;
 }
+
+/* The same rules for af_flash_attn's boundary (flash_args.c): one implementation of each. */
+af_status af_view_span(const af_tensor *t, const char *name, int64_t *bytes, int64_t *numel) {
+    return view_span(t, name, bytes, numel);
+}
+void af_problem_strides(const af_tensor *t, int64_t numel, int64_t *strides) { problem_strides(t, numel, strides); }
+bool af_no_self_overlap(const af_tensor *t) { return no_self_overlap(t); }
+bool af_spans_overlap(const void *a, int64_t a_bytes, const void *b, int64_t b_bytes) {
+    return spans_overlap(a, a_bytes, b, b_bytes);
+}
+af_status af_check_shape(const af_tensor *t, const char *name, int ndim, const int64_t *want) {
+    return check_shape(t, name, ndim, want);
+}

@@ -12,7 +12,7 @@
 extern "C" {
 #endif
 
-#define AF_CUDA_BACKEND_ABI_VERSION 2
+#define AF_CUDA_BACKEND_ABI_VERSION 3   /* 3: af_problem gained the FlashAttention features */
 #define AF_CUDA_LIBRARY "libattnforge_cuda.so"        /* ATTNFORGE_CUDA_LIBRARY overrides the path */
 #define AF_CUDA_ENTRY "af_cuda_backend"               /* const af_cuda_backend_ops *af_cuda_backend(void) */
 

@@ -1,6 +1,10 @@
-/* One SDPA call after the boundary checks: sizes, base pointers and element strides the kernels trust. */
+/* One SDPA call after the boundary checks: sizes, base pointers and element strides the kernels trust.
+ * af_sdpa fills the first part; af_flash_attn (flash_args.c) also the FlashAttention features after it, which
+ * af_sdpa leaves zero (off). Sequence b's rows, keys and key range come from the helpers below, never from B/L/S
+ * directly: with varlen or paged K/V, L and S are only the longest sequence's. */
 #ifndef AF_SDPA_PROBLEM_H
 #define AF_SDPA_PROBLEM_H
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "attnforge.h"
@@ -23,7 +27,69 @@ typedef struct {
     int64_t mask_stride[4];
     af_causal causal;
     double scale;
+
+    /* ---- FlashAttention features (af_flash_attn); zero = off. NHD tensors arrive with permuted strides. */
+    bool has_window;                /* keys [i + S_b - L_b - left, i + S_b - L_b + right] of sequence b's row i */
+    int64_t window_left, window_right;   /* -1: unbounded on that side (normalised: causal is right = 0) */
+    double softcap;                 /* > 0: s <- softcap·tanh(s / softcap) on the scaled score */
+    const char *sink;               /* NULL, or (Hq,) logits of sink_dtype, sink_stride elements apart */
+    af_dtype sink_dtype;
+    int64_t sink_stride;
+    /* varlen: sequence b's query rows start at row cu_seqlens_q[b] of a (total_q, ...) tensor (q_stride[0],
+     * out_stride[0] and lse_stride[0] are 0), likewise its keys at cu_seqlens_k[b]; elements `*_stride` apart. */
+    const int32_t *cu_seqlens_q, *cu_seqlens_k, *seqused_k;
+    int64_t cu_seqlens_q_stride, cu_seqlens_k_stride, seqused_k_stride;
+    /* paged K/V: key j of sequence b is row j % page_size of page page_table[b][j / page_size]; k_stride[0] and
+     * v_stride[0] step pages, k_stride[2] / v_stride[2] rows within a page. */
+    const int32_t *page_table;
+    int64_t page_table_stride[2];
+    int64_t page_size;
 } af_problem;
+
+/* Sequence b: its first query row and key (in the packed varlen tensors, else 0), query rows and keys. */
+typedef struct { int64_t q0, L, k0, S; } af_sequence;
+
+static inline af_sequence af_sequence_of(const af_problem *p, int64_t b) {
+    af_sequence s = {0, p->L, 0, p->S};
+    if (p->cu_seqlens_q) {
+        s.q0 = p->cu_seqlens_q[b * p->cu_seqlens_q_stride];
+        s.L = p->cu_seqlens_q[(b + 1) * p->cu_seqlens_q_stride] - s.q0;
+    }
+    if (p->cu_seqlens_k) {
+        s.k0 = p->cu_seqlens_k[b * p->cu_seqlens_k_stride];
+        s.S = p->cu_seqlens_k[(b + 1) * p->cu_seqlens_k_stride] - s.k0;
+    }
+    if (p->seqused_k) s.S = p->seqused_k[b * p->seqused_k_stride];
+    return s;
+}
+
+/* Element offset of key (or value, with its strides) row j of sequence b, kv head hk: the one place paged and
+ * varlen K/V are addressed. */
+static inline int64_t af_kv_row_offset(const af_problem *p, const int64_t *stride, int64_t b, int64_t hk,
+                                       const af_sequence *s, int64_t j) {
+    if (p->page_table) {
+        const int64_t page = p->page_table[b * p->page_table_stride[0] + j / p->page_size * p->page_table_stride[1]];
+        return page * stride[0] + hk * stride[1] + j % p->page_size * stride[2];
+    }
+    return b * stride[0] + hk * stride[1] + (s->k0 + j) * stride[2];
+}
+
+/* The keys [*lo, *hi) row i of a sequence with L query rows and S keys may see (before any mask): causal
+ * alignment and the window, clamped to [0, S]. Saturating: left / right may be any int64. */
+static inline void af_key_range(const af_problem *p, int64_t L, int64_t S, int64_t i, int64_t *lo, int64_t *hi) {
+    *lo = 0;
+    *hi = S;
+    if (p->causal == AF_CAUSAL_TOP_LEFT) *hi = i + 1 < S ? i + 1 : S;
+    if (p->causal == AF_CAUSAL_BOTTOM_RIGHT) *hi = L - i <= S ? i + 1 + (S - L) : 0;   /* keys j <= i + S - L */
+    if (!p->has_window) return;
+    const int64_t diagonal = i + (S - L);   /* the key aligned with row i: i < L, so in (-L, S) */
+    if (p->window_left >= 0 && diagonal > p->window_left) *lo = diagonal - p->window_left;
+    if (p->window_right >= 0) {
+        const int64_t end = p->window_right < S - diagonal ? diagonal + p->window_right + 1 : S;   /* S - diagonal > 0 */
+        if (end < *hi) *hi = end < 0 ? 0 : end;
+    }
+    if (*hi < *lo) *hi = *lo;
+}
 
 /* The key limit of query row i: keys j < af_visible_keys(p, i) are visible (before any mask). */
 static inline int64_t af_visible_keys(const af_problem *p, int64_t i) {
@@ -38,6 +104,10 @@ af_status af_sdpa_check(const af_sdpa_args *args, const af_tensor *out, const af
 
 /* The plain reference: double accumulation, row by row. */
 af_status af_reference_forward(const af_problem *p);
+
+/* Check every rule of an af_flash_attn call (docs/API.md) and fill `p` (flash_args.c). Tensors on a CUDA device are
+ * refused before anything is read. On error: a message naming the argument and the rule. */
+af_status af_flash_check(const af_flash_args *args, const af_tensor *out, const af_tensor *lse, af_problem *p);
 
 /* The reference written to an f32 `out_f32` (B,Hq,L,Ev) whatever the input dtype: what tests and
  * `attnforge run` compare the kernels against, without the output rounding of bf16/f16. */

@@ -11,17 +11,21 @@ static double load(const char *base, af_dtype dtype, int64_t offset) {
     return af_load_as_f32(base + offset * (int64_t)af_dtype_size(dtype), dtype);
 }
 
-/* Scores of row (b, h, i) into s[0..S): scale·q·k, then mask / causality as -inf or additive terms. */
-static void row_scores(const af_problem *p, int64_t b, int64_t h, int64_t i, double *s) {
-    const int64_t hk = h / p->group, limit = af_visible_keys(p, i);
-    const int64_t q_row = b * p->q_stride[0] + h * p->q_stride[1] + i * p->q_stride[2];
-    for (int64_t j = 0; j < p->S; j++) {
-        const int64_t k_row = b * p->k_stride[0] + hk * p->k_stride[1] + j * p->k_stride[2];
+/* Scores of sequence b's row i, head h, into s[0..S_b): scale·q·k, softcap, then mask / causality / window as -inf
+ * or additive terms. */
+static void row_scores(const af_problem *p, int64_t b, const af_sequence *seq, int64_t h, int64_t i, double *s) {
+    const int64_t hk = h / p->group;
+    int64_t lo, hi;
+    af_key_range(p, seq->L, seq->S, i, &lo, &hi);
+    const int64_t q_row = b * p->q_stride[0] + h * p->q_stride[1] + (seq->q0 + i) * p->q_stride[2];
+    for (int64_t j = 0; j < seq->S; j++) {
+        const int64_t k_row = af_kv_row_offset(p, p->k_stride, b, hk, seq, j);
         double dot = 0.0;
         for (int64_t e = 0; e < p->E; e++)
             dot += load(p->q, p->dtype, q_row + e * p->q_stride[3]) * load(p->k, p->dtype, k_row + e * p->k_stride[3]);
         double score = p->scale * dot;
-        if (j >= limit) score = -INFINITY;
+        if (p->softcap > 0.0) score = p->softcap * tanh(score / p->softcap);
+        if (j < lo || j >= hi) score = -INFINITY;
         if (p->mask) {
             const int64_t m = b * p->mask_stride[0] + h * p->mask_stride[1] + i * p->mask_stride[2] + j * p->mask_stride[3];
             const double mv = load(p->mask, p->mask_dtype, m);
@@ -30,6 +34,43 @@ static void row_scores(const af_problem *p, int64_t b, int64_t h, int64_t i, dou
         }
         s[j] = score;
     }
+}
+
+/* One row: softmax over the scores and the sink (in the denominator only: FA4), out and lse. */
+static void reference_row(const af_problem *p, int64_t b, const af_sequence *seq, int64_t h, int64_t i, double *s,
+                          double *acc) {
+    row_scores(p, b, seq, h, i, s);
+    double row_max = -INFINITY;
+    bool has_nan = false;
+    for (int64_t j = 0; j < seq->S; j++) {
+        if (isnan(s[j])) has_nan = true;
+        else if (s[j] > row_max) row_max = s[j];
+    }
+    const double sink = p->sink ? load(p->sink, p->sink_dtype, h * p->sink_stride) : -INFINITY;
+    if (sink > row_max) row_max = sink;
+    if (has_nan || isnan(sink)) row_max = NAN;
+    double sum = 0.0;
+    for (int64_t e = 0; e < p->Ev; e++) acc[e] = 0.0;
+    if (row_max != -INFINITY) {   /* a row that sees no key and no sink keeps out = 0 and sum = 0 */
+        const int64_t hk = h / p->group;
+        for (int64_t j = 0; j < seq->S; j++) {
+            const double w = exp(s[j] - row_max);
+            if (w == 0.0) continue;   /* masked keys contribute nothing, even against Inf/NaN values */
+            sum += w;
+            const int64_t v_row = af_kv_row_offset(p, p->v_stride, b, hk, seq, j);
+            for (int64_t e = 0; e < p->Ev; e++) acc[e] += w * load(p->v, p->dtype, v_row + e * p->v_stride[3]);
+        }
+        if (sink != -INFINITY) sum += exp(sink - row_max);
+    }
+    const double inv = sum > 0.0 || isnan(sum) ? 1.0 / sum : 0.0;
+    const size_t out_size = af_dtype_size(p->out_dtype);
+    const int64_t row = b * p->out_stride[0] + h * p->out_stride[1] + (seq->q0 + i) * p->out_stride[2];
+    char *o = p->Ev == 0 ? NULL : p->out + row * (int64_t)out_size;   /* Ev = 0: out may be NULL */
+    for (int64_t e = 0; e < p->Ev; e++)
+        af_store_from_f32(o + e * p->out_stride[3] * (int64_t)out_size, p->out_dtype, (float)(acc[e] * inv));
+    if (p->lse)
+        p->lse[b * p->lse_stride[0] + h * p->lse_stride[1] + (seq->q0 + i) * p->lse_stride[2]] =
+            sum > 0.0 || isnan(sum) ? (float)(row_max + log(sum)) : -INFINITY;
 }
 
 af_status af_reference_forward(const af_problem *p) {
@@ -43,39 +84,11 @@ af_status af_reference_forward(const af_problem *p) {
         af_free(acc);
         return af_fail(AF_ERR_NO_MEMORY, "out of memory: reference scratch for S=%lld", (long long)p->S);
     }
-    const size_t out_size = af_dtype_size(p->out_dtype);
-    for (int64_t b = 0; b < p->B; b++)
+    for (int64_t b = 0; b < p->B; b++) {
+        const af_sequence seq = af_sequence_of(p, b);
         for (int64_t h = 0; h < p->Hq; h++)
-            for (int64_t i = 0; i < p->L; i++) {
-                row_scores(p, b, h, i, s);
-                double row_max = -INFINITY;
-                bool has_nan = false;
-                for (int64_t j = 0; j < p->S; j++) {
-                    if (isnan(s[j])) has_nan = true;
-                    else if (s[j] > row_max) row_max = s[j];
-                }
-                if (has_nan) row_max = NAN;
-                double sum = 0.0;
-                for (int64_t e = 0; e < p->Ev; e++) acc[e] = 0.0;
-                if (row_max != -INFINITY) {   /* a row that sees no key keeps out = 0 and sum = 0 */
-                    const int64_t hk = h / p->group;
-                    for (int64_t j = 0; j < p->S; j++) {
-                        const double w = exp(s[j] - row_max);
-                        if (w == 0.0) continue;   /* masked keys contribute nothing, even against Inf/NaN values */
-                        sum += w;
-                        const int64_t v_row = b * p->v_stride[0] + hk * p->v_stride[1] + j * p->v_stride[2];
-                        for (int64_t e = 0; e < p->Ev; e++) acc[e] += w * load(p->v, p->dtype, v_row + e * p->v_stride[3]);
-                    }
-                }
-                const double inv = sum > 0.0 || isnan(sum) ? 1.0 / sum : 0.0;
-                const int64_t row = b * p->out_stride[0] + h * p->out_stride[1] + i * p->out_stride[2];
-                char *o = p->Ev == 0 ? NULL : p->out + row * (int64_t)out_size;   /* Ev = 0: out may be NULL */
-                for (int64_t e = 0; e < p->Ev; e++)
-                    af_store_from_f32(o + e * p->out_stride[3] * (int64_t)out_size, p->out_dtype, (float)(acc[e] * inv));
-                if (p->lse)
-                    p->lse[b * p->lse_stride[0] + h * p->lse_stride[1] + i * p->lse_stride[2]] =
-                        sum > 0.0 || isnan(sum) ? (float)(row_max + log(sum)) : -INFINITY;
-            }
+            for (int64_t i = 0; i < seq.L; i++) reference_row(p, b, &seq, h, i, s, acc);
+    }
     af_free(s);
     af_free(acc);
     return AF_OK;

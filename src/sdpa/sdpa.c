@@ -43,3 +43,21 @@ af_status af_sdpa_reference(const af_sdpa_args *args, af_tensor *out, af_tensor 
                        args->query->device.index);
     return af_reference_forward(&p);
 }
+
+/* FlashAttention-4's forward (attnforge.h): the same driver over a problem with its features on; CPU only for now
+ * (af_flash_check refuses CUDA tensors before reading their index arrays). */
+af_status af_flash_attn(const af_flash_args *args, af_tensor *out, af_tensor *lse) {
+    af_clear_error();
+    af_problem p;
+    af_status st = af_flash_check(args, out, lse, &p);
+    if (st != AF_OK) return st;
+    return af_flash_forward(&p);
+}
+
+af_status af_flash_attn_reference(const af_flash_args *args, af_tensor *out, af_tensor *lse) {
+    af_clear_error();
+    af_problem p;
+    af_status st = af_flash_check(args, out, lse, &p);
+    if (st != AF_OK) return st;
+    return af_reference_forward(&p);
+}
