@@ -12,13 +12,12 @@
 #include <cmocka.h>
 
 #include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "attnforge.h"
 #include "case_gen.h"
 #include "core/dtype.h"
+#include "emu_case.h"
 #define AF_MMA_GRID_YZ_MAX 3   /* the launcher folds (batch, kv head) pairs past grid y into grid x from 4 on */
 #include "cuda/attn_mma_launch.cuh"
 #include "sdpa/problem.h"
@@ -66,115 +65,44 @@ static bool relayout(test_tensor *t, aligned_layout layout) {
 
 /* ---------------------------------------------------------------- running the kernel on device copies */
 
+/* The launch on `dev`, with the workspace it asks for (> 0 bytes when the keys were split; freed by the caller). */
 typedef struct {
-    unsigned char *memory;
-    af_tensor view;
-} device_tensor;
+    const af_cuda_device *dev;
+    size_t workspace_bytes;
+    void *workspace;
+} mma_launch;
 
-static bool to_device(const test_tensor *t, device_tensor *d) {
-    memset(d, 0, sizeof *d);
-    d->view = t->view;
-    if (!t->memory) return true;
-    if (cudaMalloc((void **)&d->memory, t->bytes) != cudaSuccess) return false;
-    if (cudaMemcpy(d->memory, t->memory, t->bytes, cudaMemcpyHostToDevice) != cudaSuccess) return false;
-    d->view.data = d->memory + ((unsigned char *)t->view.data - t->memory);
-    return true;
-}
-
-static bool from_device(test_tensor *t, const device_tensor *d) {
-    return !t->memory || cudaMemcpy(t->memory, d->memory, t->bytes, cudaMemcpyDeviceToHost) == cudaSuccess;
-}
-
-/* What a run did besides its result. */
-typedef struct {
-    size_t workspace;   /* af_cuda_mma_workspace_bytes: > 0 when the keys were split */
-} run_info;
-
-/* Sentinel-filled out/lse; every tensor copied to the device; af_sdpa_check on the device views; the workspace;
- * af_cuda_mma_forward; out/lse copied back. Then: nothing written outside out's and lse's views, the inputs
- * unchanged, out/lse within tolerance of the reference. */
-static bool run_mma(case_tensors *t, const af_cuda_device *dev, run_info *info, char *why, size_t size) {
-    tt_fill_bytes(&t->out, TT_SENTINEL_BYTE);
-    tt_fill_bytes(&t->lse, TT_SENTINEL_BYTE);
-    test_tensor *host[6] = {&t->q, &t->k, &t->v, &t->mask, &t->out, &t->lse};
-    device_tensor d[6];
-    bool ok = true;
-    for (int i = 0; i < 6; i++) ok = to_device(host[i], &d[i]) && ok;
-    if (!ok) snprintf(why, size, "device allocation or copy failed");
-    af_sdpa_args args = t->args;
-    args.query = &d[0].view;
-    args.key = &d[1].view;
-    args.value = &d[2].view;
-    args.attn_mask = t->args.attn_mask ? &d[3].view : NULL;
-    af_problem p;
-    if (ok && af_sdpa_check(&args, &d[4].view, t->c.with_lse ? &d[5].view : NULL, &p) != AF_OK) {
-        snprintf(why, size, "af_sdpa_check: %s", af_last_error());
-        ok = false;
+static cudaError_t launch_mma(const af_problem *p, void *context) {
+    mma_launch *run = context;
+    run->workspace_bytes = af_cuda_mma_workspace_bytes(p, run->dev);
+    if (run->workspace_bytes) {
+        const cudaError_t err = cudaMalloc(&run->workspace, run->workspace_bytes);
+        if (err != cudaSuccess) return err;
     }
-    void *workspace = NULL;
-    info->workspace = ok ? af_cuda_mma_workspace_bytes(&p, dev) : 0;
-    if (ok && info->workspace && cudaMalloc(&workspace, info->workspace) != cudaSuccess) {
-        snprintf(why, size, "workspace allocation failed");
-        ok = false;
-    }
-    cudaError_t err = cudaSuccess;
-    if (ok && ((err = af_cuda_mma_forward(&p, dev, workspace, NULL)) != cudaSuccess ||
-               (err = cudaStreamSynchronize(NULL)) != cudaSuccess)) {
-        snprintf(why, size, "af_cuda_mma_forward: %s", cudaGetErrorString(err));
-        ok = false;
-    }
-    if (ok && !(from_device(&t->out, &d[4]) && from_device(&t->lse, &d[5]))) {
-        snprintf(why, size, "copy back failed");
-        ok = false;
-    }
-    for (int i = 0; ok && i < 4; i++)
-        if (host[i]->memory && memcmp(host[i]->memory, d[i].memory, host[i]->bytes) != 0) {
-            snprintf(why, size, "an input (#%d of q, k, v, mask) changed", i);
-            ok = false;
-        }
-    if (ok && !tt_outside_view_is(&t->out, TT_SENTINEL_BYTE)) {
-        snprintf(why, size, "wrote outside out's view");
-        ok = false;
-    }
-    if (ok && !tt_outside_view_is(&t->lse, TT_SENTINEL_BYTE) && t->c.with_lse) {
-        snprintf(why, size, "wrote outside lse's view");
-        ok = false;
-    }
-    if (ok && !t->c.with_lse && !tt_outside_view_is(&t->lse, TT_SENTINEL_BYTE)) {
-        snprintf(why, size, "wrote an lse nobody asked for");
-        ok = false;
-    }
-    if (ok) ok = case_matches_reference(t, NULL, why, size);
-    for (int i = 0; i < 6; i++) cudaFree(d[i].memory);
-    cudaFree(workspace);
-    return ok;
+    return af_cuda_mma_forward(p, run->dev, run->workspace, NULL);
 }
 
 /* How a check expects the keys to be split. */
 typedef enum { SPLIT_ANY = 0, SPLIT_NONE, SPLIT_YES } split_expectation;
 
-typedef void (*case_edit)(case_tensors *t);
-
 /* Build the case, lay q/k/v out as `layout` says (one per tensor, cycling), let `edit` change the tensors, run on
  * `dev` and compare; `split` states whether the launcher must have split the keys. */
 static void check_case(const sdpa_case *c, aligned_layout layout, const af_cuda_device *dev, split_expectation split,
-                       case_edit edit) {
+                       emu_case_edit edit) {
     char desc[640], why[640] = "";
     case_describe(c, desc, sizeof desc);
     case_tensors t;
-    bool built = case_build(c, &t) && relayout(&t.q, layout) && relayout(&t.k, (layout + 1) % ALIGNED_COUNT) &&
-                 relayout(&t.v, (layout + 2) % ALIGNED_COUNT);
-    if (built && edit) {
-        edit(&t);
-        built = case_rerun_reference(&t);
-    }
-    run_info info = {0};
-    const bool ok = built && run_mma(&t, dev, &info, why, sizeof why);
+    const bool built = case_build(c, &t) && relayout(&t.q, layout) &&
+                       relayout(&t.k, (layout + 1) % ALIGNED_COUNT) && relayout(&t.v, (layout + 2) % ALIGNED_COUNT) &&
+                       emu_edit_case(&t, edit);
+    mma_launch run = {dev, 0, NULL};
+    const bool ok = built && emu_run_case(&t, launch_mma, &run, why, sizeof why);
+    cudaFree(run.workspace);
     case_free(&t);
     if (!built) fail_msg("could not build the case (%s): %s", af_last_error(), desc);
     if (!ok) fail_msg("%s (sm_count %d)\n    %s", desc, dev->sm_count, why);
-    if (split == SPLIT_YES && info.workspace == 0) fail_msg("expected split-KV, got none: %s", desc);
-    if (split == SPLIT_NONE && info.workspace != 0) fail_msg("expected no split-KV, got one: %s", desc);
+    if (split == SPLIT_YES && run.workspace_bytes == 0) fail_msg("expected split-KV, got none: %s", desc);
+    if (split == SPLIT_NONE && run.workspace_bytes != 0) fail_msg("expected no split-KV, got one: %s", desc);
 }
 
 static sdpa_case small_case(uint64_t seed, af_dtype dtype, int64_t Hq, int64_t Hkv, int64_t L, int64_t S, int64_t E,
@@ -378,46 +306,22 @@ static void random_case(void **state) {
 
 /* The generator's case in f16/bf16 with head dims <= 256, shrunk to the emulation's budget (batch, then the
  * longer sequence); q/k/v re-laid out to the path's preconditions; devices alternate so splits happen. */
-static random_item random_mma_case(uint64_t seed, int index) {
-    random_item item;
-    sdpa_case c = case_random(seed, index, 6);
-    c.dtype = half_dtype(index);
-    while ((double)c.B * c.Hq * c.L * c.S * (c.E + c.Ev) > RANDOM_WORK_BUDGET) {
-        if (c.B > 1) c.B--;
-        else if (c.L > c.S && c.L > 1) c.L = c.L * 3 / 4;
-        else if (c.S > 1) c.S = c.S * 3 / 4;
-        else break;
-    }
-    item.c = c;
-    item.layout = (aligned_layout)(index % ALIGNED_COUNT);
-    item.dev = index % 3 == 0 ? &one_sm : index % 3 == 1 ? &many_sms : &small_smem;
-    return item;
+static void random_mma_case(uint64_t seed, int index, void *out) {
+    random_item *item = out;
+    item->c = case_random(seed, index, 6);
+    item->c.dtype = half_dtype(index);
+    emu_shrink_case(&item->c, RANDOM_WORK_BUDGET);
+    item->layout = (aligned_layout)(index % ALIGNED_COUNT);
+    item->dev = index % 3 == 0 ? &one_sm : index % 3 == 1 ? &many_sms : &small_smem;
 }
 
 int main(void) {
-    const int n = case_suite_count(DEFAULT_CASES);
-    const uint64_t seed = case_suite_seed(DEFAULT_SEED);
     static const struct CMUnitTest fixed[] = {
         cmocka_unit_test(head_dims),       cmocka_unit_test(causal_alignments), cmocka_unit_test(masks),
         cmocka_unit_test(decode_split_kv), cmocka_unit_test(decode_without_split), cmocka_unit_test(single_buffered),
         cmocka_unit_test(empty_dims),      cmocka_unit_test(lazy_rescale),      cmocka_unit_test(workspace_sizes),
         cmocka_unit_test(grid_fold),
     };
-    const int n_fixed = (int)(sizeof fixed / sizeof fixed[0]);
-    random_item *items = calloc((size_t)n, sizeof *items);
-    struct CMUnitTest *tests = calloc((size_t)(n + n_fixed), sizeof *tests);
-    char (*names)[48] = calloc((size_t)n, sizeof *names);
-    if (!items || !tests || !names) return 1;
-    for (int i = 0; i < n_fixed; i++) tests[i] = fixed[i];
-    for (int i = 0; i < n; i++) {
-        items[i] = random_mma_case(seed, i);
-        snprintf(names[i], sizeof names[i], "random_case_%03d", i);
-        tests[n_fixed + i] =
-            (struct CMUnitTest){.name = names[i], .test_func = random_case, .initial_state = &items[i]};
-    }
-    const int failures = _cmocka_run_group_tests("cuda_mma", tests, (size_t)(n + n_fixed), NULL, NULL);
-    free(items);
-    free(tests);
-    free(names);
-    return failures;
+    return emu_run_suite("cuda_mma", fixed, (int)(sizeof fixed / sizeof fixed[0]), random_mma_case,
+                         sizeof(random_item), random_case, DEFAULT_CASES, DEFAULT_SEED);
 }

@@ -10,13 +10,12 @@
 #include <cmocka.h>
 
 #include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "attnforge.h"
 #include "case_gen.h"
 #include "core/dtype.h"
+#include "emu_case.h"
 
 static long long simt_grid_cap = 0x7fffffffLL, copy_grid_cap = 0x7fffffffLL;   /* CUDA's limit, or lowered */
 #define AF_SIMT_MAX_BLOCKS simt_grid_cap
@@ -33,97 +32,19 @@ static const af_cuda_device test_device = {4, 8, 0, 48 * 1024};
 
 /* ---------------------------------------------------------------- running the kernel on device copies */
 
-/* The device copy of a test tensor: its whole backing buffer (poison included, so a read outside the view shows up
- * as NaN), and the view moved onto it. */
-typedef struct {
-    unsigned char *memory;
-    af_tensor view;
-} device_tensor;
-
-static bool to_device(const test_tensor *t, device_tensor *d) {
-    memset(d, 0, sizeof *d);
-    d->view = t->view;
-    if (!t->memory) return true;   /* a tensor the case does not use (no mask) */
-    if (cudaMalloc((void **)&d->memory, t->bytes) != cudaSuccess) return false;
-    if (cudaMemcpy(d->memory, t->memory, t->bytes, cudaMemcpyHostToDevice) != cudaSuccess) return false;
-    d->view.data = d->memory + ((unsigned char *)t->view.data - t->memory);
-    return true;
-}
-
-static bool from_device(test_tensor *t, const device_tensor *d) {
-    return !t->memory || cudaMemcpy(t->memory, d->memory, t->bytes, cudaMemcpyDeviceToHost) == cudaSuccess;
-}
-
-static bool device_unchanged(const test_tensor *t, const device_tensor *d) {
-    return !t->memory || memcmp(t->memory, d->memory, t->bytes) == 0;   /* emulated device memory is host memory */
-}
-
-/* Sentinel-filled out/lse; q, k, v, mask, out, lse copied to the device; af_sdpa_check on the device views;
- * af_cuda_simt_forward; out/lse copied back. Then: nothing written outside out's and lse's views, inputs
- * unchanged, out/lse within the reference's tolerance. */
-static bool run_simt(case_tensors *t, char *why, size_t size) {
-    tt_fill_bytes(&t->out, TT_SENTINEL_BYTE);
-    tt_fill_bytes(&t->lse, TT_SENTINEL_BYTE);
-    test_tensor *host[6] = {&t->q, &t->k, &t->v, &t->mask, &t->out, &t->lse};
-    device_tensor dev[6];
-    bool ok = true;
-    for (int i = 0; i < 6; i++) ok = to_device(host[i], &dev[i]) && ok;
-    if (!ok) snprintf(why, size, "device allocation or copy failed");
-    af_sdpa_args args = t->args;
-    args.query = &dev[0].view;
-    args.key = &dev[1].view;
-    args.value = &dev[2].view;
-    args.attn_mask = t->args.attn_mask ? &dev[3].view : NULL;
-    af_problem p;
-    if (ok && (af_sdpa_check(&args, &dev[4].view, t->c.with_lse ? &dev[5].view : NULL, &p)) != AF_OK) {
-        snprintf(why, size, "af_sdpa_check: %s", af_last_error());
-        ok = false;
-    }
-    cudaError_t err = cudaSuccess;
-    if (ok && ((err = af_cuda_simt_forward(&p, &test_device, NULL)) != cudaSuccess ||
-               (err = cudaStreamSynchronize(NULL)) != cudaSuccess)) {
-        snprintf(why, size, "af_cuda_simt_forward: %s", cudaGetErrorString(err));
-        ok = false;
-    }
-    if (ok && !(from_device(&t->out, &dev[4]) && from_device(&t->lse, &dev[5]))) {
-        snprintf(why, size, "copy back failed");
-        ok = false;
-    }
-    for (int i = 0; ok && i < 4; i++)
-        if (!device_unchanged(host[i], &dev[i])) {
-            snprintf(why, size, "an input (#%d of q, k, v, mask) changed", i);
-            ok = false;
-        }
-    if (ok && !tt_outside_view_is(&t->out, TT_SENTINEL_BYTE)) {
-        snprintf(why, size, "wrote outside out's view");
-        ok = false;
-    }
-    if (ok && t->c.with_lse && !tt_outside_view_is(&t->lse, TT_SENTINEL_BYTE)) {
-        snprintf(why, size, "wrote outside lse's view");
-        ok = false;
-    }
-    if (ok && !t->c.with_lse && !tt_outside_view_is(&t->lse, TT_SENTINEL_BYTE)) {
-        snprintf(why, size, "wrote an lse nobody asked for");
-        ok = false;
-    }
-    if (ok) ok = case_matches_reference(t, NULL, why, size);
-    for (int i = 0; i < 6; i++) cudaFree(dev[i].memory);
-    return ok;
+/* The launch emu_run_case checks: the CUDA-core kernel on test_device. */
+static cudaError_t launch_simt(const af_problem *p, void *context) {
+    (void)context;
+    return af_cuda_simt_forward(p, &test_device, NULL);
 }
 
 /* Build the case, optionally let `edit` change its tensors (then re-run the reference), run and compare. */
-typedef void (*case_edit)(case_tensors *t);
-
-static void check_case(const sdpa_case *c, case_edit edit) {
+static void check_case(const sdpa_case *c, emu_case_edit edit) {
     char desc[640], why[640] = "";
     case_describe(c, desc, sizeof desc);
     case_tensors t;
-    bool built = case_build(c, &t);
-    if (built && edit) {
-        edit(&t);
-        built = case_rerun_reference(&t);
-    }
-    const bool ok = built && run_simt(&t, why, sizeof why);
+    const bool built = case_build(c, &t) && emu_edit_case(&t, edit);
+    const bool ok = built && emu_run_case(&t, launch_simt, NULL, why, sizeof why);
     case_free(&t);
     if (!built) fail_msg("could not build the case (%s): %s", af_last_error(), desc);
     if (!ok) fail_msg("%s\n    %s", desc, why);
@@ -142,15 +63,10 @@ static sdpa_case small_case(uint64_t seed, af_dtype dtype, int64_t Hq, int64_t H
 static void random_case(void **state) { check_case((const sdpa_case *)*state, NULL); }
 
 /* The generator's case, shrunk (batch, then the longer sequence) to the emulation's budget. */
-static sdpa_case random_simt_case(uint64_t seed, int index) {
-    sdpa_case c = case_random(seed, index, 0);
-    while ((double)c.B * c.Hq * c.L * c.S * (c.E + c.Ev) > RANDOM_WORK_BUDGET) {
-        if (c.B > 1) c.B--;
-        else if (c.L > c.S && c.L > 1) c.L = c.L * 3 / 4;
-        else if (c.S > 1) c.S = c.S * 3 / 4;
-        else break;
-    }
-    return c;
+static void random_simt_case(uint64_t seed, int index, void *out) {
+    sdpa_case *c = out;
+    *c = case_random(seed, index, 0);
+    emu_shrink_case(c, RANDOM_WORK_BUDGET);
 }
 
 /* ---------------------------------------------------------------- targeted cases */
@@ -377,8 +293,6 @@ static void copy_grid_stride(void **state) {
 /* ---------------------------------------------------------------- main */
 
 int main(void) {
-    const int n = case_suite_count(DEFAULT_CASES);
-    const uint64_t seed = case_suite_seed(DEFAULT_SEED);
     static const struct CMUnitTest fixed[] = {
         cmocka_unit_test(head_dims),
         cmocka_unit_test(wide_heads),
@@ -392,21 +306,6 @@ int main(void) {
         cmocka_unit_test(copy_4d),
         cmocka_unit_test_teardown(copy_grid_stride, uncapped_grids),
     };
-    const int n_fixed = (int)(sizeof fixed / sizeof fixed[0]);
-    sdpa_case *cases = calloc((size_t)n, sizeof *cases);
-    struct CMUnitTest *tests = calloc((size_t)(n + n_fixed), sizeof *tests);
-    char (*names)[48] = calloc((size_t)n, sizeof *names);
-    if (!cases || !tests || !names) return 1;
-    for (int i = 0; i < n_fixed; i++) tests[i] = fixed[i];
-    for (int i = 0; i < n; i++) {
-        cases[i] = random_simt_case(seed, i);
-        snprintf(names[i], sizeof names[i], "random_case_%03d", i);
-        tests[n_fixed + i] =
-            (struct CMUnitTest){.name = names[i], .test_func = random_case, .initial_state = &cases[i]};
-    }
-    const int failures = _cmocka_run_group_tests("cuda_simt", tests, (size_t)(n + n_fixed), NULL, NULL);
-    free(cases);
-    free(tests);
-    free(names);
-    return failures;
+    return emu_run_suite("cuda_simt", fixed, (int)(sizeof fixed / sizeof fixed[0]), random_simt_case,
+                         sizeof(sdpa_case), random_case, DEFAULT_CASES, DEFAULT_SEED);
 }
