@@ -9,7 +9,8 @@ from ._tensors import call_stream, exportable, is_torch_tensor, _torch
 
 # FA4 arguments attnforge cannot honour: an error names the argument when it is set (not None).
 _NOT_IMPLEMENTED = {
-    "qv": "MLA-absorbed attention (qv) is not implemented",
+    "qv": "MLA-absorbed attention (qv) is not implemented (FA4 4.0.0b27's 4th parameter is qv: pass cu_seqlens_q "
+          "and the other varlen arguments by keyword)",
     "gather_kv_indices": "top-k sparse K/V gathering (gather_kv_indices, MLA only) is not implemented",
     "score_mod": "CuTe-DSL score_mod callables cannot run on attnforge (use softcap for tanh capping)",
     "score_mod_bwd": "attnforge computes no gradients",
@@ -50,10 +51,12 @@ def _check_hints(num_splits, pack_gqa, deterministic, min_seqlen_k=None, seqlen_
     _check_int("seqlen_k_per_split", seqlen_k_per_split, minimum=1)
 
 
-def resolve_window(causal, window_size):
-    """FA4's (causal, window_size) → (causal, window): window None (no window) or (left, right) with -1 for an
-    unbounded side. As FA4 resolves them: causal sets right = 0; a pair whose sum is negative ((-1, -1), (-1, 0))
-    is no window; (None, 0) is causal; any other window is local (and causal is then False)."""
+def resolve_window(causal, window_size, far):
+    """FA4's (causal, window_size) → (causal, window): window None (no window) or (left, right). As FA4 resolves
+    them: causal sets right = 0; a pair whose sum is negative ((-1, -1), (-1, 0)) is no window; (None, 0) is causal;
+    any other window is local (and causal is then False). A None side of a local window becomes `far` (more keys
+    than any sequence has: unbounded), not the C library's -1, which af_flash_attn would sum with the other side
+    by FA4's rule for ints ((0, None) is a window, (0, -1) is none)."""
     if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
         raise TypeError(f"window_size: expected a (left, right) pair of ints or None, got {window_size!r}")
     left, right = window_size
@@ -68,7 +71,7 @@ def resolve_window(causal, window_size):
         return causal, None
     if left is None and right == 0:
         return True, None
-    return False, (-1 if left is None else int(left), -1 if right is None else int(right))
+    return False, (far if left is None else int(left), far if right is None else int(right))
 
 
 def _empty(like, shape, float32=False):
@@ -101,6 +104,19 @@ def _outputs(q, v, varlen_q, return_lse):
     return out, _empty(q, lse_shape, float32=True)
 
 
+def _bounds(q_shape, k_shape, varlen_q, varlen_k, page_table):
+    """Upper bounds on any sequence's query rows and keys, from the shapes alone (FA4's max_seqlen defaults):
+    the packed total, the padded length, or max_pages · page_size. 0 where a shape is malformed (the C checks
+    name it)."""
+    rows = q_shape[0] if varlen_q else (q_shape[1] if len(q_shape) > 1 else 0)
+    if page_table is not None:
+        pages = _shape(page_table, "page_table")
+        keys = pages[-1] * k_shape[1] if len(pages) == 2 and len(k_shape) > 1 else 0
+    else:
+        keys = k_shape[0] if varlen_k else (k_shape[1] if len(k_shape) > 1 else 0)
+    return rows, keys
+
+
 def _length_bound(cu_seqlens, fallback):
     """FA4's max_seqlen default, tightened where it costs nothing: the longest sequence of a CPU cu_seqlens,
     else `fallback` (a bound: the packed total, as FA4 takes it; reading a GPU tensor would synchronise)."""
@@ -111,9 +127,9 @@ def _length_bound(cu_seqlens, fallback):
     return max(0, int((cu_seqlens[1:].long() - cu_seqlens[:-1].long()).max()))
 
 
-def _call(q, k, v, out, lse, softmax_scale, causal, window_size, learnable_sink, softcap, cu_seqlens_q=None,
+def _call(q, k, v, out, lse, far, softmax_scale, causal, window_size, learnable_sink, softcap, cu_seqlens_q=None,
           cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, seqused_k=None, page_table=None):
-    causal, window = resolve_window(causal, window_size)
+    causal, window = resolve_window(causal, window_size, far)
     if softcap is None:
         softcap = 0.0
     tensors = [exportable(t) for t in (q, k, v, learnable_sink, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table)]
@@ -148,7 +164,8 @@ def flash_attn_func(q, k, v, qv=None, gather_kv_indices=None, softmax_scale=None
                           block_sparse_tensors_bwd=block_sparse_tensors_bwd)
     _check_hints(num_splits, pack_gqa, deterministic)
     out, lse = _outputs(q, v, False, return_lse)
-    return _call(q, k, v, out, lse, softmax_scale, causal, window_size, learnable_sink, softcap)
+    rows, keys = _bounds(_shape(q, "q"), _shape(k, "k"), False, False, None)
+    return _call(q, k, v, out, lse, rows + keys + 1, softmax_scale, causal, window_size, learnable_sink, softcap)
 
 
 def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
@@ -180,16 +197,10 @@ def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=Non
     _check_int("max_seqlen_k", max_seqlen_k, minimum=0)
     varlen_q = cu_seqlens_q is not None
     out, lse = _outputs(q, v, varlen_q, return_lse)
-    q_shape, k_shape = _shape(q, "q"), _shape(k, "k")
+    rows, keys = _bounds(_shape(q, "q"), _shape(k, "k"), varlen_q, cu_seqlens_k is not None, page_table)
     if max_seqlen_q is None:
-        fallback = q_shape[0] if varlen_q else (q_shape[1] if len(q_shape) > 1 else 0)
-        max_seqlen_q = _length_bound(cu_seqlens_q, fallback)
+        max_seqlen_q = _length_bound(cu_seqlens_q, rows)
     if max_seqlen_k is None:
-        if page_table is not None:   # every page a sequence can name
-            pages = _shape(page_table, "page_table")
-            fallback = pages[-1] * k_shape[1] if len(pages) == 2 and len(k_shape) > 1 else 0
-        else:
-            fallback = k_shape[0] if cu_seqlens_k is not None else (k_shape[1] if len(k_shape) > 1 else 0)
-        max_seqlen_k = _length_bound(cu_seqlens_k, fallback)
-    return _call(q, k, v, out, lse, softmax_scale, causal, window_size, learnable_sink, softcap, cu_seqlens_q,
-                 cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, page_table)
+        max_seqlen_k = _length_bound(cu_seqlens_k, keys)
+    return _call(q, k, v, out, lse, rows + keys + 1, softmax_scale, causal, window_size, learnable_sink, softcap,
+                 cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, page_table)

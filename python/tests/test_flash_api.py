@@ -287,11 +287,14 @@ def test_varlen_packed(dtype, mask):
 def test_varlen_max_seqlen_given_or_derived():
     q_lens, k_lens = [3, 6], [4, 8]
     q, k, v = randn(9, 2, 8, seed=19), randn(12, 2, 8, seed=20), randn(12, 2, 8, seed=21)
-    derived, _ = af.flash_attn_varlen_func(q, k, v, cu(q_lens), cu(k_lens), causal=True)
-    given, _ = af.flash_attn_varlen_func(q, k, v, cu(q_lens), cu(k_lens), 6, 8, causal=True)
+    lengths = dict(cu_seqlens_q=cu(q_lens), cu_seqlens_k=cu(k_lens))
+    derived, _ = af.flash_attn_varlen_func(q, k, v, causal=True, **lengths)
+    given, _ = af.flash_attn_varlen_func(q, k, v, max_seqlen_q=6, max_seqlen_k=8, causal=True, **lengths)
     assert torch.equal(derived, given)
     with pytest.raises(af.InvalidArgumentError, match="max_seqlen_q"):
-        af.flash_attn_varlen_func(q, k, v, cu(q_lens), cu(k_lens), 5, 8)
+        af.flash_attn_varlen_func(q, k, v, max_seqlen_q=5, max_seqlen_k=8, **lengths)
+    with pytest.raises(af.UnsupportedError, match="by keyword"):   # FA4 b27's 4th parameter is qv, not cu_seqlens_q
+        af.flash_attn_varlen_func(q, k, v, cu(q_lens), cu(k_lens))
 
 
 def test_varlen_batched_keys_with_seqused_k():
@@ -370,12 +373,13 @@ def test_argument_errors_name_the_argument():
     q, k, v = nhd(2, 4, 6, 4, 2, 8)
     qp, kp, vp = q.reshape(8, 4, 8), k.reshape(12, 2, 8), v.reshape(12, 2, 8)
     cases = [
-        (lambda: af.flash_attn_varlen_func(qp, kp, vp, torch.tensor([0, 5, 4, 8], dtype=torch.int32),
-                                           torch.tensor([0, 6, 6, 12], dtype=torch.int32), 8, 8),
+        (lambda: af.flash_attn_varlen_func(qp, kp, vp, cu_seqlens_q=torch.tensor([0, 5, 4, 8], dtype=torch.int32),
+                                           cu_seqlens_k=torch.tensor([0, 6, 6, 12], dtype=torch.int32),
+                                           max_seqlen_q=8, max_seqlen_k=8),
          af.InvalidArgumentError, "non-decreasing"),
-        (lambda: af.flash_attn_varlen_func(qp, kp, vp, cu([4, 4]).long(), cu([6, 6]), 4, 6),
+        (lambda: af.flash_attn_varlen_func(qp, kp, vp, cu_seqlens_q=cu([4, 4]).long(), cu_seqlens_k=cu([6, 6])),
          (af.InvalidArgumentError, af.UnsupportedError), "int32"),
-        (lambda: af.flash_attn_func(q, k, v, window_size=(-2, 0)), af.InvalidArgumentError, "window_size"),
+        (lambda: af.flash_attn_func(q, k, v, window_size=(-2, 5)), af.InvalidArgumentError, "window_size"),
         (lambda: af.flash_attn_func(q, k, v, learnable_sink=torch.zeros(3)), af.InvalidArgumentError,
          "learnable_sink"),
         (lambda: af.flash_attn_func(q, k[:, :, :1].expand(2, 6, 3, 8), v[:, :, :1].expand(2, 6, 3, 8)),
