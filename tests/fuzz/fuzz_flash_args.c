@@ -1,0 +1,115 @@
+/* libFuzzer harness for af_flash_attn's argument checking: q, k, v, sink, the int32 index arrays (cu_seqlens,
+ * seqused_k, page_table), out and lse decoded from the input with shapes, strides and dtypes, data buffers sized
+ * exactly to what each view can reach (so ASan sees any stray access: a page index or a prefix sum the checks let
+ * through would read outside K/V). Invariants: no crash or sanitizer report; on error out and lse are untouched and
+ * there is a message; on success the reference accepts the same call. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attnforge.h"
+
+typedef struct { const uint8_t *data; size_t size, at; } byte_reader;
+
+static uint8_t next_byte(byte_reader *r) { return r->at < r->size ? r->data[r->at++] : 0; }
+
+/* Mostly small sizes and strides; now and then a hostile one (negative, huge, overflowing). */
+static int64_t next_extent(byte_reader *r) {
+    uint8_t b = next_byte(r);
+    switch (b >> 5) {
+    case 0: return -(int64_t)(b & 7) - 1;
+    case 1: return (b & 16) ? INT64_MAX - (b & 15) : (int64_t)1 << (40 + (b & 15));
+    default: return b & 7;
+    }
+}
+
+#define TOO_BIG (-2)
+
+/* Bytes a view can reach; -1 when it is not a valid view; TOO_BIG for a valid view too large to back (NULL data). */
+static int64_t reach_bytes(const af_tensor *t) {
+    if (t->ndim < 0 || t->ndim > AF_MAX_DIMS || af_dtype_size(t->dtype) == 0) return -1;
+    int64_t last = 0;
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->shape[d] < 0 || t->strides[d] < 0) return -1;
+        if (t->shape[d] == 0) return 0;
+    }
+    for (int d = 0; d < t->ndim; d++) {
+        int64_t step;
+        if (__builtin_mul_overflow(t->shape[d] - 1, t->strides[d], &step) || __builtin_add_overflow(last, step, &last))
+            return -1;
+    }
+    if (last > (1 << 16)) return TOO_BIG;   /* keep executions small */
+    return (last + 1) * (int64_t)af_dtype_size(t->dtype);
+}
+
+/* A view: dtype (int32 arrays: mostly int32), ndim (mostly the expected one), shape, strides, and data; int32
+ * elements are small signed numbers, so prefix sums and page indices are sometimes valid. */
+static void *make_view(byte_reader *r, af_tensor *t, int want_ndim, bool index_array) {
+    memset(t, 0, sizeof *t);
+    const uint8_t kind = next_byte(r);
+    t->dtype = index_array && (kind & 0x30) ? AF_I32 : (af_dtype)(kind % 6);   /* 5 is not a dtype */
+    t->ndim = (kind & 0x80) == 0 ? want_ndim : (int)(next_byte(r) % 10);
+    if (t->ndim > AF_MAX_DIMS) t->ndim = AF_MAX_DIMS + 1;
+    for (int d = 0; d < t->ndim && d < AF_MAX_DIMS; d++) t->shape[d] = next_extent(r);
+    for (int d = 0; d < t->ndim && d < AF_MAX_DIMS; d++) t->strides[d] = next_extent(r);
+    if (kind & 0x08) t->device.type = AF_DEVICE_CUDA;   /* must be refused before anything is read */
+    const int64_t bytes = reach_bytes(t);
+    const size_t alloc = bytes > 0 ? (size_t)bytes : 4;
+    uint8_t *mem = malloc(alloc);
+    if (t->dtype == AF_I32)
+        for (size_t i = 0; i + 4 <= alloc; i += 4) {
+            const int32_t v = (int8_t)next_byte(r) / 4;
+            memcpy(mem + i, &v, 4);
+        }
+    else
+        for (size_t i = 0; i < alloc; i++) mem[i] = next_byte(r);   /* anything, NaN and Inf included */
+    t->data = ((kind & 0x40) && bytes <= 0) || bytes == TOO_BIG ? NULL : mem;
+    return mem;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    byte_reader r = {data, size, 0};
+    const uint8_t form = next_byte(&r);   /* bit 0: varlen q; 1: varlen k; 2: paged */
+    af_tensor q, k, v, sink, cu_q, cu_k, used, pages, out, lse;
+    void *mem[10];
+    mem[0] = make_view(&r, &q, form & 1 ? 3 : 4, false);
+    mem[1] = make_view(&r, &k, form & 2 ? 3 : 4, false);
+    mem[2] = make_view(&r, &v, form & 2 ? 3 : 4, false);
+    mem[3] = make_view(&r, &sink, 1, false);
+    mem[4] = make_view(&r, &cu_q, 1, true);
+    mem[5] = make_view(&r, &cu_k, 1, true);
+    mem[6] = make_view(&r, &used, 1, true);
+    mem[7] = make_view(&r, &pages, 2, true);
+    mem[8] = make_view(&r, &out, form & 1 ? 3 : 4, false);
+    mem[9] = make_view(&r, &lse, form & 1 ? 2 : 3, false);
+    const uint8_t flags = next_byte(&r);   /* scalars read in order (an initialiser's order is unspecified) */
+    const int64_t left = (int8_t)next_byte(&r), right = (int8_t)next_byte(&r);
+    const double scale = (double)(int8_t)next_byte(&r) / 16.0, softcap = (double)(int8_t)next_byte(&r) / 4.0;
+    const int64_t max_q = next_byte(&r), max_k = next_byte(&r);
+    af_flash_args args = {.query = &q, .key = &k, .value = &v, .causal = flags & 1, .has_window = flags & 2,
+                          .window_left = left, .window_right = right, .has_scale = flags & 4, .scale = scale,
+                          .softcap = (flags & 64) ? NAN : (flags & 8) ? softcap : 0.0,
+                          .learnable_sink = (flags & 16) ? &sink : NULL,
+                          .cu_seqlens_q = (form & 1) ? &cu_q : NULL, .cu_seqlens_k = (form & 2) ? &cu_k : NULL,
+                          .max_seqlen_q = max_q, .max_seqlen_k = max_k,
+                          .seqused_k = (flags & 32) ? &used : NULL, .page_table = (form & 4) ? &pages : NULL};
+    af_tensor *lse_arg = (flags & 128) ? &lse : NULL;
+
+    const int64_t out_bytes = reach_bytes(&out), lse_bytes = reach_bytes(&lse);
+    const size_t out_len = out_bytes > 0 ? (size_t)out_bytes : 0, lse_len = lse_bytes > 0 ? (size_t)lse_bytes : 0;
+    uint8_t *before = malloc(out_len + lse_len + 1);
+    if (out_len) memcpy(before, mem[8], out_len);
+    if (lse_len) memcpy(before + out_len, mem[9], lse_len);
+    const af_status st = af_flash_attn(&args, &out, lse_arg);
+    if (st != AF_OK) {
+        if (out_len && memcmp(before, mem[8], out_len) != 0) abort();                 /* wrote out on error */
+        if (lse_len && memcmp(before + out_len, mem[9], lse_len) != 0) abort();      /* wrote lse on error */
+        if (af_last_error()[0] == '\0') abort();                                     /* error without a message */
+    } else if (af_flash_attn_reference(&args, &out, lse_arg) != AF_OK) {
+        abort();   /* the same checks guard both paths */
+    }
+    free(before);
+    for (int i = 0; i < 10; i++) free(mem[i]);
+    return 0;
+}
