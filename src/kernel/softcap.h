@@ -21,8 +21,8 @@ static inline void af_softcap_row(float *s, int n, float k, float cap) {
         t = t > 64.0f ? 64.0f : t;
         const float shifted = t + magic;
         const float f = t - (shifted - magic);   /* in [-0.5, 0.5] */
-        float e = AF_EXP2_D5_C0 +
-                  f * (AF_EXP2_D5_C1 + f * (AF_EXP2_D5_C2 + f * (AF_EXP2_D5_C3 + f * (AF_EXP2_D5_C4 + f * AF_EXP2_D5_C5))));
+        float e = AF_EXP2_D5_C0 + f * (AF_EXP2_D5_C1 + f * (AF_EXP2_D5_C2 + f * (AF_EXP2_D5_C3 +
+                                       f * (AF_EXP2_D5_C4 + f * AF_EXP2_D5_C5))));
         uint32_t shifted_bits, e_bits;
         memcpy(&shifted_bits, &shifted, 4);
         memcpy(&e_bits, &e, 4);

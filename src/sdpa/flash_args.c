@@ -148,9 +148,11 @@ static af_status check_layout(const af_flash_args *a, flash_shape *s) {
         return af_fail(AF_ERR_INVALID_ARGUMENT, "key: head dimension %lld does not match query's %lld",
                        (long long)k->shape[k_ndim - 1], (long long)s->E);
     if (s->Hkv == 0 ? s->Hq != 0 : s->Hq % s->Hkv != 0)
-        return af_fail(AF_ERR_INVALID_ARGUMENT, "query: %lld heads is not a multiple of key's %lld heads (num_head must "
-                       "be divisible by num_head_kv)", (long long)s->Hq, (long long)s->Hkv);
-    if (s->E < 1) return af_fail(AF_ERR_UNSUPPORTED, "query: head dimension must be at least 1, got %lld", (long long)s->E);
+        return af_fail(AF_ERR_INVALID_ARGUMENT,
+                       "query: %lld heads is not a multiple of key's %lld heads (num_head must be divisible by "
+                       "num_head_kv)", (long long)s->Hq, (long long)s->Hkv);
+    if (s->E < 1)
+        return af_fail(AF_ERR_UNSUPPORTED, "query: head dimension must be at least 1, got %lld", (long long)s->E);
     if (s->E > AF_MAX_HEAD_DIM || s->Ev > AF_MAX_HEAD_DIM)
         return af_fail(AF_ERR_UNSUPPORTED, "%s: head dimension %lld exceeds the supported maximum %d",
                        s->E > AF_MAX_HEAD_DIM ? "query" : "value", (long long)(s->E > AF_MAX_HEAD_DIM ? s->E : s->Ev),

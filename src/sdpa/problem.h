@@ -85,7 +85,8 @@ static inline void af_key_range(const af_problem *p, int64_t L, int64_t S, int64
     const int64_t diagonal = i + (S - L);   /* the key aligned with row i: i < L, so in (-L, S) */
     if (p->window_left >= 0 && diagonal > p->window_left) *lo = diagonal - p->window_left;
     if (p->window_right >= 0) {
-        const int64_t end = p->window_right < S - diagonal ? diagonal + p->window_right + 1 : S;   /* S - diagonal > 0 */
+        /* S - diagonal > 0: no overflow */
+        const int64_t end = p->window_right < S - diagonal ? diagonal + p->window_right + 1 : S;
         if (end < *hi) *hi = end < 0 ? 0 : end;
     }
     if (*hi < *lo) *hi = *lo;
