@@ -8,6 +8,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=$(cd "${1:?usage: valgrind-tests.sh BUILD_DIR [JOBS]}" && pwd)
 jobs=${2:-2}
 export ATTNFORGE_TEST_CASES=${ATTNFORGE_TEST_CASES:-20} ATTNFORGE_TEST_CALLS=${ATTNFORGE_TEST_CALLS:-1}
+export ATTNFORGE_MIN_FLOPS_PER_THREAD=0   # the small shapes still take the threaded paths
 export ATTNFORGE_CLI=$build/attnforge ROOT=$root LOGS=$(mktemp -d)
 
 run_one() {   # one binary, run where ctest runs it (tests/), its log kept for the report

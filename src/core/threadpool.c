@@ -1,5 +1,6 @@
 #include "core/threadpool.h"
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -84,9 +85,14 @@ static int ensure_workers(int want) {
 }
 
 af_status af_parallel_for(int64_t n, af_task_fn fn, void *ctx, size_t scratch_bytes) {
+    return af_parallel_for_at_most(n, INT_MAX, fn, ctx, scratch_bytes);
+}
+
+af_status af_parallel_for_at_most(int64_t n, int max_threads, af_task_fn fn, void *ctx, size_t scratch_bytes) {
     if (n <= 0) return AF_OK;
     bool own_pool = pthread_mutex_trylock(&pool_busy) == 0;
     int threads = own_pool ? af_get_num_threads() : 1;
+    if (threads > max_threads) threads = max_threads > 1 ? max_threads : 1;
     if ((int64_t)threads > n) threads = (int)n;
     if (threads > 1) {
         int have = ensure_workers(threads - 1);

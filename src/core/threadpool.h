@@ -16,4 +16,8 @@ typedef void (*af_task_fn)(void *ctx, int64_t item, void *scratch);
  * A call made while another call holds the pool runs on the calling thread alone. */
 af_status af_parallel_for(int64_t n, af_task_fn fn, void *ctx, size_t scratch_bytes);
 
+/* af_parallel_for on at most max_threads threads (>= 1): work too small to pay for waking a worker stays on the
+ * caller, where another library's spinning threads (PyTorch's OpenMP pool) cannot slow it down. */
+af_status af_parallel_for_at_most(int64_t n, int max_threads, af_task_fn fn, void *ctx, size_t scratch_bytes);
+
 #endif

@@ -11,6 +11,7 @@
  * items of their own length (row blocks past a sequence's rows do nothing); paged K/V rows are found through
  * af_kv_row_offset, tiles gathered row by row or in page-contiguous runs (direct kernels read pages in place). */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -22,6 +23,7 @@
 #include "kernel/softcap.h"
 #include "kernel/ukernel.h"
 
+#define MIN_FLOPS_PER_THREAD 4e6   /* ~40 us of one core: a worker's wake-up and hand-off cost far less */
 #define SPLIT_KEYS 512          /* keys per split-KV chunk: fixed by shape, so results never depend on threads */
 #define SPLIT_MAX_ROWS 64       /* split the keys only when one (batch, kv head) has at most this many rows */
 #define DIRECT_MAX_ROWS 16      /* blocks this small read K/V in place (scores_direct/values_direct): nothing to
@@ -439,6 +441,18 @@ static const af_products *products_for(const af_problem *p, const af_ukernel *uk
     return px;
 }
 
+/* Threads a call's work pays for: each must get MIN_FLOPS_PER_THREAD of it, else waking it costs more than it
+ * saves (a decode step of a small model called from PyTorch, whose OpenMP threads spin between ops, ran 3x slower on
+ * two threads than on one). Results never depend on the thread count. */
+static int threads_worth_waking(const af_problem *p) {
+    const char *env = getenv("ATTNFORGE_MIN_FLOPS_PER_THREAD");   /* the tests set 0: every call on all threads */
+    const double min_flops = env && *env ? atof(env) : MIN_FLOPS_PER_THREAD;
+    if (!(min_flops > 0.0)) return 1024;
+    const double flops = 2.0 * (double)p->B * (double)p->Hq * (double)p->L * (double)p->S * (double)(p->E + p->Ev);
+    const double threads = flops / min_flops;
+    return threads < 1.0 ? 1 : threads > 1024.0 ? 1024 : (int)threads;
+}
+
 af_status af_flash_forward(const af_problem *p) {
     if (p->B == 0 || p->Hkv == 0 || p->L == 0 || p->group == 0) return AF_OK;   /* nothing to write */
     const int64_t rows_total = p->L * p->group;   /* <= q's element count once B >= 1: cannot overflow */
@@ -513,7 +527,7 @@ af_status af_flash_forward(const af_problem *p) {
            fp.uk->isa, (long long)groups, fp.block_rows, fp.block_keys, (long long)fp.splits,
            fp.px ? "own-format products" : fp.direct ? "direct K/V reads" : "packed f32 tiles",
            fp.tile_cache ? ", tile cache on" : "");
-    int64_t items;   /* a broadcast (stride-0) key can make S, hence the splits, the items and their partials, huge */
+    int64_t items = groups;   /* a broadcast (stride-0) key can make S, hence the splits, the items and partials, huge */
     if (fp.splits > 1) {
         size_t count;
         if (__builtin_mul_overflow(groups, fp.splits, &items) ||
@@ -526,9 +540,10 @@ af_status af_flash_forward(const af_problem *p) {
         if (!(fp.partials = af_alloc(sizeof(float) * count)))
             return af_fail(AF_ERR_NO_MEMORY, "out of memory: %zu bytes of split-KV partial results", sizeof(float) * count);
     }
-    if (fp.splits == 1) items = groups;
-    af_status st = af_parallel_for(items, run_item, &fp, at);
-    if (st == AF_OK && fp.splits > 1) st = af_parallel_for(groups, combine_item, &fp, sizeof(float) * ev_pad);
+    const int max_threads = threads_worth_waking(p);
+    af_status st = af_parallel_for_at_most(items, max_threads, run_item, &fp, at);
+    if (st == AF_OK && fp.splits > 1)
+        st = af_parallel_for_at_most(groups, max_threads, combine_item, &fp, sizeof(float) * ev_pad);
     af_free(fp.partials);
     return st;
 }
