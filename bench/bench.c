@@ -7,13 +7,13 @@
 #include <string.h>
 
 #include "bench_cuda.h"
+#include "bench_features.h"
 #include "bench_memory.h"
 #include "cli_common.h"
 #include "commands.h"
 #include "machine_peak.h"
 #include "sdpa/problem.h"
 
-#define BANDWIDTH_BYTES ((size_t)256 << 20)
 #define DECODE_MAX_L 16
 
 typedef struct {
@@ -70,16 +70,9 @@ static double fma_peak(const char *isa, int threads, double *per_cpu) {
 static double read_bandwidth(int threads) {
     for (int i = 0; i < num_bandwidths; i++)
         if (bandwidths[i].threads == threads) return bandwidths[i].value;
-    double v = bench_read_bandwidth_gbps(threads, BANDWIDTH_BYTES);
+    double v = bench_read_bandwidth_gbps(threads, BENCH_BANDWIDTH_BYTES);
     if (num_bandwidths < 8) bandwidths[num_bandwidths++] = (ceiling){"", threads, v, 0.0};
     return v;
-}
-
-/* The ceiling a row's calls are measured against: the FMA loop of the row's ISA, except that "amx" runs only bf16
- * on the tiles (against the tile loop) and everything else on its AVX-512 vectors (against their FMA loop). */
-static const char *peak_kind(const char *isa, af_dtype dtype) {
-    if (strcmp(isa, "amx")) return isa;
-    return dtype == AF_BF16 ? "amx" : "avx512";
 }
 
 /* ---- shapes */
@@ -181,7 +174,7 @@ static double time_calls(bench_tensors *t, int warmup, int reps, pairing *pair, 
     for (int r = 0; r < reps; r++) {
         if (pair) {
             pair->peak[r] = bench_fma_peak_sample_gflops(pair->isa, pair->threads, &pair->peak_cpu[r]);
-            if (pair->bandwidth) pair->gbps[r] = bench_read_bandwidth_sample_gbps(pair->threads, BANDWIDTH_BYTES);
+            if (pair->bandwidth) pair->gbps[r] = bench_read_bandwidth_sample_gbps(pair->threads, BENCH_BANDWIDTH_BYTES);
         }
         const double cpu0 = cpu_seconds(), t0 = cli_now();
         if (af_sdpa(&t->args, &t->out.view, NULL) != AF_OK) return -1.0;
@@ -217,11 +210,11 @@ static bench_row run_case(const bench_case *c, const bench_options *o, int confi
         return row;
     }
     af_set_num_threads(row.threads);
-    if (row.decode) bench_read_bandwidth_sample_gbps(row.threads, BANDWIDTH_BYTES);   /* its buffer: resident now */
+    if (row.decode) bench_read_bandwidth_sample_gbps(row.threads, BENCH_BANDWIDTH_BYTES);   /* its buffer: resident */
     const double resident = bench_reset_peak_rss_mib();
     double cpu_per_wall = 0.0, cpu_per_call = 0.0, times[64];
     const int reps = o->reps < 64 ? o->reps : 64;
-    pairing pair = {.isa = peak_kind(row.isa, s->dtype), .threads = row.threads, .bandwidth = row.decode};
+    pairing pair = {.isa = bench_peak_kind(row.isa, s->dtype), .threads = row.threads, .bandwidth = row.decode};
     row.seconds = time_calls(&t, 1, reps, &pair, times, &cpu_per_wall, &cpu_per_call);
     row.cpu_share = cpu_per_wall / row.threads;
     const double peak = bench_peak_rss_mib();
@@ -394,7 +387,9 @@ static void bench_usage(FILE *f) {
     fprintf(f,
             "usage: attnforge bench [--shape B,Hq,Hkv,L,S,E,Ev] [--dtype float32|float16|bfloat16] [--causal]\n"
             "                       [--threads N] [--isa NAME] [--reps N] [--quick] [--long] [--json]\n"
-            "                       [--portable-max-gflop X] [--layout hnd|nhd] [--device cpu|cuda|cuda:N]\n\n"
+            "                       [--portable-max-gflop X] [--layout hnd|nhd] [--device cpu|cuda|cuda:N]\n"
+            "       attnforge bench --features [--features-len N] [--window W] [--dtype D] [--reps N] [--quick]\n"
+            "                       [--json]\n\n"
             "Measures the FMA peak (same ISA and thread count) and the read bandwidth, then times each shape\n"
             "(median of --reps calls, default 5, after one warm-up) and prints GFLOP/s by FA4's formula\n"
             "2·B·Hq·L·S'·(E+Ev) (causal: S' = keys actually seen), the share of the peak, for decode (L <= 16)\n"
@@ -407,6 +402,15 @@ static void bench_usage(FILE *f) {
             "--dtype and --causal select among the defaults otherwise. --json: one JSON object per row.\n"
             "--layout nhd: q, k and v are (B,H,L,E) views of (B,L,H,E) memory, as a transformer's\n"
             "x.view(B, L, H, E).transpose(1, 2) gives (default hnd: contiguous (B,H,L,E)).\n\n"
+            "--features times af_flash_attn's features against the plain call each replaces, instead of the shapes\n"
+            "above (about 20 s): window (W, 0) against full attention at L=S=N, H=4, E=128; a causal varlen batch of\n"
+            "8 sequences (N/4 down to N/64 rows) against the same batch padded to the longest; decode over S=N keys\n"
+            "in pages of 16 in shuffled order against contiguous K/V (B=4, Hq/Hkv 32/8, E=128). N = --features-len\n"
+            "(default 8192; 2048 with --quick), W = --window (default 512); float32 and bfloat16 unless --dtype.\n"
+            "The two calls of a pair alternate; per pair the median of the per-iteration time ratios (and CPU-time\n"
+            "ratios), the work ratio (FLOPs of the keys each row sees; 1 for paged), the issue's target (window\n"
+            "<= 0.10, paged <= 1.10), and how far apart the outputs are where both compute the same rows (share\n"
+            "of twice the error bound; over 1 fails). GFLOP/s count only the keys each row sees.\n\n"
             "--device cuda[:N] (default cpu) times af_sdpa on tensors in that GPU's memory instead: a spot check of\n"
             "small shapes against the double reference, then per shape the median of --reps samples, each sample\n"
             "back-to-back calls between two synchronizes (about 20 ms), as ms per call, TFLOP/s by the same formula,\n"
@@ -421,7 +425,8 @@ static void bench_usage(FILE *f) {
 int cmd_bench(int argc, char **argv) {
     bench_options o = {.reps = 5, .portable_max_gflop = 6.0};
     cli_shape one = {.label = "shape", .dtype = AF_F32};
-    bool have_shape = false, dtype_given = false, causal = false, isa_given = false;
+    bool have_shape = false, dtype_given = false, causal = false, isa_given = false, features = false;
+    int64_t features_len = 0, window = 512;
     af_device device = {AF_DEVICE_CPU, 0};
     for (int i = 1; i < argc; i++) {
         const int device_option = cli_device_option(argc, argv, &i, &device, "attnforge bench");
@@ -441,6 +446,17 @@ int cmd_bench(int argc, char **argv) {
             o.json = true;
         } else if (!strcmp(a, "--quick")) {
             o.quick = true;
+        } else if (!strcmp(a, "--features")) {
+            features = true;
+        } else if ((!strcmp(a, "--features-len") || !strcmp(a, "--window")) && value) {
+            char *end;
+            const long long n = strtoll(value, &end, 10);
+            if (*end || n < 1 || n > (1 << 20)) {
+                fprintf(stderr, "attnforge bench: %s takes 1..1048576, got '%s'\n", a, value);
+                return 2;
+            }
+            *(!strcmp(a, "--window") ? &window : &features_len) = n;
+            i++;
         } else if (!strcmp(a, "--long")) {
             o.long_shapes = true;
         } else if (!strcmp(a, "--layout") && value) {
@@ -482,6 +498,15 @@ int cmd_bench(int argc, char **argv) {
             return 2;
         }
     }
+    if (!features && (features_len || window != 512)) {
+        fprintf(stderr, "attnforge bench: --features-len and --window size the --features pairs only\n");
+        return 2;
+    }
+    if (features && (have_shape || causal || device.type != AF_DEVICE_CPU)) {
+        fprintf(stderr, "attnforge bench: --features runs its own shapes on the CPU (af_flash_attn); --shape, "
+                        "--causal and --device do not apply\n");
+        return 2;
+    }
     if (device.type == AF_DEVICE_CUDA) {
         if (isa_given) {
             fprintf(stderr, "attnforge bench: --isa chooses a CPU kernel; it does not apply with --device cuda\n");
@@ -509,7 +534,7 @@ int cmd_bench(int argc, char **argv) {
     }
 
     double peak_per_cpu = 0.0;
-    const char *vector_isa = peak_kind(af_get_isa(), AF_F32);
+    const char *vector_isa = bench_peak_kind(af_get_isa(), AF_F32);
     const double peak = fma_peak(vector_isa, threads, &peak_per_cpu), bandwidth = read_bandwidth(threads);
     if (!o.json) {
         char cpu[128];
@@ -517,7 +542,7 @@ int cmd_bench(int argc, char **argv) {
         printf("attnforge %s bench: isa %s, %d threads, %s\n", af_version(), af_get_isa(), threads, cpu);
         printf("measured now: f32 FMA peak %.1f GFLOP/s (%s loop, %d threads; %.1f per CPU-second); read bandwidth "
                "%.1f GB/s (%d threads, %zu MiB)\n", peak, vector_isa, threads, peak_per_cpu, bandwidth, threads,
-               BANDWIDTH_BYTES >> 20);
+               BENCH_BANDWIDTH_BYTES >> 20);
         if (!strcmp(af_get_isa(), "amx"))
             printf("measured now: AMX bf16 tile-loop peak %.1f GFLOP/s (tdpbf16ps on resident tiles, %d threads): the "
                    "ceiling of the bf16 rows\n", fma_peak("amx", threads, NULL), threads);
@@ -526,6 +551,14 @@ int cmd_bench(int argc, char **argv) {
                "\"peak_gbps\":%.3f}\n", af_get_isa(), threads, peak, peak_per_cpu, bandwidth);
     }
     const int failures = spot_check(&o);
+    if (features) {
+        const bench_features_options fo = {.reps = o.reps, .json = o.json, .length = features_len ? features_len :
+                                           o.quick ? 2048 : 8192, .window = window, .heads = 4, .head_dim = 128,
+                                           .dtype_given = dtype_given, .dtype = one.dtype};
+        const int errors = failures + bench_features(&fo, threads);
+        bench_machine_release();
+        return errors ? 1 : 0;
+    }
     if (!o.json) print_header();
     bench_row rows[MAX_CASES];
     for (int c = 0; c < n; c++) {

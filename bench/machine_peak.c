@@ -244,3 +244,8 @@ void bench_machine_release(void) {
     free((void *)sample_job.data);
     sample_job = (read_job){0};
 }
+
+const char *bench_peak_kind(const char *isa, af_dtype dtype) {
+    if (strcmp(isa, "amx")) return isa;
+    return dtype == AF_BF16 ? "amx" : "avx512";
+}

@@ -3,6 +3,10 @@
 #define AF_BENCH_MACHINE_PEAK_H
 #include <stddef.h>
 
+#include "attnforge.h"
+
+#define BENCH_BANDWIDTH_BYTES ((size_t)256 << 20)   /* the read passes' buffer: far larger than the L3 */
+
 /* f32 FMA throughput of `threads` threads, each running independent FMA chains on the vectors of `isa`
  * ("avx512": 16-wide, "avx2": 8-wide; "portable": the avx2 loop when the CPU has it, else scalar C); "amx": the
  * bf16 tdpbf16ps tile loop instead (amx_peak.h), where the machine and the build have it.
@@ -22,5 +26,9 @@ void bench_machine_release(void);
 
 /* Run fn(arg, t) on `threads` threads at once (t = 0..threads-1; the caller runs t = 0). */
 void bench_on_threads(int threads, void (*fn)(void *arg, int t), void *arg);
+
+/* The ceiling a row's calls are measured against: the FMA loop of the row's ISA, except that "amx" runs only bf16
+ * on the tiles (against the tile loop) and everything else on its AVX-512 vectors (against their FMA loop). */
+const char *bench_peak_kind(const char *isa, af_dtype dtype);
 
 #endif

@@ -54,10 +54,42 @@ if "$cli" bench --shape 1,4,4,48,48,32,32 --layout nhd --reps 2 --json >"$tmp/nh
 else
     fail "bench --layout nhd exited non-zero: $(cat "$tmp/err")"
 fi
+# --features at tiny sizes: each pair's two rows and its comparison, with the keys docs/BENCHMARKS.md reads
+if "$cli" bench --features --features-len 256 --window 32 --dtype bfloat16 --reps 2 --json >"$tmp/features" \
+    2>"$tmp/err"; then
+    python3 - "$tmp/features" <<'PY' || fail "features rows: $(cat "$tmp/features")"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+calls = {r["case"]: r for r in rows if "case" in r}
+pairs = {r["pair"]: r for r in rows if "pair" in r}
+assert sorted(calls) == ["contig", "full", "padded", "paged", "varlen", "window"], calls
+assert sorted(pairs) == ["paged_vs_contiguous", "varlen_vs_padded", "window_vs_full"], pairs
+for r in calls.values():
+    assert r["ok"] and r["dtype"] == "bfloat16" and r["seconds"] > 0 and r["gflops"] > 0 and r["peak_ratio"] > 0, r
+assert calls["window"]["window_left"] == 32 and calls["window"]["window_right"] == 0, calls["window"]
+assert calls["full"]["L"] == calls["full"]["S"] == 256 and calls["paged"]["S"] == 256, calls
+assert calls["paged"]["page_size"] == 16 and calls["paged"]["bandwidth_ratio"] > 0, calls["paged"]
+# FLOPs of the keys each row sees: full 2·H·L·S·2E; window (32, 0): min(i + 1, 33) keys in row i
+full, window = calls["full"], calls["window"]
+flops = lambda r: r["gflops"] * r["seconds"] * 1e9
+assert abs(flops(full) - 2 * 4 * 256 * 256 * 256) <= 1e-6 * flops(full), full
+seen = sum(min(i + 1, 33) for i in range(256))
+assert abs(flops(window) - 2 * 4 * seen * 256) <= 1e-6 * flops(window), window
+w = pairs["window_vs_full"]
+assert abs(w["work_ratio"] - seen / 256 ** 2) < 1e-3 and w["target"] == 0.1 and w["time_ratio"] > 0, w
+for name in ("varlen_vs_padded", "paged_vs_contiguous"):
+    p = pairs[name]
+    assert p["time_ratio"] > 0 and p["cpu_time_ratio"] > 0 and 0 <= p["agreement"] <= 1, p
+assert 0.25 < pairs["varlen_vs_padded"]["work_ratio"] < 0.35 and pairs["paged_vs_contiguous"]["target"] == 1.1, pairs
+PY
+else
+    fail "bench --features exited non-zero: $(cat "$tmp/err")"
+fi
 "$cli" bench --shape 1,2,1,16,16,8,8 --reps 2 --isa portable >"$tmp/table" 2>&1 || fail "bench --isa portable: $(cat "$tmp/table")"
 grep -q 'isa portable' "$tmp/table" || fail "table does not name the portable isa: $(head -3 "$tmp/table")"
 
-for bad in "--shape 1,3,2,8,8,8,8" "--shape 1,2,1,8,8" "--dtype float64" "--threads -1" "--threads x" "--reps 0" "--isa sse9" "--layout bhsd" "--frobnicate"; do
+for bad in "--shape 1,3,2,8,8,8,8" "--shape 1,2,1,8,8" "--dtype float64" "--threads -1" "--threads x" "--reps 0" "--isa sse9" "--layout bhsd" "--frobnicate" \
+    "--features --causal" "--features --shape 1,2,1,8,8,8,8" "--features-len 64" "--features --window 0"; do
     # shellcheck disable=SC2086
     "$cli" bench $bad --reps 1 >"$tmp/out" 2>&1
     code=$?

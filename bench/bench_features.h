@@ -1,0 +1,24 @@
+/* `attnforge bench --features`: what af_flash_attn's features cost against the plain call they replace — a
+ * sliding window against full attention, a varlen batch against the same batch padded, paged decode against
+ * contiguous decode — each pair timed with interleaved calls in one run. */
+#ifndef AF_BENCH_FEATURES_H
+#define AF_BENCH_FEATURES_H
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "attnforge.h"
+
+typedef struct {
+    int reps;
+    bool json;
+    int64_t length;        /* the window pair's L = S and the paged pair's S; the varlen batch's longest is length/4 */
+    int64_t window;        /* the window's left size (right = 0) */
+    int64_t heads, head_dim;   /* the prefill pairs' H (= Hkv) and E = Ev; decode uses Hq/Hkv 32/8 and head_dim */
+    bool dtype_given;
+    af_dtype dtype;        /* the only dtype when dtype_given, else float32 and bfloat16 */
+} bench_features_options;
+
+/* Prints the rows and one comparison per pair; returns the number of failed calls or disagreeing pairs. */
+int bench_features(const bench_features_options *o, int threads);
+
+#endif
