@@ -9,42 +9,10 @@
 #include <string.h>
 
 #include "attnforge.h"
+#include "fuzz_views.h"
 
-typedef struct { const uint8_t *data; size_t size, at; } byte_reader;
+#define MAX_VIEW_ELEMENTS (1 << 16)   /* larger views get NULL data */
 
-static uint8_t next_byte(byte_reader *r) { return r->at < r->size ? r->data[r->at++] : 0; }
-
-/* Mostly small sizes and strides; now and then a hostile one (negative, huge, overflowing). */
-static int64_t next_extent(byte_reader *r) {
-    uint8_t b = next_byte(r);
-    switch (b >> 5) {
-    case 0: return -(int64_t)(b & 7) - 1;
-    case 1: return (b & 16) ? INT64_MAX - (b & 15) : (int64_t)1 << (40 + (b & 15));
-    default: return b & 7;
-    }
-}
-
-#define TOO_BIG (-2)
-
-/* Bytes a view can reach; -1 when it is not a valid view; TOO_BIG for a valid view too large to back (NULL data). */
-static int64_t reach_bytes(const af_tensor *t) {
-    if (t->ndim < 0 || t->ndim > AF_MAX_DIMS || af_dtype_size(t->dtype) == 0) return -1;
-    int64_t last = 0;
-    for (int d = 0; d < t->ndim; d++) {
-        if (t->shape[d] < 0 || t->strides[d] < 0) return -1;
-        if (t->shape[d] == 0) return 0;
-    }
-    for (int d = 0; d < t->ndim; d++) {
-        int64_t step;
-        if (__builtin_mul_overflow(t->shape[d] - 1, t->strides[d], &step) || __builtin_add_overflow(last, step, &last))
-            return -1;
-    }
-    if (last > (1 << 16)) return TOO_BIG;   /* keep executions small */
-    return (last + 1) * (int64_t)af_dtype_size(t->dtype);
-}
-
-/* A view: dtype (int32 arrays: mostly int32), ndim (mostly the expected one), shape, strides, and data; int32
- * elements are small signed numbers, so prefix sums and page indices are sometimes valid. */
 static void *make_view(byte_reader *r, af_tensor *t, int want_ndim, bool index_array) {
     memset(t, 0, sizeof *t);
     const uint8_t kind = next_byte(r);
@@ -54,7 +22,7 @@ static void *make_view(byte_reader *r, af_tensor *t, int want_ndim, bool index_a
     for (int d = 0; d < t->ndim && d < AF_MAX_DIMS; d++) t->shape[d] = next_extent(r);
     for (int d = 0; d < t->ndim && d < AF_MAX_DIMS; d++) t->strides[d] = next_extent(r);
     if (kind & 0x08) t->device.type = AF_DEVICE_CUDA;   /* must be refused before anything is read */
-    const int64_t bytes = reach_bytes(t);
+    const int64_t bytes = reach_bytes(t, MAX_VIEW_ELEMENTS);
     const size_t alloc = bytes > 0 ? (size_t)bytes : 4;
     uint8_t *mem = malloc(alloc);
     if (t->dtype == AF_I32)
@@ -96,7 +64,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                           .seqused_k = (flags & 32) ? &used : NULL, .page_table = (form & 4) ? &pages : NULL};
     af_tensor *lse_arg = (flags & 128) ? &lse : NULL;
 
-    const int64_t out_bytes = reach_bytes(&out), lse_bytes = reach_bytes(&lse);
+    const int64_t out_bytes = reach_bytes(&out, MAX_VIEW_ELEMENTS);
+    const int64_t lse_bytes = reach_bytes(&lse, MAX_VIEW_ELEMENTS);
     const size_t out_len = out_bytes > 0 ? (size_t)out_bytes : 0, lse_len = lse_bytes > 0 ? (size_t)lse_bytes : 0;
     uint8_t *before = malloc(out_len + lse_len + 1);
     if (out_len) memcpy(before, mem[8], out_len);

@@ -8,40 +8,9 @@
 #include <string.h>
 
 #include "attnforge.h"
+#include "fuzz_views.h"
 
-typedef struct { const uint8_t *data; size_t size, at; } byte_reader;
-
-static uint8_t next_byte(byte_reader *r) { return r->at < r->size ? r->data[r->at++] : 0; }
-
-/* Mostly small sizes and strides; now and then a hostile one (negative, huge, overflowing). */
-static int64_t next_extent(byte_reader *r) {
-    uint8_t b = next_byte(r);
-    switch (b >> 5) {
-    case 0: return -(int64_t)(b & 7) - 1;
-    case 1: return (b & 16) ? INT64_MAX - (b & 15) : (int64_t)1 << (40 + (b & 15));
-    default: return b & 7;
-    }
-}
-
-#define TOO_BIG (-2)
-
-/* Bytes a view can reach; -1 when it is not a valid view (the library must then refuse it unread); TOO_BIG for a
- * valid view too large to back (it gets NULL data, which the library must refuse: it cannot know a buffer's size). */
-static int64_t reach_bytes(const af_tensor *t) {
-    if (t->ndim < 0 || t->ndim > AF_MAX_DIMS || af_dtype_size(t->dtype) == 0) return -1;
-    int64_t last = 0;
-    for (int d = 0; d < t->ndim; d++) {
-        if (t->shape[d] < 0 || t->strides[d] < 0) return -1;
-        if (t->shape[d] == 0) return 0;
-    }
-    for (int d = 0; d < t->ndim; d++) {
-        int64_t step;
-        if (__builtin_mul_overflow(t->shape[d] - 1, t->strides[d], &step) || __builtin_add_overflow(last, step, &last))
-            return -1;
-    }
-    if (last > (1 << 20)) return TOO_BIG;   /* keep executions small: do not allocate */
-    return (last + 1) * (int64_t)af_dtype_size(t->dtype);
-}
+#define MAX_VIEW_ELEMENTS (1 << 20)   /* larger views get NULL data */
 
 static void *make_view(byte_reader *r, af_tensor *t, int force_ndim) {
     memset(t, 0, sizeof *t);
@@ -51,7 +20,7 @@ static void *make_view(byte_reader *r, af_tensor *t, int force_ndim) {
     if (t->ndim > AF_MAX_DIMS) t->ndim = AF_MAX_DIMS + 1;
     for (int d = 0; d < t->ndim && d < AF_MAX_DIMS; d++) t->shape[d] = next_extent(r);
     for (int d = 0; d < t->ndim && d < AF_MAX_DIMS; d++) t->strides[d] = next_extent(r);
-    int64_t bytes = reach_bytes(t);
+    int64_t bytes = reach_bytes(t, MAX_VIEW_ELEMENTS);
     size_t alloc = bytes > 0 ? (size_t)bytes : 1;
     uint8_t *mem = malloc(alloc);
     for (size_t i = 0; i < alloc; i++) mem[i] = next_byte(r);   /* values: anything, NaN and Inf included */
@@ -71,7 +40,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                          .scale = (flags & 64) ? NAN : (double)(int8_t)next_byte(&r) / 16.0};
     af_tensor *lse_arg = (flags & 128) ? &lse : NULL;
 
-    int64_t out_bytes = reach_bytes(&out);
+    int64_t out_bytes = reach_bytes(&out, MAX_VIEW_ELEMENTS);
     size_t out_len = out_bytes > 0 ? (size_t)out_bytes : 0;
     uint8_t *before = malloc(out_len + 1);
     if (out_len) memcpy(before, out.data, out_len);
