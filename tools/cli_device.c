@@ -50,11 +50,7 @@ int cli_device_open(cli_device *d, af_device device, const char *command) {
         fprintf(stderr, "%s: --device cuda: %s\n", command, af_last_error());
         return 3;
     }
-    char err[512] = "";
-    if (d->ops->probe(&d->device_count, err, sizeof err) != AF_OK) {
-        fprintf(stderr, "%s: --device cuda: %s\n", command, err);
-        return 3;
-    }
+    d->device_count = af_cuda_backend_device_count();   /* probed by the loader */
     if (device.index >= d->device_count) {
         fprintf(stderr, "%s: --device cuda:%d: this machine has %d CUDA device%s (cuda:0%s)\n", command, device.index,
                 d->device_count, d->device_count == 1 ? "" : "s", d->device_count == 1 ? "" : " and up");

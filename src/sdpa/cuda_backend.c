@@ -19,6 +19,7 @@
 static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
 static const af_cuda_backend_ops *loaded_ops;   /* under load_lock: the opened library (kept for the process) */
 static atomic_bool usable;                       /* the library is loaded and its probe found a GPU */
+static atomic_int device_count;                 /* what that probe found (the driver's count is fixed per process) */
 
 static void log_from_backend(int level, const char *message) { af_log((af_log_level)level, "cuda: %s", message); }
 
@@ -129,6 +130,7 @@ af_status af_cuda_backend_load(const af_cuda_backend_ops **ops) {
         int count = 0;
         const int probed = loaded_ops->probe(&count, err, sizeof err);
         if (probed == AF_OK && count >= 1) {
+            atomic_store(&device_count, count);
             atomic_store(&usable, true);
             af_log(AF_LOG_DEBUG, "CUDA backend: %d device(s)", count);
         } else {
@@ -145,3 +147,5 @@ af_status af_cuda_backend_load(const af_cuda_backend_ops **ops) {
 }
 
 bool af_cuda_backend_is_loaded(void) { return atomic_load(&usable); }
+
+int af_cuda_backend_device_count(void) { return atomic_load(&usable) ? atomic_load(&device_count) : 0; }

@@ -43,6 +43,8 @@ typedef struct {
  * AF_ERR_RUNTIME_UNAVAILABLE says which of library / driver / GPU is missing and how to get it. */
 af_status af_cuda_backend_load(const af_cuda_backend_ops **ops);
 bool af_cuda_backend_is_loaded(void);
+/* The CUDA devices the loader's probe found (>= 1 once af_cuda_backend_load succeeded; 0 before). */
+int af_cuda_backend_device_count(void);
 
 #ifdef __cplusplus
 }

@@ -5,19 +5,18 @@
 #include "sdpa/problem.h"
 #include "core/status.h"
 
-/* The CUDA backend: loaded (library, driver, GPU) on first need; the device must exist; CUDA's own text on error. */
+/* The CUDA backend: loaded (library, driver, GPU: probed once) on first need; the device must exist; CUDA's own
+ * text on error. */
 static af_status cuda_forward(const af_problem *p, int device, void *stream) {
     const af_cuda_backend_ops *ops;
     af_status st = af_cuda_backend_load(&ops);
     if (st != AF_OK) return st;
     char err[1024] = "";
-    int count = 0;
-    int status = ops->probe(&count, err, sizeof err);
-    if (status != AF_OK) return af_fail((af_status)status, "%s", err);
+    const int count = af_cuda_backend_device_count();
     if (device >= count)
         return af_fail(AF_ERR_INVALID_ARGUMENT, "query: on cuda:%d but this machine has %d CUDA device%s (cuda:0..%d)",
                        device, count, count == 1 ? "" : "s", count - 1);
-    status = ops->forward(p, device, stream, err, sizeof err);
+    const int status = ops->forward(p, device, stream, err, sizeof err);
     if (status != AF_OK)
         return af_fail((af_status)status, "%s", err[0] ? err : "the CUDA backend failed without a message");
     return AF_OK;
