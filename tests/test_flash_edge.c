@@ -183,14 +183,8 @@ static void paged_reference_reads_the_table(void **state) {
 /* ------------------------------------------------------------------------------------------ kernel edges */
 
 static void verify(flash_case *c) {
-    char desc[1024], why[640] = "";
-    flash_case_describe(c, desc, sizeof desc);
-    flash_tensors t;
-    const bool built = flash_case_build(c, &t);
-    const bool ok = built && flash_case_verify_everywhere(&t, why, sizeof why);
-    flash_case_free(&t);
-    if (!built) fail_msg("could not build (%s): %s", af_last_error(), desc);
-    if (!ok) fail_msg("%s\n    %s", desc, why);
+    char why[2048];
+    if (!flash_case_build_and_verify(c, why, sizeof why)) fail_msg("%s", why);
 }
 
 static void windows_at_the_edges(void **state) {

@@ -10,30 +10,14 @@
 #include <string.h>
 
 #include "attnforge.h"
+#include "fuzz_views.h"
 
-#define MAX_BACKED_BYTES (64 << 10)   /* views reaching further get no buffer (keeps executions fast) */
+#define MAX_BACKED_BYTES (64 << 10)   /* views whose last element lies this far or further get no buffer (fast) */
 #define MAX_WORK ((int64_t)1 << 18)   /* B·Hq·L·S·(E+Ev) above this: infer gets no buffers (refused unread) */
-
-/* Bytes a view reaches from its data pointer; -1 when it is not a valid view or reaches too far. */
-static int64_t reach_bytes(const af_tensor *t) {
-    if (t->ndim < 0 || t->ndim > AF_MAX_DIMS || af_dtype_size(t->dtype) == 0) return -1;
-    int64_t last = 0;
-    for (int d = 0; d < t->ndim; d++) {
-        if (t->shape[d] < 0 || t->strides[d] < 0) return -1;
-        if (t->shape[d] == 0) return 0;
-    }
-    for (int d = 0; d < t->ndim; d++) {
-        int64_t step;
-        if (__builtin_mul_overflow(t->shape[d] - 1, t->strides[d], &step) || __builtin_add_overflow(last, step, &last))
-            return -1;
-    }
-    if (last >= MAX_BACKED_BYTES) return -1;
-    return (last + 1) * (int64_t)af_dtype_size(t->dtype);
-}
 
 /* Give `t` a zeroed buffer of exactly the bytes it reaches (or leave data NULL); returns what to free. */
 static void *back(af_tensor *t) {
-    const int64_t bytes = reach_bytes(t);
+    const int64_t bytes = reach_bytes(t, MAX_BACKED_BYTES - 1);   /* <= 0: invalid, empty or too far */
     if (bytes <= 0) return NULL;
     t->data = calloc(1, (size_t)bytes);
     return t->data;

@@ -370,3 +370,15 @@ bool flash_case_verify_everywhere(flash_tensors *t, char *why, size_t size) {
     }
     return ok;
 }
+
+bool flash_case_build_and_verify(const flash_case *c, char *why, size_t size) {
+    char desc[1024], reason[640] = "";
+    flash_case_describe(c, desc, sizeof desc);
+    flash_tensors t;
+    const bool built = flash_case_build(c, &t);
+    const bool ok = built && flash_case_verify_everywhere(&t, reason, sizeof reason);
+    flash_case_free(&t);
+    if (!built) snprintf(why, size, "could not build the case (%s): %s", af_last_error(), desc);
+    else if (!ok) snprintf(why, size, "%s\n    %s", desc, reason);
+    return ok;
+}

@@ -62,5 +62,7 @@ af_status flash_case_run(flash_tensors *t, const char *isa, int threads);
 bool flash_case_matches(const flash_tensors *t, char *why, size_t size);
 /* Every ISA, 1 and 2 threads (bitwise equal), nothing written outside out/lse, inputs unchanged. */
 bool flash_case_verify_everywhere(flash_tensors *t, char *why, size_t size);
+/* Build the case, verify it everywhere, free it: false with the case described and why in `why`. */
+bool flash_case_build_and_verify(const flash_case *c, char *why, size_t size);
 
 #endif
