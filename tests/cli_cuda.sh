@@ -13,21 +13,7 @@ trap 'rm -rf "$tmp"' EXIT
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
-# expect CODE NEEDLE command...: the exit code, and NEEDLE (fixed string) in stdout+stderr
-expect() {
-    local code=$1 needle=$2
-    shift 2
-    "$@" >"$tmp/out" 2>"$tmp/err"
-    local got=$?
-    if [ "$got" -ne "$code" ] || { [ -n "$needle" ] && ! grep -qF -- "$needle" "$tmp/out" "$tmp/err"; }; then
-        echo "FAIL: $* -> exit $got (want $code), looking for: $needle"
-        sed 's/^/  out: /' "$tmp/out" | tail -20
-        sed 's/^/  err: /' "$tmp/err" | tail -20
-        failures=$((failures + 1))
-    else
-        echo "ok: $*"
-    fi
-}
+source "$(dirname "$0")/support/expect.sh"
 
 # ---- bad --device values: exit 2, naming the option
 for bad in gpu cuda: cuda:-1 cuda:x cuda0 CUDA ""; do

@@ -8,21 +8,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 failures=0
 
-# expect CODE NEEDLE FILE-TO-SEARCH -- command...: the exit code, and NEEDLE in stdout+stderr
-expect() {
-    local code=$1 needle=$2
-    shift 2
-    "$@" >"$tmp/out" 2>"$tmp/err"
-    local got=$?
-    if [ "$got" -ne "$code" ] || { [ -n "$needle" ] && ! grep -qF -- "$needle" "$tmp/out" "$tmp/err"; }; then
-        echo "FAIL: $* -> exit $got (want $code), looking for: $needle"
-        sed 's/^/  out: /' "$tmp/out" | head -20
-        sed 's/^/  err: /' "$tmp/err" | head -20
-        failures=$((failures + 1))
-    else
-        echo "ok: $*"
-    fi
-}
+source "$(dirname "$0")/support/expect.sh"
 
 # ---- attnforge plan
 expect 0 '"flash_kwargs": {"causal": true, "softmax_scale": 0.125}, "copy_free_layout": true' "$cli" plan $data/causal_nhd.samples.json
