@@ -25,7 +25,6 @@
 #endif
 
 #define AF_MAX_CUDA_DEVICES 64    /* devices whose attributes are cached; more are read on each call */
-#define AF_MMA_MAX_HEAD_DIM 256   /* the tensor-core path's largest E and Ev */
 #define AF_SCRATCH_ALIGN 256      /* each scratch tensor starts on this boundary (cudaMalloc's own alignment) */
 
 /* ---------------------------------------------------------------- messages */
@@ -290,7 +289,7 @@ static void note_simt_once(const af_problem *p) {
                     "bfloat16 on the tensor cores; cast q/k/v to bfloat16 or float16 for speed");
     else
         log_message(AF_LOG_INFO, "head dimensions above %d run on the CUDA cores (E=%lld, Ev=%lld), slower than the "
-                    "tensor-core path", AF_MMA_MAX_HEAD_DIM, (long long)p->E, (long long)p->Ev);
+                    "tensor-core path", AF_MMA_HD_MAX, (long long)p->E, (long long)p->Ev);
 }
 
 typedef enum { PATH_TENSOR_CORES_SM80, PATH_CUDA_CORES } kernel_path;
@@ -300,7 +299,7 @@ typedef enum { PATH_TENSOR_CORES_SM80, PATH_CUDA_CORES } kernel_path;
 static kernel_path choose_path(const af_problem *p, const af_cuda_device *dev) {
     (void)dev;
     const bool half = p->dtype == AF_F16 || p->dtype == AF_BF16;
-    return half && p->E <= AF_MMA_MAX_HEAD_DIM && p->Ev <= AF_MMA_MAX_HEAD_DIM ? PATH_TENSOR_CORES_SM80
+    return half && p->E <= AF_MMA_HD_MAX && p->Ev <= AF_MMA_HD_MAX ? PATH_TENSOR_CORES_SM80
                                                                                 : PATH_CUDA_CORES;
 }
 
