@@ -299,8 +299,7 @@ typedef enum { PATH_TENSOR_CORES_SM80, PATH_CUDA_CORES } kernel_path;
 static kernel_path choose_path(const af_problem *p, const af_cuda_device *dev) {
     (void)dev;
     const bool half = p->dtype == AF_F16 || p->dtype == AF_BF16;
-    return half && p->E <= AF_MMA_HD_MAX && p->Ev <= AF_MMA_HD_MAX ? PATH_TENSOR_CORES_SM80
-                                                                                : PATH_CUDA_CORES;
+    return half && p->E <= AF_MMA_HD_MAX && p->Ev <= AF_MMA_HD_MAX ? PATH_TENSOR_CORES_SM80 : PATH_CUDA_CORES;
 }
 
 typedef struct {
