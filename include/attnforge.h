@@ -46,9 +46,13 @@ AF_API const char *af_version(void);                   /* AF_VERSION_STRING of t
 /* ---------------------------------------------------------------- tensors */
 #define AF_MAX_DIMS 8
 
-typedef enum { AF_F32 = 0, AF_F16 = 1, AF_BF16 = 2, AF_BOOL = 3, AF_I32 = 4 } af_dtype;   /* int32: lengths, pages */
+/* int32: lengths, pages. The float8 formats (af_flash_attn's K/V, or all of q/k/v; never out):
+ * AF_F8E4M3 is float8_e4m3fn (bias 7, max 448, no infinity, NaN = S.1111.111), AF_F8E5M2 float8_e5m2 (bias 15,
+ * max 57344, IEEE infinities and NaNs). */
+typedef enum { AF_F32 = 0, AF_F16 = 1, AF_BF16 = 2, AF_BOOL = 3, AF_I32 = 4, AF_F8E4M3 = 5, AF_F8E5M2 = 6 } af_dtype;
 
-AF_API const char *af_dtype_name(af_dtype dtype);      /* "float32", "float16", "bfloat16", "bool", "int32" */
+/* "float32", "float16", "bfloat16", "bool", "int32", "float8_e4m3fn", "float8_e5m2" */
+AF_API const char *af_dtype_name(af_dtype dtype);
 AF_API size_t af_dtype_size(af_dtype dtype);           /* bytes per element; 0 for an unknown dtype */
 
 typedef enum { AF_DEVICE_CPU = 0, AF_DEVICE_CUDA = 1 } af_device_type;
@@ -117,9 +121,12 @@ typedef struct {
     const af_tensor *seqused_k;      /* NULL or int32 (B,): keys used by each sequence (paged K/V needs it) */
     const af_tensor *page_table;     /* paged K/V: int32 (B, max_pages) page indices, else NULL */
     void *stream;                    /* as af_sdpa_args.stream */
+    /* float8 K/V only (FA3/FA4's descales): NULL (= 1) or f32 (B, Hkv). Scores use scale·(q·k)·q_descale·k_descale,
+     * the output sum_j p_j·v_j·v_descale, each at the (batch, kv head) the row reads. */
+    const af_tensor *q_descale, *k_descale, *v_descale;
 } af_flash_args;                     /* zero-initialised = plain attention with FA4's defaults */
 
-/* out: query's shape with head dim Ev, in query's dtype; lse NULL or f32 (B, Hq, Lq) / varlen (Hq, total_q),
+/* out: query's shape with head dim Ev, in query's dtype (float8 queries: f32, f16 or bf16, as asked); lse NULL or f32 (B, Hq, Lq) / varlen (Hq, total_q),
  * natural log. Rows that see no key (and no sink) get out = 0 and lse = -inf. */
 AF_API af_status af_flash_attn(const af_flash_args *args, af_tensor *out, af_tensor *lse);
 /* The plain reference of af_flash_attn: double accumulation, one row at a time. For tests and verify. */

@@ -7,6 +7,8 @@ const char *af_dtype_name(af_dtype dtype) {
     case AF_BF16: return "bfloat16";
     case AF_BOOL: return "bool";
     case AF_I32: return "int32";
+    case AF_F8E4M3: return "float8_e4m3fn";
+    case AF_F8E5M2: return "float8_e5m2";
     }
     return "unknown";
 }
@@ -17,6 +19,7 @@ size_t af_dtype_size(af_dtype dtype) {
     case AF_F16: case AF_BF16: return 2;
     case AF_BOOL: return 1;
     case AF_I32: return 4;
+    case AF_F8E4M3: case AF_F8E5M2: return 1;
     }
     return 0;
 }

@@ -48,7 +48,6 @@ typedef struct {
     int keys_pad, ev_pad;       /* padded leading dims of the S/P and V/O tiles */
     int64_t rows_total;         /* L·G packed rows per (batch, kv head) */
     int64_t row_blocks, splits, split_keys;
-    float c;                    /* multiplier folded into the exponent: scale·log2(e), or log2(e) if pre-scaled */
     bool pre_scale;             /* S = S·scale (+ mask) before the softmax: masks and scale <= 0 need it */
     bool v_direct;              /* f32 V already laid out as the P·V gemm wants it: no V tile is packed */
     bool direct;                /* few rows: the micro-kernel's direct kernels read K and V in place */
@@ -56,7 +55,8 @@ typedef struct {
     size_t cache_kt_floats, cache_tile_floats;   /* per cached tile: Kᵀ (E × keys_pad), then V (keys × ev_pad) */
     size_t off_cache;
     int exp2_degree;
-    size_t elem;                /* bytes per q/k/v element */
+    size_t elem;                /* bytes per k/v element */
+    size_t q_elem;              /* bytes per q element (float8 K/V: q may be wider) */
     size_t out_elem;            /* bytes per out element */
     float *partials;            /* splits > 1: per item, rows × (ev_pad + 2) floats: O, then m and l */
     size_t off_q, off_qp, off_kt, off_v, off_s, off_o, off_m, off_l, off_a;   /* scratch layout, bytes */
@@ -123,10 +123,8 @@ static void load_f32(const af_ukernel *uk, float *dst, const char *src, af_dtype
         memcpy(dst, src, sizeof(float) * (size_t)n);
     } else if (dtype == AF_F32) {
         for (int i = 0; i < n; i++) dst[i] = *(const float *)(src + (size_t)(i * stride) * elem);
-    } else if (dtype == AF_BF16) {
-        for (int i = 0; i < n; i++) dst[i] = af_bf16_to_f32(*(const uint16_t *)(src + (size_t)(i * stride) * elem));
     } else {
-        for (int i = 0; i < n; i++) dst[i] = af_f16_to_f32(*(const uint16_t *)(src + (size_t)(i * stride) * elem));
+        for (int i = 0; i < n; i++) dst[i] = af_load_as_f32(src + (size_t)(i * stride) * elem, dtype);
     }
 }
 
@@ -135,7 +133,7 @@ static const char *qrow_ptr(const flash_plan *fp, const work_item *w, int64_t r,
     const int64_t i = r / p->group, h = w->hk * p->group + r % p->group;
     *h_out = h;
     *i_out = i;
-    return p->q + (size_t)(w->b * p->q_stride[0] + h * p->q_stride[1] + (w->seq.q0 + i) * p->q_stride[2]) * fp->elem;
+    return p->q + (size_t)(w->b * p->q_stride[0] + h * p->q_stride[1] + (w->seq.q0 + i) * p->q_stride[2]) * fp->q_elem;
 }
 
 /* Where key / value row j of the work item's (batch, kv head) starts (varlen and paged: af_kv_row_offset). */
@@ -154,13 +152,13 @@ static void pack_key_tile(const flash_plan *fp, const work_item *w, int64_t j0, 
     const af_problem *p = fp->p;
     if (fp->uk->pack_kt && p->k_stride[3] == 1 && run_length(fp, j0, cols) == cols) {   /* transposing packer */
         const char *src = key_row(fp, w, j0);
-        fp->uk->pack_kt(cols, fp->E, src, (size_t)p->k_stride[2] * fp->elem, p->dtype, kt, fp->keys_pad);
+        fp->uk->pack_kt(cols, fp->E, src, (size_t)p->k_stride[2] * fp->elem, p->kv_dtype, kt, fp->keys_pad);
         return;
     }
     const int padded = (int)round_up((size_t)cols, AF_TILE_PAD);
     for (int j = 0; j < cols; j++) {
         const char *src = key_row(fp, w, j0 + j);
-        load_f32(fp->uk, row, src, p->dtype, p->k_stride[3], fp->E, fp->elem);
+        load_f32(fp->uk, row, src, p->kv_dtype, p->k_stride[3], fp->E, fp->elem);
         for (int e = 0; e < fp->E; e++) kt[(size_t)e * fp->keys_pad + j] = row[e];
     }
     if (padded > cols)
@@ -189,16 +187,15 @@ static void pack_value_tile(const flash_plan *fp, const work_item *w, int64_t j0
         float *dst = vt + (size_t)j * fp->ev_pad;
         const char *src = value_row(fp, w, j0 + j);
         prefetch_next_row(fp, w, next, next_end, j);
-        load_f32(fp->uk, dst, src, p->dtype, p->v_stride[3], fp->Ev, fp->elem);
+        load_f32(fp->uk, dst, src, p->kv_dtype, p->v_stride[3], fp->Ev, fp->elem);
         memset(dst + fp->Ev, 0, sizeof(float) * (size_t)(fp->ev_pad - fp->Ev));
     }
 }
 
 /* S = S·scale + mask, for the tiles that need the scale applied before the softmax. */
 static void apply_scale_and_mask(const flash_plan *fp, const work_item *w, int64_t r0, int rows, int64_t j0, int cols,
-                                 float *S) {
+                                 float *S, float scale) {
     const af_problem *p = fp->p;
-    const float scale = (float)p->scale;
     for (int r = 0; r < rows; r++) {
         float *s = S + (size_t)r * fp->keys_pad;
         for (int j = 0; j < cols; j++) s[j] *= scale;
@@ -217,8 +214,8 @@ static void apply_scale_and_mask(const flash_plan *fp, const work_item *w, int64
 }
 
 /* Softcap: S = cap·tanh(S·scale / cap) (scale first: the cap applies to the scaled score). */
-static void apply_softcap(const flash_plan *fp, int rows, int cols, float *S) {
-    const float cap = (float)fp->p->softcap, k = (float)(fp->p->scale / fp->p->softcap);
+static void apply_softcap(const flash_plan *fp, int rows, int cols, float *S, double scale) {
+    const float cap = (float)fp->p->softcap, k = (float)(scale / fp->p->softcap);
     for (int r = 0; r < rows; r++) af_softcap_row(S + (size_t)r * fp->keys_pad, cols, k, cap);
 }
 
@@ -250,7 +247,8 @@ static void store_row(const flash_plan *fp, const work_item *w, int64_t h, int64
             l += exp2f(sink - m);   /* NaN m or sink: NaN l, as the reference */
         }
     }
-    const float inv = l > 0.0f || l != l ? o_scale / l : 0.0f;   /* no visible key: 0, as documented */
+    const float v_descale = af_descale_at(p->v_descale, p->v_descale_stride, w->b, w->hk);   /* FA4: on the output */
+    const float inv = l > 0.0f || l != l ? o_scale * v_descale / l : 0.0f;   /* no visible key: 0, as documented */
     const int64_t b = w->b;
     i += w->seq.q0;
     const size_t row = (size_t)(b * p->out_stride[0] + h * p->out_stride[1] + i * p->out_stride[2]);
@@ -284,12 +282,18 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
     for (int r = 0; r < rows; r++) {
         int64_t h, i;
         const char *src = qrow_ptr(fp, &w, r0 + r, &h, &i);
-        load_f32(uk, qb + (size_t)r * fp->E, src, p->dtype, p->q_stride[3], fp->E, fp->elem);
+        load_f32(uk, qb + (size_t)r * fp->E, src, p->dtype, p->q_stride[3], fp->E, fp->q_elem);
         m[r] = -INFINITY;
         l[r] = 0.0f;
     }
     memset(O, 0, sizeof(float) * (size_t)rows * (size_t)fp->ev_pad);
     if (fp->px) fp->px->pack_q(rows, fp->E, qb, fp->E, qpack);
+    /* float8 descales of this (batch, kv head) join the scale: c folds it into the exponent when it is > 0 */
+    const double scale = p->scale * af_descale_at(p->q_descale, p->q_descale_stride, w.b, w.hk) *
+                         af_descale_at(p->k_descale, p->k_descale_stride, w.b, w.hk);
+    const bool pre_scale = fp->pre_scale || !(scale > 0.0);
+    const double log2e = 1.4426950408889634;   /* c: the multiplier folded into the exponent (log2(e) if pre-scaled) */
+    const float c = (float)(pre_scale ? log2e : scale * log2e);
 
     /* The block's keys: from the first row's lower limit to the last row's upper one (both grow with the row), within
      * this split; the first tile stays aligned to block_keys (the tile cache indexes tiles by j0 / block_keys). */
@@ -344,17 +348,17 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
             for (int c = 0, len; c < cols; c += len) {   /* paged: each page's run read in place */
                 len = run_length(fp, j0 + c, cols - c);
                 uk->scores_direct(n, len, fp->E, qn, fp->E, key_row(fp, &w, j0 + c), (size_t)p->k_stride[2] * fp->elem,
-                                  p->dtype, Sn + c, fp->keys_pad);
+                                  p->kv_dtype, Sn + c, fp->keys_pad);
             }
         } else {
             /* vt is free until the V tile: a row buffer for the transpose */
             if (pack) pack_key_tile(fp, &w, j0, pack_cols, ktile, vt);
             uk->gemm(n, cols, fp->E, qn, fp->E, ktile, fp->keys_pad, Sn, fp->keys_pad, false);
         }
-        if (p->softcap > 0.0) apply_softcap(fp, n, cols, Sn);   /* af_flash_attn: no mask */
-        else if (fp->pre_scale) apply_scale_and_mask(fp, &w, r0 + skip, n, j0, cols, Sn);
+        if (p->softcap > 0.0) apply_softcap(fp, n, cols, Sn, scale);   /* af_flash_attn: no mask */
+        else if (pre_scale) apply_scale_and_mask(fp, &w, r0 + skip, n, j0, cols, Sn, (float)scale);
         if (j0 < last_lo || j0 + cols > first_hi) apply_key_range(fp, &w, r0 + skip, n, j0, cols, Sn);
-        uk->softmax_step(n, cols, Sn, fp->keys_pad, fp->c, m + skip, l + skip, alpha + skip, fp->exp2_degree);
+        uk->softmax_step(n, cols, Sn, fp->keys_pad, c, m + skip, l + skip, alpha + skip, fp->exp2_degree);
         if (fp->Ev == 0) continue;
         for (int r = skip; r < end; r++)
             if (alpha[r] != 1.0f) uk->scale_row(O + (size_t)r * fp->ev_pad, fp->Ev, alpha[r]);
@@ -366,7 +370,7 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
             for (int c = 0, len; c < cols; c += len) {
                 len = run_length(fp, j0 + c, cols - c);
                 uk->values_direct(n, fp->Ev, len, Sn + c, fp->keys_pad, value_row(fp, &w, j0 + c),
-                                  (size_t)p->v_stride[2] * fp->elem, p->dtype, On, fp->ev_pad);
+                                  (size_t)p->v_stride[2] * fp->elem, p->kv_dtype, On, fp->ev_pad);
             }
         } else if (fp->v_direct) {
             const float *v = (const float *)value_row(fp, &w, j0);
@@ -436,6 +440,7 @@ static void combine_item(void *ctx, int64_t t, void *scratch) {
 static const af_products *products_for(const af_problem *p, const af_ukernel *uk, int64_t rows_total) {
     const af_products *px = uk->products;
     if (!px || p->k_stride[3] != 1 || p->v_stride[3] != 1 || !px->accepts(p->dtype, (int)p->E, (int)p->Ev)) return NULL;
+    if (p->kv_dtype != p->dtype) return NULL;   /* float8 K/V under a wider q: the f32 path converts them */
     if (p->page_table) return NULL;   /* they pack a tile from one base and stride: the f32 path gathers pages */
     if (rows_total < px->min_rows && uk->scores_direct && uk->values_direct) return NULL;
     return px;
@@ -457,7 +462,8 @@ af_status af_flash_forward(const af_problem *p) {
     if (p->B == 0 || p->Hkv == 0 || p->L == 0 || p->group == 0) return AF_OK;   /* nothing to write */
     const int64_t rows_total = p->L * p->group;   /* <= q's element count once B >= 1: cannot overflow */
     flash_plan fp = {.p = p, .uk = af_ukernel_current(), .E = (int)p->E, .Ev = (int)p->Ev};
-    fp.elem = af_dtype_size(p->dtype);
+    fp.elem = af_dtype_size(p->kv_dtype);
+    fp.q_elem = af_dtype_size(p->dtype);
     fp.out_elem = af_dtype_size(p->out_dtype);
     fp.px = products_for(p, fp.uk, rows_total);
     (fp.px ? fp.px->blocking : fp.uk->blocking)(fp.E, fp.Ev, &fp.block_rows, &fp.block_keys);
@@ -472,16 +478,14 @@ af_status af_flash_forward(const af_problem *p) {
         fp.split_keys = round_up(SPLIT_KEYS, (size_t)fp.block_keys);
         fp.splits = ceil_div(p->S, fp.split_keys);
     }
-    const double log2e = 1.4426950408889634;
     fp.pre_scale = p->mask != NULL || !(p->scale > 0.0) || p->softcap > 0.0;
-    fp.c = (float)(fp.pre_scale ? log2e : p->scale * log2e);
-    fp.exp2_degree = p->dtype == AF_BF16 ? 3 : p->dtype == AF_F16 ? 4 : 5;
+    fp.exp2_degree = p->out_dtype == AF_BF16 ? 3 : p->out_dtype == AF_F16 ? 4 : 5;   /* what out's precision needs */
     /* V tiles straight from the caller's f32 tensor when they meet the gemm's B contract (whole vectors of
      * columns, no padding to zero; leading dim a multiple of AF_TILE_PAD; every tile 64-byte aligned) and its rows
      * are an odd number of cache lines apart like a packed tile's (tile_ld). Else the tile is copied: a transformer's
      * (B,L,H,E) memory puts rows H·E floats apart, 8 KiB at H·E = 2048, and a strip then lands in one L1 set
      * (measured: 85 -> 140 GFLOP/s at L=S=2048, E=128, 2 threads). */
-    fp.v_direct = !fp.px && !p->page_table && p->dtype == AF_F32 && p->v_stride[3] == 1 && fp.Ev % AF_TILE_PAD == 0 &&
+    fp.v_direct = !fp.px && !p->page_table && p->kv_dtype == AF_F32 && p->v_stride[3] == 1 && fp.Ev % AF_TILE_PAD == 0 &&
                   p->v_stride[2] % AF_TILE_PAD == 0 && p->v_stride[1] % AF_TILE_PAD == 0 &&
                   p->v_stride[0] % AF_TILE_PAD == 0 && (uintptr_t)p->v % 64 == 0 && p->v_stride[2] <= INT32_MAX &&
                   tile_ld((size_t)p->v_stride[2]) == p->v_stride[2];

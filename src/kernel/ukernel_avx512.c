@@ -7,9 +7,15 @@
 
 #include "kernel/ukernel_pack_x86.h"
 
-/* 16 elements of `dtype` at p as f32: vcvtph2ps for f16, a 16-bit shift for bf16 (both exact). */
+/* 16 elements of `dtype` at p as f32: vcvtph2ps for f16, a 16-bit shift for bf16, float8 through f16 (x86_load8_f8's
+ * bits, 16 lanes at once), all exact. */
 static inline __m512 avx512_load16_f32(const char *p, af_dtype dtype) {
     if (dtype == AF_F32) return _mm512_loadu_ps((const float *)p);
+    if (dtype == AF_F8E4M3 || dtype == AF_F8E5M2) {
+        const __m256i hi = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p)), 8);
+        const __m512 f = _mm512_cvtph_ps(X86_F8_TO_F16_BITS(256, hi, dtype));
+        return dtype == AF_F8E5M2 ? f : _mm512_mul_ps(f, _mm512_set1_ps(X86_F8E4M3_RESCALE));
+    }
     const __m256i h = _mm256_loadu_si256((const __m256i *)p);
     if (dtype == AF_F16) return _mm512_cvtph_ps(h);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));

@@ -9,9 +9,37 @@
 #include "core/dtype.h"
 #include "kernel/ukernel.h"
 
-/* Eight elements of `dtype` at p as f32: F16C for f16, a 16-bit shift for bf16 (both exact). */
+/* float8 bytes, each in the high byte of a 16-bit lane (byte << 8), as f16 bits: e5m2 is exactly the high byte of an
+ * f16; e4m3fn's S EEEE MMM becomes S 0 EEEE MMM 0000000 (an arithmetic shift by one, bit 14 cleared), the f16 of the
+ * value times 2^-8 (subnormals too: every e4m3 value is an f16 value), and its NaN (S 1111 111, which would read as
+ * ±1.875) all-ones, an f16 NaN. Callers multiply e4m3 by X86_F8E4M3_RESCALE once converted to f32. */
+#define X86_F8E4M3_RESCALE 256.0f
+#define X86_F8_TO_F16_BITS(SUF, hi, dtype)                                                                          \
+    ((dtype) == AF_F8E5M2 ? (hi) : X86_F8E4M3_BITS_##SUF(hi))
+static inline __m128i X86_F8E4M3_BITS_128(__m128i hi) {
+    const __m128i h = _mm_and_si128(_mm_srai_epi16(hi, 1), _mm_set1_epi16((short)0xbfff));
+    const __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7fff)), _mm_set1_epi16(0x3f80));
+    return _mm_or_si128(h, nan);
+}
+static inline __m256i X86_F8E4M3_BITS_256(__m256i hi) {
+    const __m256i h = _mm256_and_si256(_mm256_srai_epi16(hi, 1), _mm256_set1_epi16((short)0xbfff));
+    const __m256i nan = _mm256_cmpeq_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x7fff)), _mm256_set1_epi16(0x3f80));
+    return _mm256_or_si256(h, nan);
+}
+
+/* Eight float8 values at p (8 bytes read) as f32, exactly. */
+static inline __m256 x86_load8_f8(const char *p, af_dtype dtype) {
+    long long bytes;
+    memcpy(&bytes, p, 8);
+    const __m128i hi = _mm_unpacklo_epi8(_mm_setzero_si128(), _mm_cvtsi64_si128(bytes));   /* byte << 8 per lane */
+    const __m256 f = _mm256_cvtph_ps(X86_F8_TO_F16_BITS(128, hi, dtype));
+    return dtype == AF_F8E5M2 ? f : _mm256_mul_ps(f, _mm256_set1_ps(X86_F8E4M3_RESCALE));
+}
+
+/* Eight elements of `dtype` at p as f32: F16C for f16, a 16-bit shift for bf16, float8 through f16 (all exact). */
 static inline __m256 x86_load8_f32(const char *p, af_dtype dtype) {
     if (dtype == AF_F32) return _mm256_loadu_ps((const float *)p);
+    if (dtype == AF_F8E4M3 || dtype == AF_F8E5M2) return x86_load8_f8(p, dtype);
     const __m128i h = _mm_loadu_si128((const __m128i *)p);
     if (dtype == AF_F16) return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -21,7 +49,7 @@ static inline float x86_load1_f32(const char *p, af_dtype dtype) { return af_loa
 
 static void x86_convert(float *dst, const void *src, af_dtype dtype, int n) {
     const char *s = src;
-    const size_t elem = af_dtype_size(dtype);
+    const size_t elem = af_elem_bytes(dtype);
     int i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, x86_load8_f32(s + (size_t)i * elem, dtype));
     for (; i < n; i++) dst[i] = x86_load1_f32(s + (size_t)i * elem, dtype);
@@ -50,7 +78,7 @@ static inline void x86_transpose8(__m256 r[8]) {
 /* kt[e][j] = K_j[e]: whole 8-key × 8-element blocks through registers, the ragged edges element by element. */
 static void x86_pack_kt(int cols, int E, const void *k, size_t key_stride, af_dtype dtype, float *kt, int ldkt) {
     const char *base = k;
-    const size_t elem = af_dtype_size(dtype);
+    const size_t elem = af_elem_bytes(dtype);
     const int full_keys = cols / 8 * 8, full_elems = E / 8 * 8;
     for (int j0 = 0; j0 < full_keys; j0 += 8) {
         const char *rows = base + (size_t)j0 * key_stride;

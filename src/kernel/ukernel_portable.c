@@ -79,14 +79,14 @@ static void blocking_portable(int E, int Ev, int *block_rows, int *block_keys) {
 
 static void convert_portable(float *dst, const void *src, af_dtype dtype, int n) {
     const char *s = src;
+    const size_t elem = af_elem_bytes(dtype);
     if (dtype == AF_F32) memcpy(dst, s, sizeof(float) * (size_t)n);
-    else if (dtype == AF_BF16) for (int i = 0; i < n; i++) dst[i] = af_load_as_f32(s + 2 * (size_t)i, AF_BF16);
-    else for (int i = 0; i < n; i++) dst[i] = af_load_as_f32(s + 2 * (size_t)i, AF_F16);
+    else for (int i = 0; i < n; i++) dst[i] = af_load_as_f32(s + elem * (size_t)i, dtype);
 }
 
 /* Eight keys at a time: each kt row gets 8 contiguous floats while the 8 source rows are read in step. */
 static void pack_kt_portable(int cols, int E, const void *k, size_t key_stride, af_dtype dtype, float *kt, int ldkt) {
-    const size_t elem = af_dtype_size(dtype);
+    const size_t elem = af_elem_bytes(dtype);
     const int padded = (cols + AF_TILE_PAD - 1) / AF_TILE_PAD * AF_TILE_PAD;
     for (int j0 = 0; j0 < cols; j0 += 8) {
         const int nk = cols - j0 < 8 ? cols - j0 : 8;

@@ -157,6 +157,10 @@ af_status af_sdpa_check(const af_sdpa_args *args, const af_tensor *out, const af
     for (int i = 0; i < 3; i++)
         if (views[i].t->ndim != 4)
             return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: expected 4 dimensions, got %d", views[i].name, views[i].t->ndim);
+    for (int i = 0; i < 3; i++)   /* float8 is af_flash_attn's (FA4's) alone: SDPA has no descales */
+        if (views[i].t->dtype == AF_F8E4M3 || views[i].t->dtype == AF_F8E5M2)
+            return af_fail(AF_ERR_UNSUPPORTED, "%s: dtype %s is not supported by af_sdpa; float8 K/V (or q/k/v) run "
+                           "through af_flash_attn", views[i].name, af_dtype_name(views[i].t->dtype));
     if (!is_float_dtype(q->dtype))
         return af_fail(AF_ERR_UNSUPPORTED, "query: dtype %s is not supported; expected float32, float16 or bfloat16",
                        af_dtype_name(q->dtype));
@@ -242,7 +246,7 @@ af_status af_sdpa_check(const af_sdpa_args *args, const af_tensor *out, const af
         }
     }
 
-    p->dtype = q->dtype;
+    p->dtype = p->kv_dtype = q->dtype;
     p->out_dtype = q->dtype;
     p->B = B; p->Hq = Hq; p->Hkv = Hkv; p->L = L; p->S = S; p->E = E; p->Ev = Ev;
     p->group = Hkv > 0 ? Hq / Hkv : 1;

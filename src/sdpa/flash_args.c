@@ -12,12 +12,53 @@
 
 #define AF_MAX_HEAD_DIM 1024   /* as af_sdpa (check.c) */
 
-enum { V_Q, V_K, V_V, V_SINK, V_CU_Q, V_CU_K, V_SEQUSED, V_PAGES, V_OUT, V_LSE, V_COUNT };
+enum { V_Q, V_K, V_V, V_SINK, V_CU_Q, V_CU_K, V_SEQUSED, V_PAGES, V_Q_DESCALE, V_K_DESCALE, V_V_DESCALE, V_OUT, V_LSE,
+       V_COUNT };
 #define V_INPUTS V_OUT   /* views before this one are read, the others written */
 
 typedef struct { const char *name; const af_tensor *t; int64_t bytes, numel; } flash_view;
 
 static bool is_float_dtype(af_dtype d) { return d == AF_F32 || d == AF_F16 || d == AF_BF16; }
+static bool is_f8(af_dtype d) { return d == AF_F8E4M3 || d == AF_F8E5M2; }
+
+/* q, k, v dtypes: one float dtype for all three; or K/V in one float8 format under a float q (a quantised KV cache,
+ * attnforge's extension); or all three in one float8 format (FA4's fp8). */
+static af_status check_dtypes(const af_tensor *q, const af_tensor *k, const af_tensor *v) {
+    if (!is_float_dtype(q->dtype) && !is_f8(q->dtype))
+        return af_fail(AF_ERR_UNSUPPORTED, "query: dtype %s is not supported; expected float32, float16, bfloat16, "
+                       "float8_e4m3fn or float8_e5m2", af_dtype_name(q->dtype));
+    if (is_f8(q->dtype) && k->dtype != q->dtype)
+        return af_fail(AF_ERR_UNSUPPORTED, "key: dtype %s does not match query's %s (q, k, v, and qv must have the "
+                       "same dtype)", af_dtype_name(k->dtype), af_dtype_name(q->dtype));
+    if (k->dtype != q->dtype && !is_f8(k->dtype))
+        return af_fail(AF_ERR_UNSUPPORTED, "key: dtype %s does not match query's %s (q, k and v must have the same "
+                       "dtype; or k and v float8 under a float query)", af_dtype_name(k->dtype), af_dtype_name(q->dtype));
+    if (v->dtype != k->dtype)
+        return af_fail(AF_ERR_UNSUPPORTED, "value: dtype %s does not match key's %s (k and v must have the same dtype)",
+                       af_dtype_name(v->dtype), af_dtype_name(k->dtype));
+    return AF_OK;
+}
+
+/* q/k/v_descale: only with float8 K/V (FA4's message); f32 (B, Hkv), 4-byte aligned (read as float). */
+static af_status check_descales(const af_flash_args *a, int64_t B, int64_t Hkv) {
+    const af_tensor *d[3] = {a->q_descale, a->k_descale, a->v_descale};
+    static const char *const names[3] = {"q_descale", "k_descale", "v_descale"};
+    for (int i = 0; i < 3; i++) {
+        if (!d[i]) continue;
+        if (!is_f8(a->key->dtype))
+            return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: q_descale/k_descale/v_descale are only supported for FP8 "
+                           "inputs (key is %s)", names[i], af_dtype_name(a->key->dtype));
+        if (d[i]->dtype != AF_F32)
+            return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: dtype must be float32, got %s", names[i],
+                           af_dtype_name(d[i]->dtype));
+        const int64_t want[2] = {B, Hkv};
+        af_status st = af_check_shape(d[i], names[i], 2, want);
+        if (st != AF_OK) return st;
+        if ((uintptr_t)d[i]->data % 4 != 0)
+            return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: data at %p is not 4-byte aligned", names[i], d[i]->data);
+    }
+    return AF_OK;
+}
 
 static int32_t at32(const af_tensor *t, int64_t i) { return ((const int32_t *)t->data)[i * t->strides[0]]; }
 
@@ -127,13 +168,8 @@ static af_status check_layout(const af_flash_args *a, flash_shape *s) {
         return af_fail(AF_ERR_INVALID_ARGUMENT, "key: expected %d dimensions %s, got %d", k_ndim, k_form, k->ndim);
     if (v->ndim != k_ndim)
         return af_fail(AF_ERR_INVALID_ARGUMENT, "value: expected %d dimensions as key, got %d", k_ndim, v->ndim);
-    if (!is_float_dtype(q->dtype))
-        return af_fail(AF_ERR_UNSUPPORTED, "query: dtype %s is not supported; expected float32, float16 or bfloat16",
-                       af_dtype_name(q->dtype));
-    if (k->dtype != q->dtype || v->dtype != q->dtype)
-        return af_fail(AF_ERR_UNSUPPORTED, "%s: dtype %s does not match query's %s (q, k and v must have the same "
-                       "dtype)", k->dtype != q->dtype ? "key" : "value",
-                       af_dtype_name(k->dtype != q->dtype ? k->dtype : v->dtype), af_dtype_name(q->dtype));
+    af_status dt = check_dtypes(q, k, v);
+    if (dt != AF_OK) return dt;
     s->Hq = q->shape[q_ndim - 2];
     s->E = q->shape[q_ndim - 1];
     s->Hkv = k->shape[k_ndim - 2];
@@ -253,7 +289,10 @@ static af_status check_outputs(const af_flash_args *a, const flash_shape *s, con
     const int64_t out_fixed[4] = {s->B, s->Lq, s->Hq, s->Ev}, out_varlen[3] = {s->total_q, s->Hq, s->Ev};
     if ((st = af_check_shape(out, "out", s->varlen_q ? 3 : 4, s->varlen_q ? out_varlen : out_fixed)) != AF_OK)
         return st;
-    if (out->dtype != a->query->dtype)
+    if (is_f8(a->query->dtype) && !is_float_dtype(out->dtype))   /* FA4: bf16; here any float dtype, never fp8 */
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "out: dtype %s is not supported for float8 inputs; expected float32, "
+                       "float16 or bfloat16", af_dtype_name(out->dtype));
+    if (!is_f8(a->query->dtype) && out->dtype != a->query->dtype)
         return af_fail(AF_ERR_INVALID_ARGUMENT, "out: dtype %s does not match query's %s", af_dtype_name(out->dtype),
                        af_dtype_name(a->query->dtype));
     if (!af_no_self_overlap(out))
@@ -301,7 +340,8 @@ af_status af_flash_check(const af_flash_args *a, const af_tensor *out, const af_
         {"query", a->query, 0, 0}, {"key", a->key, 0, 0}, {"value", a->value, 0, 0},
         {"learnable_sink", a->learnable_sink, 0, 0}, {"cu_seqlens_q", a->cu_seqlens_q, 0, 0},
         {"cu_seqlens_k", a->cu_seqlens_k, 0, 0}, {"seqused_k", a->seqused_k, 0, 0},
-        {"page_table", a->page_table, 0, 0}, {"out", out, 0, 0}, {"lse", lse, 0, 0}};
+        {"page_table", a->page_table, 0, 0}, {"q_descale", a->q_descale, 0, 0}, {"k_descale", a->k_descale, 0, 0},
+        {"v_descale", a->v_descale, 0, 0}, {"out", out, 0, 0}, {"lse", lse, 0, 0}};
     af_status st = check_devices(views);
     if (st != AF_OK) return st;
     for (int i = 0; i < V_COUNT; i++)
@@ -309,11 +349,13 @@ af_status af_flash_check(const af_flash_args *a, const af_tensor *out, const af_
             return st;
     flash_shape s = {0};
     if ((st = check_scalars(a)) != AF_OK || (st = check_layout(a, &s)) != AF_OK ||
-        (st = check_sequences(a, &s, p)) != AF_OK || (st = check_outputs(a, &s, views)) != AF_OK ||
+        (st = check_descales(a, s.B, s.Hkv)) != AF_OK || (st = check_sequences(a, &s, p)) != AF_OK || (st = check_outputs(a, &s, views)) != AF_OK ||
         (st = set_window(a, p)) != AF_OK)
         return st;
 
-    p->dtype = p->out_dtype = a->query->dtype;
+    p->dtype = a->query->dtype;
+    p->kv_dtype = a->key->dtype;
+    p->out_dtype = out->dtype;
     p->B = s.B; p->Hq = s.Hq; p->Hkv = s.Hkv; p->E = s.E; p->Ev = s.Ev;
     p->group = s.Hkv > 0 ? s.Hq / s.Hkv : 1;
     p->q = a->query->data; p->k = a->key->data; p->v = a->value->data; p->out = out->data;
@@ -347,6 +389,15 @@ af_status af_flash_check(const af_flash_args *a, const af_tensor *out, const af_
         p->seqused_k = a->seqused_k->data;
         p->seqused_k_stride = a->seqused_k->strides[0];
     }
+    const af_tensor *descales[3] = {a->q_descale, a->k_descale, a->v_descale};
+    const float **to[3] = {&p->q_descale, &p->k_descale, &p->v_descale};
+    int64_t *strides[3] = {p->q_descale_stride, p->k_descale_stride, p->v_descale_stride};
+    for (int i = 0; i < 3; i++)
+        if (descales[i] && views[V_Q_DESCALE + i].numel > 0) {
+            *to[i] = descales[i]->data;
+            strides[i][0] = descales[i]->strides[0];
+            strides[i][1] = descales[i]->strides[1];
+        }
     if (s.paged && s.B > 0) {
         p->page_table = a->page_table->data;
         p->page_table_stride[0] = a->page_table->strides[0];

@@ -12,8 +12,9 @@
 typedef enum { AF_CAUSAL_NONE = 0, AF_CAUSAL_TOP_LEFT, AF_CAUSAL_BOTTOM_RIGHT } af_causal;
 
 typedef struct {
-    af_dtype dtype;                 /* of q, k and v */
-    af_dtype out_dtype;             /* of out: dtype, except for the f32 reference the tests compare against */
+    af_dtype dtype;                 /* of q */
+    af_dtype kv_dtype;              /* of k and v: dtype, or float8 (af_flash_attn's quantised K/V) */
+    af_dtype out_dtype;             /* of out: dtype (f32/f16/bf16 as asked for float8 q), f32 for the tests' reference */
     int64_t B, Hq, Hkv, L, S, E, Ev;
     int64_t group;                  /* Hq / Hkv: query head h reads key/value head h / group */
     const char *q, *k, *v;          /* base pointers */
@@ -44,7 +45,16 @@ typedef struct {
     const int32_t *page_table;
     int64_t page_table_stride[2];
     int64_t page_size;
+    /* float8 descales: NULL (= 1) or f32 (B, Hkv), elements `*_stride` apart. Scores of (batch b, kv head hk) are
+     * scale·q_descale·k_descale·(q·k); its output rows are multiplied by v_descale (before the sink joins). */
+    const float *q_descale, *k_descale, *v_descale;
+    int64_t q_descale_stride[2], k_descale_stride[2], v_descale_stride[2];
 } af_problem;
+
+/* The descale of (batch b, kv head hk): 1 when absent. */
+static inline float af_descale_at(const float *d, const int64_t *stride, int64_t b, int64_t hk) {
+    return d ? d[b * stride[0] + hk * stride[1]] : 1.0f;
+}
 
 /* Sequence b: its first query row and key (in the packed varlen tensors, else 0), query rows and keys. */
 typedef struct { int64_t q0, L, k0, S; } af_sequence;

@@ -18,12 +18,15 @@ static void row_scores(const af_problem *p, int64_t b, const af_sequence *seq, i
     int64_t lo, hi;
     af_key_range(p, seq->L, seq->S, i, &lo, &hi);
     const int64_t q_row = b * p->q_stride[0] + h * p->q_stride[1] + (seq->q0 + i) * p->q_stride[2];
+    /* float8 descales multiply the scale (FA4: q·k·q_descale·k_descale) */
+    const double scale = p->scale * af_descale_at(p->q_descale, p->q_descale_stride, b, hk) *
+                         af_descale_at(p->k_descale, p->k_descale_stride, b, hk);
     for (int64_t j = 0; j < seq->S; j++) {
         const int64_t k_row = af_kv_row_offset(p, p->k_stride, b, hk, seq, j);
         double dot = 0.0;
         for (int64_t e = 0; e < p->E; e++)
-            dot += load(p->q, p->dtype, q_row + e * p->q_stride[3]) * load(p->k, p->dtype, k_row + e * p->k_stride[3]);
-        double score = p->scale * dot;
+            dot += load(p->q, p->dtype, q_row + e * p->q_stride[3]) * load(p->k, p->kv_dtype, k_row + e * p->k_stride[3]);
+        double score = scale * dot;
         if (p->softcap > 0.0) score = p->softcap * tanh(score / p->softcap);
         if (j < lo || j >= hi) score = -INFINITY;
         if (p->mask) {
@@ -58,11 +61,12 @@ static void reference_row(const af_problem *p, int64_t b, const af_sequence *seq
             if (w == 0.0) continue;   /* masked keys contribute nothing, even against Inf/NaN values */
             sum += w;
             const int64_t v_row = af_kv_row_offset(p, p->v_stride, b, hk, seq, j);
-            for (int64_t e = 0; e < p->Ev; e++) acc[e] += w * load(p->v, p->dtype, v_row + e * p->v_stride[3]);
+            for (int64_t e = 0; e < p->Ev; e++) acc[e] += w * load(p->v, p->kv_dtype, v_row + e * p->v_stride[3]);
         }
         if (sink != -INFINITY) sum += exp(sink - row_max);
     }
-    const double inv = sum > 0.0 || isnan(sum) ? 1.0 / sum : 0.0;
+    const double v_descale = af_descale_at(p->v_descale, p->v_descale_stride, b, h / p->group);   /* FA4: on out */
+    const double inv = sum > 0.0 || isnan(sum) ? v_descale / sum : 0.0;
     const size_t out_size = af_dtype_size(p->out_dtype);
     const int64_t row = b * p->out_stride[0] + h * p->out_stride[1] + (seq->q0 + i) * p->out_stride[2];
     char *o = p->Ev == 0 ? NULL : p->out + row * (int64_t)out_size;   /* Ev = 0: out may be NULL */
