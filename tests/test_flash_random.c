@@ -1,7 +1,9 @@
 /* af_flash_attn against its double reference (on float32 copies of the inputs) on seeded random cases covering every
  * FlashAttention feature together: fixed / varlen / paged K/V, varlen queries, windows (causal, both sides, one
  * side, saturating sizes), softcap, sinks (some dominating), seqused_k, GQA, decode shapes (direct kernels, split-KV),
- * strided layouts; on every ISA and 1 and 2 threads (bitwise equal). ATTNFORGE_TEST_CASES / _SEED as elsewhere. */
+ * strided layouts; on every ISA and 1 and 2 threads (bitwise equal). A second suite runs the same features on float8
+ * K/V (e4m3fn, e5m2) under f32/f16/bf16 queries and on all-float8 q/k/v, with and without descales (some 0 or huge).
+ * ATTNFORGE_TEST_CASES / _SEED as elsewhere (the float8 suite takes two thirds of the count). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,6 +22,7 @@
 #else
 #define DEFAULT_CASES 162   /* 3 dtypes × 3 K/V forms × 6 window kinds, three times */
 #endif
+#define FP8_CASES(n) ((n) * 2 / 3)   /* 108 by default: 4 q kinds × 2 formats × 3 K/V forms, 4.5 times */
 #define DEFAULT_SEED 20261201u
 
 static void random_case(void **state) {
@@ -65,20 +68,48 @@ static void generator_covers_every_feature(void **state) {
     assert_true(softcap && sink && sink_dominates && page_1 && page_odd && shared);
 }
 
+/* The float8 suite: every q kind, both formats, every K/V form, decode and prefill, GQA, every descale kind. */
+static void fp8_generator_covers_every_feature(void **state) {
+    (void)state;
+    bool mixed[3][2] = {{0}}, all_f8[2] = {0}, out_of_f8[3] = {0}, form[3] = {0}, descale[4] = {0};
+    bool decode = false, prefill = false, gqa = false, varlen_q = false;
+    for (int i = 0; i < FP8_CASES(DEFAULT_CASES); i++) {
+        const flash_case c = flash_case_random_fp8(case_suite_seed(DEFAULT_SEED), i);
+        const af_dtype kv = flash_case_kv_dtype(&c);
+        assert_true(kv == AF_F8E4M3 || kv == AF_F8E5M2);
+        const int f = kv == AF_F8E5M2;
+        if (c.dtype == kv) all_f8[f] = out_of_f8[flash_case_out_dtype(&c)] = true;
+        else mixed[c.dtype][f] = true;
+        form[c.kv] = descale[c.descale] = true;
+        for (int b = 0; b < c.B; b++) {
+            decode |= c.Lq[b] <= 4 && c.S_stored[b] > 512;
+            prefill |= c.Lq[b] > 16 && c.S_stored[b] > 16;
+        }
+        gqa |= c.Hq > c.Hkv;
+        varlen_q |= c.varlen_q;
+    }
+    for (int f = 0; f < 2; f++) assert_true(mixed[0][f] && mixed[1][f] && mixed[2][f] && all_f8[f]);
+    for (int d = 0; d < 3; d++) assert_true(out_of_f8[d] && form[d]);
+    for (int d = 0; d < 4; d++) assert_true(descale[d]);
+    assert_true(decode && prefill && gqa && varlen_q);
+}
+
 int main(void) {
-    const int n = case_suite_count(DEFAULT_CASES);
+    const int n_plain = case_suite_count(DEFAULT_CASES), n_fp8 = FP8_CASES(n_plain), n = n_plain + n_fp8;
     const uint64_t seed = case_suite_seed(DEFAULT_SEED);
     flash_case *cases = calloc((size_t)n, sizeof *cases);
-    struct CMUnitTest *tests = calloc((size_t)n + 1, sizeof *tests);
+    struct CMUnitTest *tests = calloc((size_t)n + 2, sizeof *tests);
     char (*names)[40] = calloc((size_t)n, sizeof *names);
     if (!cases || !tests || !names) return 1;
     tests[0] = (struct CMUnitTest)cmocka_unit_test(generator_covers_every_feature);
+    tests[1] = (struct CMUnitTest)cmocka_unit_test(fp8_generator_covers_every_feature);
     for (int i = 0; i < n; i++) {
-        cases[i] = flash_case_random(seed, i);
-        snprintf(names[i], sizeof names[i], "flash_case_%03d", i);
-        tests[i + 1] = (struct CMUnitTest){.name = names[i], .test_func = random_case, .initial_state = &cases[i]};
+        const bool fp8 = i >= n_plain;
+        cases[i] = fp8 ? flash_case_random_fp8(seed, i - n_plain) : flash_case_random(seed, i);
+        snprintf(names[i], sizeof names[i], fp8 ? "flash_fp8_case_%03d" : "flash_case_%03d", fp8 ? i - n_plain : i);
+        tests[i + 2] = (struct CMUnitTest){.name = names[i], .test_func = random_case, .initial_state = &cases[i]};
     }
-    const int failures = _cmocka_run_group_tests("flash_random", tests, (size_t)n + 1, NULL, NULL);
+    const int failures = _cmocka_run_group_tests("flash_random", tests, (size_t)n + 2, NULL, NULL);
     free(cases);
     free(tests);
     free(names);

@@ -91,11 +91,36 @@ flash_case flash_case_random(uint64_t seed, int index) {
     return c;
 }
 
+static bool is_f8(af_dtype d) { return d == AF_F8E4M3 || d == AF_F8E5M2; }
+
+af_dtype flash_case_kv_dtype(const flash_case *c) {
+    return is_f8(c->dtype) ? c->dtype : is_f8(c->kv_dtype) ? c->kv_dtype : c->dtype;
+}
+
+af_dtype flash_case_out_dtype(const flash_case *c) { return is_f8(c->dtype) ? c->out_dtype : c->dtype; }
+
+flash_case flash_case_random_fp8(uint64_t seed, int index) {
+    static const af_dtype out_dtypes[] = {AF_F32, AF_F16, AF_BF16};
+    flash_case c = flash_case_random(seed ^ 0xf8f8f8f8u, index);
+    test_rng rng = {c.seed ^ 0x5bd1e995u};
+    const af_dtype format = index / 4 % 2 ? AF_F8E5M2 : AF_F8E4M3;
+    const int q_kind = index % 4;   /* f32, f16, bf16 q over float8 K/V; or all float8 */
+    c.dtype = q_kind < 3 ? (af_dtype)q_kind : format;
+    c.kv_dtype = format;
+    c.out_dtype = out_dtypes[rng_range(&rng, 0, 2)];
+    const int64_t d = rng_range(&rng, 0, 9);
+    c.descale = d < 3 ? DESCALE_NONE : d < 7 ? DESCALE_RANDOM : d < 8 ? DESCALE_ZERO : DESCALE_HUGE;
+    if (c.amplitude > 4.0 && format == AF_F8E4M3) c.amplitude = 4.0;   /* resolution: e4m3 keeps 3 bits */
+    return c;
+}
+
 void flash_case_describe(const flash_case *c, char *buf, size_t size) {
     static const char *const forms[] = {"fixed", "varlen", "paged"};
-    int used = snprintf(buf, size, "seed=%llu %s B=%lld Hq=%lld Hkv=%lld E=%lld Ev=%lld q=%s kv=%s(page %lld%s) "
+    static const char *const descales[] = {"none", "random", "zero", "huge"};
+    int used = snprintf(buf, size, "seed=%llu q=%s kv=%s out=%s descale=%s B=%lld Hq=%lld Hkv=%lld E=%lld Ev=%lld q=%s kv=%s(page %lld%s) "
                         "causal=%d window=%s(%lld,%lld) softcap=%g sink=%s scale=%s lse=%d amp=%g layouts %s/%s/%s lens",
-                        (unsigned long long)c->seed, af_dtype_name(c->dtype), (long long)c->B, (long long)c->Hq,
+                        (unsigned long long)c->seed, af_dtype_name(c->dtype), af_dtype_name(flash_case_kv_dtype(c)),
+                        af_dtype_name(flash_case_out_dtype(c)), descales[c->descale], (long long)c->B, (long long)c->Hq,
                         (long long)c->Hkv, (long long)c->E, (long long)c->Ev, c->varlen_q ? "varlen" : "fixed",
                         forms[c->kv], (long long)c->page_size, c->shared_page ? ",shared" : "", c->causal,
                         c->has_window ? "on" : "off", (long long)c->left, (long long)c->right, c->softcap,
@@ -180,7 +205,8 @@ static bool build_kv(const flash_case *c, flash_tensors *t, test_rng *rng, int64
     }
     memcpy(vshape, kshape, sizeof kshape);
     vshape[nd - 1] = c->Ev;
-    if (!tt_alloc(&t->k, c->dtype, nd, kshape, c->kv_layout, rng) || !tt_alloc(&t->v, c->dtype, nd, vshape, c->kv_layout, rng))
+    const af_dtype kv_dtype = flash_case_kv_dtype(c);
+    if (!tt_alloc(&t->k, kv_dtype, nd, kshape, c->kv_layout, rng) || !tt_alloc(&t->v, kv_dtype, nd, vshape, c->kv_layout, rng))
         return false;
     tt_fill_uniform(&t->k, rng, c->amplitude);
     tt_fill_uniform(&t->v, rng, c->amplitude);
@@ -188,6 +214,29 @@ static bool build_kv(const flash_case *c, flash_tensors *t, test_rng *rng, int64
         const int64_t ss[1] = {B};
         if (!alloc_i32(&t->seqused_k, 1, ss, rng)) return false;
         for (int b = 0; b < B; b++) set1(&t->seqused_k, b, (double)c->Sk[b]);
+    }
+    return true;
+}
+
+/* q/k/v_descale (B, Hkv) in random layouts: random in [1/4, 4), each absent now and then; or one of them 0 or 2^12. */
+static bool build_descales(const flash_case *c, flash_tensors *t, test_rng *rng) {
+    if (c->descale == DESCALE_NONE) return true;
+    test_tensor *d[3] = {&t->q_descale, &t->k_descale, &t->v_descale};
+    const af_tensor **arg[3] = {&t->args.q_descale, &t->args.k_descale, &t->args.v_descale};
+    const int64_t shape[2] = {c->B, c->Hkv};
+    const int64_t special = rng_range(rng, 0, 2);   /* which descale is 0 or huge */
+    for (int i = 0; i < 3; i++) {
+        if (c->descale == DESCALE_RANDOM && rng_chance(rng, 0.25)) continue;
+        if (!tt_alloc(d[i], AF_F32, 2, shape, (tensor_layout)rng_range(rng, 0, LAYOUT_COUNT - 1), rng)) return false;
+        int64_t idx[2] = {0, 0};
+        if (tt_numel(d[i]) > 0)
+            do {
+                double x = 0.25 * pow(16.0, rng_uniform(rng));
+                if (i == special && c->descale == DESCALE_ZERO) x = rng_chance(rng, 0.5) ? 0.0 : -0.0;
+                if (i == special && c->descale == DESCALE_HUGE) x = 4096.0;
+                tt_set(d[i], idx, x);
+            } while (tt_next_index(2, shape, idx));
+        *arg[i] = &d[i]->view;
     }
     return true;
 }
@@ -224,7 +273,7 @@ bool flash_case_build(const flash_case *c, flash_tensors *t) {
         }
     }
     if (!tt_alloc(&t->q, c->dtype, qnd, qshape, c->q_layout, &rng) ||
-        !tt_alloc(&t->out, c->dtype, qnd, oshape, c->out_layout, &rng) ||
+        !tt_alloc(&t->out, flash_case_out_dtype(c), qnd, oshape, c->out_layout, &rng) ||
         !tt_alloc(&t->lse, AF_F32, lnd, lshape, c->out_layout, &rng) ||
         !tt_alloc(&t->ref_out, AF_F32, qnd, oshape, LAYOUT_CONTIGUOUS, &rng) ||
         !tt_alloc(&t->ref_lse, AF_F32, lnd, lshape, LAYOUT_CONTIGUOUS, &rng) || !build_kv(c, t, &rng, &S_fixed))
@@ -250,12 +299,17 @@ bool flash_case_build(const flash_case *c, flash_tensors *t) {
     }
     if (c->kv == KV_PAGED) t->args.page_table = &t->page_table.view;
     if (c->seqused) t->args.seqused_k = &t->seqused_k.view;
+    if (!build_descales(c, t, &rng)) return false;
     if (!copy_f32(&t->q, &t->q32, &rng) || !copy_f32(&t->k, &t->k32, &rng) || !copy_f32(&t->v, &t->v32, &rng))
         return false;
+    /* The reference reads float8 inputs themselves (it decodes them exactly; descales need float8 K/V) and float32
+     * copies of the others, writing float32. */
     t->ref_args = t->args;
-    t->ref_args.query = &t->q32.view;
-    t->ref_args.key = &t->k32.view;
-    t->ref_args.value = &t->v32.view;
+    if (!is_f8(c->dtype)) t->ref_args.query = &t->q32.view;
+    if (!is_f8(flash_case_kv_dtype(c))) {
+        t->ref_args.key = &t->k32.view;
+        t->ref_args.value = &t->v32.view;
+    }
     if (c->sink) {
         if (!copy_f32(&t->sink, &t->sink32, &rng)) return false;
         t->ref_args.learnable_sink = &t->sink32.view;
@@ -265,7 +319,7 @@ bool flash_case_build(const flash_case *c, flash_tensors *t) {
 
 void flash_case_free(flash_tensors *t) {
     test_tensor *all[] = {&t->q, &t->k, &t->v, &t->out, &t->lse, &t->sink, &t->cu_q, &t->cu_k, &t->seqused_k,
-                          &t->page_table, &t->q32, &t->k32, &t->v32, &t->sink32, &t->ref_out, &t->ref_lse};
+                          &t->page_table, &t->q_descale, &t->k_descale, &t->v_descale, &t->q32, &t->k32, &t->v32, &t->sink32, &t->ref_out, &t->ref_lse};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_free(all[i]);
 }
 
@@ -278,15 +332,27 @@ af_status flash_case_run(flash_tensors *t, const char *isa, int threads) {
     return af_flash_attn(&t->args, &t->out.view, t->c.with_lse ? &t->lse.view : NULL);
 }
 
-/* af_error_bound's inputs: the largest |v|; the logits' bound |scale|·‖q‖·‖k‖ (softcap: at most twice the cap, the
- * capped logit's error being the raw one times sech² — see kernel/softcap.h) plus the largest |sink|. */
+/* The largest |d| over a descale (1 when absent). */
+static double descale_max(const test_tensor *d) {
+    if (!d->memory) return 1.0;
+    double max_abs, row_norm;
+    tt_magnitudes(d, &max_abs, &row_norm);
+    return max_abs;
+}
+
+/* af_error_bound's inputs: the largest |v| (times the largest |v_descale|); the logits' bound
+ * |scale·q_descale·k_descale|·‖q‖·‖k‖ (softcap: at most twice the cap, the capped logit's error being the raw one
+ * times sech² — see kernel/softcap.h) plus the largest |sink|. float8 inputs are exact in float32, so nothing else
+ * changes: the error is the computation's, as for float32 inputs with this output dtype. */
 static af_error_scale error_scale(const flash_tensors *t) {
     double q_abs, q_norm, k_abs, k_norm, v_abs, v_norm, s_abs = 0.0, s_norm;
     tt_magnitudes(&t->q32, &q_abs, &q_norm);
     tt_magnitudes(&t->k32, &k_abs, &k_norm);
     tt_magnitudes(&t->v32, &v_abs, &v_norm);
     if (t->c.sink) tt_magnitudes(&t->sink32, &s_abs, &s_norm);
-    const double scale = t->c.has_scale ? t->c.scale : 1.0 / sqrt((double)t->c.E);
+    const double scale = (t->c.has_scale ? t->c.scale : 1.0 / sqrt((double)t->c.E)) * descale_max(&t->q_descale) *
+                         descale_max(&t->k_descale);
+    v_abs *= descale_max(&t->v_descale);
     double logit = fabs(scale) * q_norm * k_norm;
     if (t->c.softcap > 0.0 && logit > 2.0 * t->c.softcap) logit = 2.0 * t->c.softcap;
     int64_t S = 1;
@@ -324,14 +390,16 @@ static bool compare(const test_tensor *got, const test_tensor *want, const af_er
 
 bool flash_case_matches(const flash_tensors *t, char *why, size_t size) {
     const af_error_scale es = error_scale(t);
-    return compare(&t->out, &t->ref_out, &es, t->c.dtype, false, why, size) &&
-           (!t->c.with_lse || compare(&t->lse, &t->ref_lse, &es, t->c.dtype, true, why, size));
+    const af_dtype out_dtype = flash_case_out_dtype(&t->c);
+    return compare(&t->out, &t->ref_out, &es, out_dtype, false, why, size) &&
+           (!t->c.with_lse || compare(&t->lse, &t->ref_lse, &es, out_dtype, true, why, size));
 }
 
 bool flash_case_verify_everywhere(flash_tensors *t, char *why, size_t size) {
     const char *isas[CASE_MAX_ISAS];
     const int n = case_isas(isas, CASE_MAX_ISAS);
-    const test_tensor *inputs[] = {&t->q, &t->k, &t->v, &t->sink, &t->cu_q, &t->cu_k, &t->seqused_k, &t->page_table};
+    const test_tensor *inputs[] = {&t->q, &t->k, &t->v, &t->sink, &t->cu_q, &t->cu_k, &t->seqused_k, &t->page_table,
+                                   &t->q_descale, &t->k_descale, &t->v_descale};
     enum { N_IN = sizeof inputs / sizeof inputs[0] };
     unsigned char *snap[N_IN];
     for (int i = 0; i < N_IN; i++) snap[i] = tt_snapshot(inputs[i]);

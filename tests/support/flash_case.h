@@ -14,9 +14,15 @@
 
 typedef enum { KV_FIXED = 0, KV_VARLEN, KV_PAGED } kv_form;
 
+typedef enum { DESCALE_NONE = 0, DESCALE_RANDOM, DESCALE_ZERO, DESCALE_HUGE } descale_kind;
+
 typedef struct {
     uint64_t seed;
-    af_dtype dtype;
+    af_dtype dtype;                                    /* of q (float8: q, k and v all in it) */
+    af_dtype kv_dtype;                                 /* AF_F8E4M3 / AF_F8E5M2: float8 K/V under a float q; else dtype */
+    af_dtype out_dtype;                                /* float8 q: out's dtype (f32/f16/bf16); else q's */
+    descale_kind descale;                              /* float8: q/k/v_descale, random in [1/4, 4) (some absent),
+                                                          or one of them 0, or huge (2^12) */
     int64_t B, Hq, Hkv, E, Ev;
     bool varlen_q;
     kv_form kv;
@@ -41,7 +47,7 @@ typedef struct {
 
 typedef struct {
     flash_case c;
-    test_tensor q, k, v, out, lse, sink, cu_q, cu_k, seqused_k, page_table;
+    test_tensor q, k, v, out, lse, sink, cu_q, cu_k, seqused_k, page_table, q_descale, k_descale, v_descale;
     test_tensor q32, k32, v32, sink32, ref_out, ref_lse;   /* the reference's float32 inputs and results */
     af_flash_args args, ref_args;
 } flash_tensors;
@@ -50,6 +56,11 @@ typedef struct {
 flash_case flash_case_default(int64_t B, int64_t Hq, int64_t Hkv, int64_t L, int64_t S, int64_t E, int64_t Ev);
 /* The index-th random case of a suite: every feature cycles through its values. */
 flash_case flash_case_random(uint64_t seed, int index);
+/* The index-th random float8 case: flash_case_random's features with float8 K/V under an f32/f16/bf16 q, or all of
+ * q/k/v float8 (out f32/f16/bf16), e4m3fn and e5m2, with and without descales. */
+flash_case flash_case_random_fp8(uint64_t seed, int index);
+af_dtype flash_case_kv_dtype(const flash_case *c);
+af_dtype flash_case_out_dtype(const flash_case *c);
 void flash_case_describe(const flash_case *c, char *buf, size_t size);
 
 bool flash_case_build(const flash_case *c, flash_tensors *t);   /* tensors, and the reference */
