@@ -2,7 +2,8 @@
  * gemm, softmax_step (incl. -inf, NaN, all -inf rows, lazy-rescale threshold crossings) and scale_row, for
  * m = 1..13 rows and n, k not multiples of 8; exp2's accuracy per degree against exp2(); the packing hooks
  * against the portable ones and the direct (decode) kernels against double sums, with K/V ending at a guard
- * page so that any read past the data faults. */
+ * page so that any read past the data faults; every float8 byte through every conversion path against the format's
+ * definition. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -482,6 +483,118 @@ static void direct_kernels_match_reference(void **state) {
                     }
 }
 
+/* ------------------------------------------------------------------------------------------------ float8 */
+
+/* Float8 byte b's value from the format's definition: sign, exponent field, mantissa field, bias; e4m3fn has no
+ * infinity and one NaN pattern per sign (S.1111.111), e5m2 IEEE's (exponent all ones). */
+static double f8_definition(uint8_t b, af_dtype dt) {
+    const bool e4m3 = dt == AF_F8E4M3;
+    const int man_bits = e4m3 ? 3 : 2, exp_bits = e4m3 ? 4 : 5, bias = e4m3 ? 7 : 15;
+    const int exp = (b >> man_bits) & ((1 << exp_bits) - 1), man = b & ((1 << man_bits) - 1);
+    double v;
+    if (e4m3 && exp == 15 && man == 7) v = NAN;
+    else if (!e4m3 && exp == 31) v = man ? NAN : INFINITY;
+    else if (exp == 0) v = ldexp(man, 1 - bias - man_bits);
+    else v = ldexp(1.0 + ldexp(man, -man_bits), exp - bias);
+    return b & 0x80 ? -v : v;
+}
+
+/* got == the definition: NaN for NaN, the same signed value otherwise (-0 included unless zero_sign_free: a sum
+ * 0 + -0 is +0). */
+static void expect_f8(float got, uint8_t b, af_dtype dt, bool zero_sign_free, const char *path, const char *isa) {
+    const double want = f8_definition(b, dt);
+    const bool ok = isnan(want) ? isnan(got)
+                    : (double)got == want && (zero_sign_free || want != 0.0 || !signbit(got) == !signbit(want));
+    if (!ok) fail_msg("%s %s %s: byte 0x%02x gives %.9g, the format defines %.9g", isa, path, af_dtype_name(dt), b, got, want);
+}
+
+static const af_dtype f8_dtypes[] = {AF_F8E4M3, AF_F8E5M2};
+
+/* All 256 bytes of each format through every conversion path: the scalar helpers, every table's convert and pack_kt
+ * (portable, AVX2, AVX-512 where the CPU has it), the direct kernels' vector loads and scalar tails (V_LOAD_CVT /
+ * V_LOAD1_CVT; the emulated 16-lane template runs AVX-512's bit steps), against f8_definition. */
+static void f8_every_byte_every_path(void **state) {
+    (void)state;
+    const af_ukernel *kernels[4] = {&af_ukernel_portable};
+    const int nk = 1 + vector_kernels(kernels + 1);
+    uint8_t bytes[256 + 8];
+    for (int i = 0; i < 256 + 8; i++) bytes[i] = (uint8_t)i;
+    for (int d = 0; d < 2; d++) {
+        const af_dtype dt = f8_dtypes[d];
+        for (int b = 0; b < 256; b++) expect_f8(af_load_as_f32(&bytes[b], dt), (uint8_t)b, dt, false, "af_load_as_f32", "scalar");
+        for (int u = 0; u < nk; u++) {
+            const af_ukernel *uk = kernels[u];
+            float out[256 * 8];
+            if (uk->convert)
+                for (int off = 0; off < 8; off++) {   /* every start, so vectors and tails both meet every byte */
+                    uk->convert(out, bytes + off, dt, 256);
+                    for (int i = 0; i < 256; i++) expect_f8(out[i], (uint8_t)(i + off), dt, false, "convert", uk->isa);
+                }
+            if (uk->pack_kt) {   /* 32 keys × 8 elements (8×8 register blocks), then 256 keys × 1 (edges) */
+                float *kt = tile(8 * 64);
+                uk->pack_kt(32, 8, bytes, 8, dt, kt, 64);
+                for (int e = 0; e < 8; e++)
+                    for (int j = 0; j < 32; j++) expect_f8(kt[e * 64 + j], (uint8_t)(j * 8 + e), dt, false, "pack_kt", uk->isa);
+                free(kt);
+                kt = tile(256);
+                uk->pack_kt(256, 1, bytes, 1, dt, kt, 256);
+                for (int j = 0; j < 256; j++) expect_f8(kt[j], (uint8_t)j, dt, false, "pack_kt (edge)", uk->isa);
+                free(kt);
+            }
+            if (!uk->scores_direct) continue;
+            /* scores: key j's row holds byte j at `at`, +0 elsewhere; q = 1 everywhere: S[j] = the value */
+            const int ks[2] = {16, 19}, ats[2] = {5, 18};   /* in a whole vector; in the scalar tail */
+            for (int c = 0; c < 2; c++) {
+                guarded g;
+                uint8_t *K = guarded_alloc(&g, (size_t)256 * ks[c]);
+                memset(K, 0, (size_t)256 * ks[c]);
+                for (int j = 0; j < 256; j++) K[j * ks[c] + ats[c]] = (uint8_t)j;
+                float A[19], *S = tile(256 + AF_TILE_PAD);
+                for (int e = 0; e < 19; e++) A[e] = 1.0f;
+                uk->scores_direct(1, 256, ks[c], A, ks[c], K, (size_t)ks[c], dt, S, 256 + AF_TILE_PAD);
+                for (int j = 0; j < 256; j++) expect_f8(S[j], (uint8_t)j, dt, true, c ? "scores_direct (tail)" : "scores_direct", uk->isa);
+                free(S);
+                guarded_free(&g);
+            }
+            /* values: one key whose row is all 256 bytes (+ 3 more in a scalar tail), P = 1, O = 0 + v */
+            guarded g;
+            uint8_t *V = guarded_alloc(&g, 259);
+            for (int i = 0; i < 259; i++) V[i] = (uint8_t)(i % 256);
+            const float P[1] = {1.0f};
+            float *O = tile(272);
+            memset(O, 0, sizeof(float) * 272);
+            uk->values_direct(1, 259, 1, P, 1, V, 259, dt, O, 272);
+            for (int i = 0; i < 259; i++) expect_f8(O[i], (uint8_t)(i % 256), dt, true, "values_direct", uk->isa);
+            free(O);
+            guarded_free(&g);
+        }
+    }
+}
+
+/* f32 -> float8 (tests' and stores' encoder): every finite value round-trips; ties go to even; past the largest
+ * finite value e4m3fn gives NaN and e5m2 infinity (torch's .to()); NaN stays NaN. */
+static void f8_encoder_rounds_to_nearest_even(void **state) {
+    (void)state;
+    for (int d = 0; d < 2; d++)
+        for (int b = 0; b < 256; b++) {
+            const double v = f8_definition((uint8_t)b, f8_dtypes[d]);
+            const uint8_t back = af_f32_to_f8((float)v, f8_dtypes[d]);
+            if (isnan(v)) assert_true(isnan(f8_definition(back, f8_dtypes[d])));
+            else assert_int_equal(back, b);
+        }
+    assert_int_equal(af_f32_to_f8(464.0f, AF_F8E4M3), 0x7e);          /* 448/480 tie: even mantissa, 448 */
+    assert_int_equal(af_f32_to_f8(465.0f, AF_F8E4M3), 0x7f);          /* rounds to 480: NaN, no infinity */
+    assert_int_equal(af_f32_to_f8(-INFINITY, AF_F8E4M3), 0xff);
+    assert_int_equal(af_f32_to_f8(0x1p-10f, AF_F8E4M3), 0x00);        /* half the smallest subnormal: tie to 0 */
+    assert_int_equal(af_f32_to_f8(0x3p-10f, AF_F8E4M3), 0x02);        /* 1.5 subnormals: tie to 2 */
+    assert_int_equal(af_f32_to_f8(0x1.1p-6f, AF_F8E4M3), 0x08);       /* just above the smallest normal */
+    assert_int_equal(af_f32_to_f8(61440.0f, AF_F8E5M2), 0x7c);        /* 57344/65536 tie: to infinity */
+    assert_int_equal(af_f32_to_f8(61439.0f, AF_F8E5M2), 0x7b);
+    assert_int_equal(af_f32_to_f8(-0.0f, AF_F8E5M2), 0x80);
+    assert_int_equal(af_f32_to_f8(0x1p-17f, AF_F8E5M2), 0x00);        /* tie below the smallest subnormal 2^-16 */
+    assert_true(isnan(af_f8e5m2_to_f32(af_f32_to_f8(NAN, AF_F8E5M2))));
+}
+
 static void blocking_is_sane(void **state) {
     (void)state;
     const af_ukernel *kernels[4] = {&af_ukernel_portable};
@@ -508,6 +621,8 @@ int main(void) {
         cmocka_unit_test(pack_and_convert_match_portable),
         cmocka_unit_test(direct_kernels_match_reference),
         cmocka_unit_test(blocking_is_sane),
+        cmocka_unit_test(f8_every_byte_every_path),
+        cmocka_unit_test(f8_encoder_rounds_to_nearest_even),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
