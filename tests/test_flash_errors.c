@@ -100,6 +100,37 @@ static void cu_k_shape(call *c) {
     c->t.args.cu_seqlens_k = &c->t.seqused_k.view;   /* (B,): one short */
 }
 static void cu_unaligned(call *c) { c->t.cu_q.view.data = (char *)c->t.cu_q.view.data + 1; c->t.cu_q.view.shape[0] = 1; }
+/* float8: K/V (and q) views reinterpreted as float8 (the f32 buffers hold enough bytes), descales (B = 2, Hkv = 2)
+ * over f32_scalar */
+static void kv_f8(call *c, af_dtype dt) { c->t.k.view.dtype = c->t.v.view.dtype = dt; }
+static af_tensor *descale(call *c, int which) {
+    static af_tensor views[3];
+    const int64_t shape[2] = {2, 2};
+    views[which] = af_tensor_contiguous(c->f32_scalar, AF_F32, 2, shape);
+    const af_tensor **arg = which == 0 ? &c->t.args.q_descale : which == 1 ? &c->t.args.k_descale : &c->t.args.v_descale;
+    *arg = &views[which];
+    return &views[which];
+}
+static void descale_without_f8(call *c) { descale(c, 0); }
+static void descale_shape(call *c) { kv_f8(c, AF_F8E4M3); descale(c, 1)->shape[1] = 1; }
+static void descale_dtype(call *c) { kv_f8(c, AF_F8E5M2); descale(c, 2)->dtype = AF_F16; }
+static void descale_on_cuda(call *c) { kv_f8(c, AF_F8E4M3); descale(c, 0)->device = (af_device){AF_DEVICE_CUDA, 0}; }
+static void descale_unaligned(call *c) {
+    kv_f8(c, AF_F8E4M3);
+    af_tensor *d = descale(c, 1);
+    d->data = (char *)d->data + 2;
+}
+static void descale_overlaps_out(call *c) {
+    kv_f8(c, AF_F8E4M3);
+    descale(c, 2)->data = c->t.out.view.data;
+}
+static void descale_null_data(call *c) { kv_f8(c, AF_F8E4M3); descale(c, 0)->data = NULL; }
+static void kv_f8_mixed(call *c) { c->t.k.view.dtype = AF_F8E4M3; c->t.v.view.dtype = AF_F8E5M2; }
+static void value_f8_only(call *c) { c->t.v.view.dtype = AF_F8E4M3; }
+static void query_f8_kv_f16(call *c) { c->t.q.view.dtype = AF_F8E4M3; kv_f8(c, AF_F16); }
+static void query_f8_kv_other_f8(call *c) { c->t.q.view.dtype = AF_F8E4M3; kv_f8(c, AF_F8E5M2); }
+static void out_f8(call *c) { c->t.q.view.dtype = AF_F8E5M2; kv_f8(c, AF_F8E5M2); c->t.out.view.dtype = AF_F8E5M2; }
+static void out_not_query_under_f8_kv(call *c) { kv_f8(c, AF_F8E4M3); c->t.out.view.dtype = AF_BF16; }
 
 #define INVALID AF_ERR_INVALID_ARGUMENT
 #define UNSUPPORTED AF_ERR_UNSUPPORTED
@@ -146,6 +177,26 @@ static const rule rules[] = {
     {"fixed_seqused_past_keys", false, fixed_seqused_past_keys, INVALID, "seqused_k: [0] = 41 is outside [0, 40]"},
     {"cu_k_shape", false, cu_k_shape, INVALID, "cu_seqlens_k: must have shape (batch_size + 1,) = (3,), got (2,)"},
     {"cu_unaligned", true, cu_unaligned, INVALID, "cu_seqlens_q: data at"},
+    {"descale_without_f8", false, descale_without_f8, INVALID,
+     "q_descale: q_descale/k_descale/v_descale are only supported for FP8 inputs (key is float32)"},
+    {"descale_without_f8_paged", true, descale_without_f8, INVALID, "q_descale: q_descale/k_descale/v_descale are only"},
+    {"descale_shape", false, descale_shape, INVALID, "k_descale: expected shape (2, 2), got (2, 1)"},
+    {"descale_shape_paged", true, descale_shape, INVALID, "k_descale: expected shape (2, 2), got (2, 1)"},
+    {"descale_dtype", false, descale_dtype, INVALID, "v_descale: dtype must be float32, got float16"},
+    {"descale_on_cuda", false, descale_on_cuda, UNSUPPORTED, "q_descale: on cuda:0; af_flash_attn runs on the CPU"},
+    {"descale_unaligned", false, descale_unaligned, INVALID, "k_descale: data at"},
+    {"descale_overlaps_out", false, descale_overlaps_out, INVALID, "out: overlaps v_descale's memory"},
+    {"descale_null_data", false, descale_null_data, INVALID, "q_descale: data is NULL but the view has 4 elements"},
+    {"kv_f8_mixed", false, kv_f8_mixed, UNSUPPORTED,
+     "value: dtype float8_e5m2 does not match key's float8_e4m3fn (k and v must have the same dtype)"},
+    {"value_f8_only", false, value_f8_only, UNSUPPORTED, "value: dtype float8_e4m3fn does not match key's float32"},
+    {"query_f8_kv_f16", false, query_f8_kv_f16, UNSUPPORTED,
+     "key: dtype float16 does not match query's float8_e4m3fn (q, k, v, and qv must have the same dtype)"},
+    {"query_f8_kv_other_f8", true, query_f8_kv_other_f8, UNSUPPORTED,
+     "key: dtype float8_e5m2 does not match query's float8_e4m3fn"},
+    {"out_f8", false, out_f8, INVALID, "out: dtype float8_e5m2 is not supported for float8 inputs; expected float32"},
+    {"out_not_query_under_f8_kv", false, out_not_query_under_f8_kv, INVALID,
+     "out: dtype bfloat16 does not match query's float32"},
 };
 
 static flash_case base_case(bool paged) {
@@ -201,6 +252,37 @@ static void null_arguments(void **state) {
     assert_non_null(strstr(af_last_error(), "query: must not be NULL"));
 }
 
+/* af_sdpa keeps SDPA's meaning: float8 anywhere in q/k/v is refused by name, pointing at af_flash_attn. */
+static void sdpa_refuses_float8(void **state) {
+    (void)state;
+    for (int which = 0; which < 3; which++) {
+        call c;
+        memset(&c, 0, sizeof c);
+        const flash_case fc = base_case(false);
+        assert_true(flash_case_build(&fc, &c.t));
+        af_tensor q = c.t.q.view, k = c.t.k.view, v = c.t.v.view, out = c.t.out.view;
+        af_tensor *t[3] = {&q, &k, &v};
+        t[which]->dtype = which == 1 ? AF_F8E5M2 : AF_F8E4M3;
+        const af_sdpa_args args = {.query = &q, .key = &k, .value = &v, .enable_gqa = true};
+        tt_fill_bytes(&c.t.out, TT_SENTINEL_BYTE);
+        assert_int_equal(af_sdpa(&args, &out, NULL), AF_ERR_UNSUPPORTED);
+        assert_non_null(strstr(af_last_error(), "is not supported by af_sdpa; float8 K/V (or q/k/v) run through "
+                                                "af_flash_attn"));
+        assert_non_null(strstr(af_last_error(), which == 0 ? "query: dtype float8_e4m3fn" : which == 1 ?
+                               "key: dtype float8_e5m2" : "value: dtype float8_e4m3fn"));
+        for (size_t i = 0; i < c.t.out.bytes; i++) assert_int_equal(c.t.out.memory[i], TT_SENTINEL_BYTE);
+        flash_case_free(&c.t);
+    }
+}
+
+static void float8_dtypes(void **state) {
+    (void)state;
+    assert_string_equal(af_dtype_name(AF_F8E4M3), "float8_e4m3fn");
+    assert_string_equal(af_dtype_name(AF_F8E5M2), "float8_e5m2");
+    assert_int_equal(af_dtype_size(AF_F8E4M3), 1);
+    assert_int_equal(af_dtype_size(AF_F8E5M2), 1);
+}
+
 static void int32_dtype(void **state) {
     (void)state;
     assert_string_equal(af_dtype_name(AF_I32), "int32");
@@ -212,6 +294,8 @@ int main(void) {
         cmocka_unit_test(each_rule),
         cmocka_unit_test(null_arguments),
         cmocka_unit_test(int32_dtype),
+        cmocka_unit_test(sdpa_refuses_float8),
+        cmocka_unit_test(float8_dtypes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,5 +1,5 @@
 /* libFuzzer harness for af_flash_attn's argument checking: q, k, v, sink, the int32 index arrays (cu_seqlens,
- * seqused_k, page_table), out and lse decoded from the input with shapes, strides and dtypes, data buffers sized
+ * seqused_k, page_table), out, lse and the float8 descales (q/k/v_descale, after the scalars) decoded from the input with shapes, strides and dtypes, data buffers sized
  * exactly to what each view can reach (so ASan sees any stray access: a page index or a prefix sum the checks let
  * through would read outside K/V). Invariants: no crash or sanitizer report; on error out and lse are untouched and
  * there is a message; on success the reference accepts the same call. */
@@ -16,7 +16,7 @@
 static void *make_view(byte_reader *r, af_tensor *t, int want_ndim, bool index_array) {
     memset(t, 0, sizeof *t);
     const uint8_t kind = next_byte(r);
-    t->dtype = index_array && (kind & 0x30) ? AF_I32 : (af_dtype)(kind % 6);   /* 5 is not a dtype */
+    t->dtype = index_array && (kind & 0x30) ? AF_I32 : (af_dtype)(kind % 8);   /* float8 included; 7 is not a dtype */
     t->ndim = (kind & 0x80) == 0 ? want_ndim : (int)(next_byte(r) % 10);
     if (t->ndim > AF_MAX_DIMS) t->ndim = AF_MAX_DIMS + 1;
     for (int d = 0; d < t->ndim && d < AF_MAX_DIMS; d++) t->shape[d] = next_extent(r);
@@ -39,8 +39,8 @@ static void *make_view(byte_reader *r, af_tensor *t, int want_ndim, bool index_a
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     byte_reader r = {data, size, 0};
     const uint8_t form = next_byte(&r);   /* bit 0: varlen q; 1: varlen k; 2: paged */
-    af_tensor q, k, v, sink, cu_q, cu_k, used, pages, out, lse;
-    void *mem[10];
+    af_tensor q, k, v, sink, cu_q, cu_k, used, pages, out, lse, descale[3];
+    void *mem[13];
     mem[0] = make_view(&r, &q, form & 1 ? 3 : 4, false);
     mem[1] = make_view(&r, &k, form & 2 ? 3 : 4, false);
     mem[2] = make_view(&r, &v, form & 2 ? 3 : 4, false);
@@ -63,6 +63,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                           .max_seqlen_q = max_q, .max_seqlen_k = max_k,
                           .seqused_k = (flags & 32) ? &used : NULL, .page_table = (form & 4) ? &pages : NULL};
     af_tensor *lse_arg = (flags & 128) ? &lse : NULL;
+    for (int i = 0; i < 3; i++) mem[10 + i] = make_view(&r, &descale[i], 2, false);
+    const uint8_t descales = next_byte(&r);   /* bit i: pass descale[i] (q, k, v) */
+    args.q_descale = (descales & 1) ? &descale[0] : NULL;
+    args.k_descale = (descales & 2) ? &descale[1] : NULL;
+    args.v_descale = (descales & 4) ? &descale[2] : NULL;
 
     const int64_t out_bytes = reach_bytes(&out, MAX_VIEW_ELEMENTS);
     const int64_t lse_bytes = reach_bytes(&lse, MAX_VIEW_ELEMENTS);
@@ -79,6 +84,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         abort();   /* the same checks guard both paths */
     }
     free(before);
-    for (int i = 0; i < 10; i++) free(mem[i]);
+    for (int i = 0; i < 13; i++) free(mem[i]);
     return 0;
 }

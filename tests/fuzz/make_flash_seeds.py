@@ -15,14 +15,20 @@ def contiguous(shape):
 def floats(n):
     return b''.join(struct.pack('<f', random.uniform(-2, 2)) for _ in range(n))
 
-def view(shape, values=None, int32=False):
-    """f32 (or int32: one byte per element, value = byte as int8 / 4) contiguous view of `shape`."""
-    head = bytes([0x30 if int32 else 0x00]) + bytes(ext(s) for s in shape) + bytes(ext(s) for s in contiguous(shape))
+F16, F8E4M3, F8E5M2 = 1, 5, 6   # af_dtype codes (0 = f32)
+
+def view(shape, values=None, int32=False, dtype=0):
+    """f32 (or int32: one byte per element, value = byte as int8 / 4; or another float dtype code) contiguous view."""
+    head = bytes([0x30 if int32 else dtype]) + bytes(ext(s) for s in shape) + bytes(ext(s) for s in contiguous(shape))
     n = 1
     for s in shape:
         n *= s
     if int32:
         return head + bytes((4 * x) & 0xff for x in values) + bytes(max(0, 1 - n))
+    if dtype == F16:
+        return head + b''.join(struct.pack('<e', random.uniform(-2, 2)) for _ in range(max(n, 2)))
+    if dtype in (F8E4M3, F8E5M2):   # any byte: NaN, Inf (e5m2), subnormals included
+        return head + bytes(random.randrange(256) for _ in range(max(n, 4)))
     return head + floats(max(n, 1))
 
 def scalars(flags, left=0, right=0, scale=16, softcap=0, max_q=0, max_k=0):
@@ -46,6 +52,16 @@ seeds = {
     'varlen_qk': bytes([1 | 2]) + view([3, 1, 2]) + view([4, 1, 2]) + view([4, 1, 2]) + view([1]) +
         view([3], [0, 2, 3], int32=True) + view([3], [0, 3, 4], int32=True) + dummy + view([1, 1], [0], int32=True) +
         view([3, 1, 2]) + view([1, 3]) + scalars(0x02 | 0x80, left=0, right=1, max_q=2, max_k=3),
+    # float8 K/V under an f16 q: q (1, 1, 2, 4), k/v e4m3 (1, 5, 1, 4), out f16, all three descales (1, 1)
+    'f8_kv_descales': bytes([0]) + view([1, 1, 2, 4], dtype=F16) + view([1, 5, 1, 4], dtype=F8E4M3) +
+        view([1, 5, 1, 4], dtype=F8E4M3) + view([1]) + dummy + dummy + dummy + view([1, 1], [0], int32=True) +
+        view([1, 1, 2, 4], dtype=F16) + view([1, 2, 1]) + scalars(0x80) + view([1, 1]) + view([1, 1]) +
+        view([1, 1]) + bytes([7]),
+    # all-float8 e5m2 q/k/v, out f32, k_descale only
+    'f8_all_e5m2': bytes([0]) + view([1, 2, 1, 4], dtype=F8E5M2) + view([1, 3, 1, 4], dtype=F8E5M2) +
+        view([1, 3, 1, 4], dtype=F8E5M2) + view([1]) + dummy + dummy + dummy + view([1, 1], [0], int32=True) +
+        view([1, 2, 1, 4]) + view([1, 1, 2]) + scalars(0x01 | 0x80) + view([1, 1]) + view([1, 1]) + view([1, 1]) +
+        bytes([2]),
 }
 for name, data in seeds.items():
     open(os.path.join(here, name), 'wb').write(data)
