@@ -19,7 +19,10 @@
 typedef struct {
     cli_shape shape;
     int threads;            /* 0: the configured count; 1: a scaling row */
+    bool f8_kv;             /* K/V in the float8 format of --kv-dtype (q in shape.dtype): af_flash_attn on NHD views */
 } bench_case;
+
+static af_dtype f8_format = AF_F8E4M3;   /* --kv-dtype */
 
 typedef struct {
     int reps;
@@ -83,7 +86,12 @@ static int default_cases(const bench_options *o, af_dtype only_dtype, bool dtype
 #define ADD(label_, B_, Hq_, Hkv_, L_, S_, E_, Ev_, dt_, causal_, thr_)                                          \
     do {                                                                                                      \
         if (n < max && (!dtype_given || (dt_) == only_dtype) && (!causal_only || (causal_)))                  \
-            out[n++] = (bench_case){{label_, B_, Hq_, Hkv_, L_, S_, E_, Ev_, dt_, causal_}, thr_};            \
+            out[n++] = (bench_case){{label_, B_, Hq_, Hkv_, L_, S_, E_, Ev_, dt_, causal_}, thr_, false};     \
+    } while (0)
+#define ADD_F8(label_, S_, thr_)                                                                               \
+    do {                                                                                                      \
+        ADD(label_, 1, 32, 8, 1, S_, 128, 128, AF_F16, false, thr_);                                          \
+        if (n > 0 && !strcmp(out[n - 1].shape.label, label_)) out[n - 1].f8_kv = true;                       \
     } while (0)
     const int64_t lengths_full[] = {512, 2048, 4096, 8192}, lengths_quick[] = {512, 2048};
     const int64_t *lengths = o->quick ? lengths_quick : lengths_full;
@@ -99,6 +107,9 @@ static int default_cases(const bench_options *o, af_dtype only_dtype, bool dtype
                 ADD("prefill", 1, 16, 16, lengths[li], lengths[li], 128, 128, reduced[d], causal, 0);
     ADD("decode", 1, 32, 8, 1, 4096, 128, 128, AF_F16, false, 0);
     ADD("decode", 1, 32, 8, 1, 32768, 128, 128, AF_F16, false, 0);
+    const char *f8_label = f8_format == AF_F8E5M2 ? "dec-e5m2" : "dec-e4m3";
+    ADD_F8(f8_label, 4096, 0);   /* the same decode rows from a float8 K/V cache (--kv-dtype) */
+    ADD_F8(f8_label, 32768, 0);
     if (threads > 1) {   /* the same shapes on one thread: the scaling figure */
         ADD("1-thread", 1, 16, 16, 2048, 2048, 128, 128, AF_F32, false, 1);
         ADD("1-thread", 1, 16, 16, 2048, 2048, 128, 128, AF_F32, true, 1);
@@ -107,7 +118,9 @@ static int default_cases(const bench_options *o, af_dtype only_dtype, bool dtype
             ADD("1-thread", 1, 16, 16, 4096, 4096, 128, 128, AF_F32, true, 1);
         }
         ADD("1-thread", 1, 32, 8, 1, 32768, 128, 128, AF_F16, false, 1);
+        ADD_F8(f8_format == AF_F8E5M2 ? "1thr-e5m2" : "1thr-e4m3", 32768, 1);
     }
+#undef ADD_F8
 #undef ADD
     return n;
 }
@@ -126,18 +139,45 @@ static int parse_shape(const char *text, cli_shape *s) {
 
 /* ---- running one row */
 
-typedef struct { cli_tensor q, k, v, out; af_sdpa_args args; } bench_tensors;
+typedef struct {
+    cli_tensor q, k, v, out;
+    af_sdpa_args args;
+    bool flash;                       /* float8 K/V: af_flash_attn on NHD views of the same memory (af_sdpa has none) */
+    af_tensor nhd[4];                 /* q, k, v, out as (B, L, H, E) views */
+    af_flash_args flash_args;
+} bench_tensors;
 
-static bool make_tensors(bench_tensors *t, const cli_shape *s, bool nhd, uint64_t seed) {
+/* A (B, H, L, E) view as FlashAttention's (B, L, H, E): dims 1 and 2 swapped, the same memory. */
+static af_tensor as_nhd(const af_tensor *hnd) {
+    af_tensor t = *hnd;
+    t.shape[1] = hnd->shape[2], t.shape[2] = hnd->shape[1];
+    t.strides[1] = hnd->strides[2], t.strides[2] = hnd->strides[1];
+    return t;
+}
+
+static bool make_tensors(bench_tensors *t, const cli_shape *s, bool f8_kv, bool nhd, uint64_t seed) {
     const int64_t qs[4] = {s->B, s->Hq, s->L, s->E}, ks[4] = {s->B, s->Hkv, s->S, s->E};
     const int64_t vs[4] = {s->B, s->Hkv, s->S, s->Ev}, os[4] = {s->B, s->Hq, s->L, s->Ev};
+    const af_dtype kv_dtype = f8_kv ? f8_format : s->dtype;
     memset(t, 0, sizeof *t);
     bool ok = cli_tensor_random(&t->q, s->dtype, qs, nhd, &seed, 1.0) &&
-              cli_tensor_random(&t->k, s->dtype, ks, nhd, &seed, 1.0) &&
-              cli_tensor_random(&t->v, s->dtype, vs, nhd, &seed, 1.0) && cli_tensor_zeros(&t->out, s->dtype, 4, os);
+              cli_tensor_random(&t->k, kv_dtype, ks, nhd, &seed, 1.0) &&
+              cli_tensor_random(&t->v, kv_dtype, vs, nhd, &seed, 1.0) && cli_tensor_zeros(&t->out, s->dtype, 4, os);
     t->args = (af_sdpa_args){.query = &t->q.view, .key = &t->k.view, .value = &t->v.view, .is_causal = s->causal,
                              .enable_gqa = s->Hq != s->Hkv};
+    t->flash = f8_kv;
+    if (ok && f8_kv) {
+        const cli_tensor *all[4] = {&t->q, &t->k, &t->v, &t->out};
+        for (int i = 0; i < 4; i++) t->nhd[i] = as_nhd(&all[i]->view);
+        /* bottom-right causality is FlashAttention's; decode rows (L = 1) see every key either way */
+        t->flash_args = (af_flash_args){.query = &t->nhd[0], .key = &t->nhd[1], .value = &t->nhd[2],
+                                        .causal = s->causal};
+    }
     return ok;
+}
+
+static af_status call(bench_tensors *t) {
+    return t->flash ? af_flash_attn(&t->flash_args, &t->nhd[3], NULL) : af_sdpa(&t->args, &t->out.view, NULL);
 }
 
 static void free_tensors(bench_tensors *t) {
@@ -170,14 +210,14 @@ static double time_calls(bench_tensors *t, int warmup, int reps, pairing *pair, 
                          double *cpu_per_call) {
     double wall = 0.0, cpu = 0.0;
     for (int w = 0; w < warmup; w++)
-        if (af_sdpa(&t->args, &t->out.view, NULL) != AF_OK) return -1.0;
+        if (call(t) != AF_OK) return -1.0;
     for (int r = 0; r < reps; r++) {
         if (pair) {
             pair->peak[r] = bench_fma_peak_sample_gflops(pair->isa, pair->threads, &pair->peak_cpu[r]);
             if (pair->bandwidth) pair->gbps[r] = bench_read_bandwidth_sample_gbps(pair->threads, BENCH_BANDWIDTH_BYTES);
         }
         const double cpu0 = cpu_seconds(), t0 = cli_now();
-        if (af_sdpa(&t->args, &t->out.view, NULL) != AF_OK) return -1.0;
+        if (call(t) != AF_OK) return -1.0;
         times[r] = cli_now() - t0;
         const double call_cpu = cpu_seconds() - cpu0;
         if (pair) pair->call_cpu[r] = call_cpu;
@@ -205,7 +245,7 @@ static bench_row run_case(const bench_case *c, const bench_options *o, int confi
     const cli_shape *s = &c->shape;
     row.decode = s->L <= DECODE_MAX_L;
     bench_tensors t;
-    if (!make_tensors(&t, s, o->nhd, seed)) {
+    if (!make_tensors(&t, s, c->f8_kv, o->nhd, seed)) {
         free_tensors(&t);
         return row;
     }
@@ -231,7 +271,8 @@ static bench_row run_case(const bench_case *c, const bench_options *o, int confi
         row.cpu_peak_ratio = paired_ratio(flops * 1e-9, pair.call_cpu, pair.peak_cpu, reps);
         memcpy(sorted, pair.peak_cpu, sizeof(double) * (size_t)reps);
         row.peak_cpu_gflops = cli_median(sorted, reps);
-        const double kv_bytes = (double)(s->B * s->Hkv * s->S * (s->E + s->Ev)) * (double)af_dtype_size(s->dtype);
+        const double kv_bytes = (double)(s->B * s->Hkv * s->S * (s->E + s->Ev)) *
+                                (double)af_dtype_size(c->f8_kv ? f8_format : s->dtype);
         if (row.decode) {
             row.gbps = kv_bytes / row.seconds * 1e-9;
             row.bandwidth_ratio = paired_ratio(kv_bytes * 1e-9, times, pair.gbps, reps);
@@ -267,6 +308,7 @@ static void print_row(const bench_row *r, const bench_options *o) {
                               (json_int_t)s->S, "E", (json_int_t)s->E, "Ev", (json_int_t)s->Ev, "threads", r->threads,
                               "isa", r->isa, "ok", r->ok);
         json_object_set_new(j, "layout", json_string(o->nhd ? "nhd" : "hnd"));
+        json_object_set_new(j, "kv_dtype", json_string(af_dtype_name(r->c.f8_kv ? f8_format : s->dtype)));
         json_object_set_new(j, "seconds", json_real(r->seconds));
         json_object_set_new(j, "gflops", json_real(r->gflops));
         json_object_set_new(j, "peak_gflops", json_real(r->peak_gflops));
@@ -321,7 +363,8 @@ static void print_scaling(const bench_row *rows, int n, const bench_options *o) 
         if (rows[i].c.threads != 1 || !rows[i].ok) continue;
         for (int j = 0; j < n; j++) {
             const cli_shape *a = &rows[i].c.shape, *b = &rows[j].c.shape;
-            if (j == i || rows[j].threads <= 1 || !rows[j].ok || a->L != b->L || a->S != b->S || a->E != b->E ||
+            if (j == i || rows[j].threads <= 1 || !rows[j].ok || rows[i].c.f8_kv != rows[j].c.f8_kv || a->L != b->L ||
+                a->S != b->S || a->E != b->E ||
                 a->Hq != b->Hq || a->Hkv != b->Hkv || a->causal != b->causal || a->dtype != b->dtype)
                 continue;
             const double speedup = rows[i].seconds / rows[j].seconds;
@@ -361,7 +404,7 @@ static int spot_check(const bench_options *o) {
         bench_tensors t;
         cli_tensor ref;
         const int64_t os[4] = {s->B, s->Hq, s->L, s->Ev};
-        bool ok = make_tensors(&t, s, o->nhd, 99 + (uint64_t)i) && cli_tensor_zeros(&ref, AF_F32, 4, os) &&
+        bool ok = make_tensors(&t, s, false, o->nhd, 99 + (uint64_t)i) && cli_tensor_zeros(&ref, AF_F32, 4, os) &&
                   af_sdpa(&t.args, &t.out.view, NULL) == AF_OK && af_reference_f32(&t.args, &ref.view, NULL) == AF_OK;
         if (ok) {
             cli_compare c = cli_compare_to_reference(&t.args, &t.out.view, &ref.view);
@@ -388,8 +431,9 @@ static void bench_usage(FILE *f) {
             "usage: attnforge bench [--shape B,Hq,Hkv,L,S,E,Ev] [--dtype float32|float16|bfloat16] [--causal]\n"
             "                       [--threads N] [--isa NAME] [--reps N] [--quick] [--long] [--json]\n"
             "                       [--portable-max-gflop X] [--layout hnd|nhd] [--device cpu|cuda|cuda:N]\n"
+            "                       [--kv-dtype float8_e4m3fn|float8_e5m2]\n"
             "       attnforge bench --features [--features-len N] [--window W] [--dtype D] [--reps N] [--quick]\n"
-            "                       [--json]\n\n"
+            "                       [--kv-dtype float8_e4m3fn|float8_e5m2] [--json]\n\n"
             "Measures the FMA peak (same ISA and thread count) and the read bandwidth, then times each shape\n"
             "(median of --reps calls, default 5, after one warm-up) and prints GFLOP/s by FA4's formula\n"
             "2·B·Hq·L·S'·(E+Ev) (causal: S' = keys actually seen), the share of the peak, for decode (L <= 16)\n"
@@ -398,7 +442,9 @@ static void bench_usage(FILE *f) {
             "--portable-max-gflop, default 6, GFLOP per call), and +RSS_MiB (peak RSS during the calls beyond\n"
             "the resident inputs and outputs). Default shapes: prefill H=16, L=S in {512, 2048, 4096} (8192 with\n"
             "--long), E=Ev in {64, 128}, f32 full and causal, bf16/f16 rows; decode L=1, S in {4096, 32768},\n"
-            "Hq/Hkv 32/8, E=128, f16; and 1-thread rows for the scaling figure. --shape runs one shape;\n"
+            "Hq/Hkv 32/8, E=128, f16, and the same from a float8 K/V cache (dec-e4m3 / dec-e5m2: af_flash_attn, K/V\n"
+            "in --kv-dtype, default float8_e4m3fn); and 1-thread rows for the scaling figure. --shape runs one shape\n"
+            "(with float8 K/V when --kv-dtype is given);\n"
             "--dtype and --causal select among the defaults otherwise. --json: one JSON object per row.\n"
             "--layout nhd: q, k and v are (B,H,L,E) views of (B,L,H,E) memory, as a transformer's\n"
             "x.view(B, L, H, E).transpose(1, 2) gives (default hnd: contiguous (B,H,L,E)).\n\n"
@@ -426,6 +472,8 @@ int cmd_bench(int argc, char **argv) {
     bench_options o = {.reps = 5, .portable_max_gflop = 6.0};
     cli_shape one = {.label = "shape", .dtype = AF_F32};
     bool have_shape = false, dtype_given = false, causal = false, isa_given = false, features = false;
+    af_dtype kv_dtype = AF_F8E4M3;   /* the float8 decode rows' (and the --features fp8 pair's) K/V format */
+    bool kv_given = false;
     int64_t features_len = 0, window = 512;
     af_device device = {AF_DEVICE_CPU, 0};
     for (int i = 1; i < argc; i++) {
@@ -482,6 +530,15 @@ int cmd_bench(int argc, char **argv) {
             }
             dtype_given = true;
             i++;
+        } else if (!strcmp(a, "--kv-dtype") && value) {
+            if (!strcmp(value, "float8_e4m3fn") || !strcmp(value, "e4m3")) kv_dtype = AF_F8E4M3;
+            else if (!strcmp(value, "float8_e5m2") || !strcmp(value, "e5m2")) kv_dtype = AF_F8E5M2;
+            else {
+                fprintf(stderr, "attnforge bench: --kv-dtype takes float8_e4m3fn or float8_e5m2, got '%s'\n", value);
+                return 2;
+            }
+            kv_given = true;
+            i++;
         } else if (!strcmp(a, "--reps") && value) {
             o.reps = atoi(value);
             if (o.reps < 1 || o.reps > 64) {
@@ -521,13 +578,14 @@ int cmd_bench(int argc, char **argv) {
                                        .dtype = one.dtype, .causal_only = causal};
         return bench_cuda(&co, &dev);
     }
+    f8_format = kv_dtype;
     const int threads = af_get_num_threads();
     enum { MAX_CASES = 64 };
     bench_case cases[MAX_CASES];
     int n;
     if (have_shape) {
         one.causal = causal;
-        cases[0] = (bench_case){one, 0};
+        cases[0] = (bench_case){one, 0, kv_given};
         n = 1;
     } else {
         n = default_cases(&o, one.dtype, dtype_given, causal, threads, cases, MAX_CASES);
@@ -554,7 +612,7 @@ int cmd_bench(int argc, char **argv) {
     if (features) {
         const bench_features_options fo = {.reps = o.reps, .json = o.json, .length = features_len ? features_len :
                                            o.quick ? 2048 : 8192, .window = window, .heads = 4, .head_dim = 128,
-                                           .dtype_given = dtype_given, .dtype = one.dtype};
+                                           .dtype_given = dtype_given, .dtype = one.dtype, .kv_dtype = kv_dtype};
         const int errors = failures + bench_features(&fo, threads);
         bench_machine_release();
         return errors ? 1 : 0;

@@ -3,6 +3,7 @@
  *   window  (W, 0) at L = S          vs  full attention at the same shape       cost ratio, target <= 1/10
  *   varlen  causal, mixed lengths    vs  the batch padded to the longest        ratio vs the useful-work share
  *   paged   decode, 16-key pages in shuffled order  vs  contiguous decode       ratio, target <= 1.10
+ *   fp8     decode from a float8 K/V cache  vs  the same values in q's f16/bf16  ratio, target <= 1/1.8
  * Each pair's outputs are also compared where both compute the same rows: the two calls must do the same work. */
 #include "bench_features.h"
 
@@ -22,6 +23,8 @@
 #define DECODE_HQ 32
 #define DECODE_HKV 8
 #define DECODE_BATCH 4
+#define FP8_BATCH 1
+#define FP8_TARGET (1.0 / 1.8)   /* issue 13: decode from a float8 cache >= 1.8x as fast as from an f16 one */
 
 typedef struct {
     const char *label, *form;        /* the case column and what the call runs */
@@ -202,6 +205,42 @@ static bool paged_pair(feature_pair *p, const bench_features_options *o, af_dtyp
     return true;
 }
 
+/* Decode (B = 1, Hq/Hkv 32/8) over S = length keys from a float8 K/V cache against a cache in q's dtype (f16 for a
+ * float32 pair: a float8 cache serves half-precision models) holding the very same values (every e4m3fn and e5m2
+ * value is exact in f16 and in bf16). The two calls then compute the same thing: the outputs must agree. */
+static bool fp8_pair(feature_pair *p, const bench_features_options *o, af_dtype dtype, uint64_t seed) {
+    const af_dtype q_dtype = dtype == AF_F32 ? AF_F16 : dtype, f8 = o->kv_dtype;
+    const int64_t S = o->length, E = o->head_dim;
+    p->name = "fp8_vs_f16";
+    p->b = (feature_call){.label = q_dtype == AF_BF16 ? "bf16kv" : "f16kv", .form = "contiguous", .B = FP8_BATCH,
+                          .Hq = DECODE_HQ, .Hkv = DECODE_HKV, .L = 1, .S = S, .E = E, .dtype = q_dtype, .decode = true};
+    p->a = p->b;
+    p->a.label = "f8kv", p->a.form = f8 == AF_F8E5M2 ? "kv=e5m2" : "kv=e4m3";
+    p->target = FP8_TARGET;
+    p->agreement = -1.0;
+    if (!fixed_call(&p->b, &seed)) return false;
+    p->a.flops = p->b.flops = 2.0 * (double)(FP8_BATCH * DECODE_HQ) * (double)S * (double)(2 * E);
+    feature_call *c = &p->a;
+    const int64_t qs[4] = {FP8_BATCH, 1, DECODE_HQ, E}, ks[4] = {FP8_BATCH, S, DECODE_HKV, E};
+    if (!cli_tensor_zeros(&c->q, q_dtype, 4, qs) || !cli_tensor_zeros(&c->out, q_dtype, 4, qs) ||
+        !cli_tensor_zeros(&c->k, f8, 4, ks) || !cli_tensor_zeros(&c->v, f8, 4, ks))
+        return false;
+    memcpy(c->q.memory, p->b.q.memory, (size_t)FP8_BATCH * row_bytes(c, DECODE_HQ));
+    const size_t n = (size_t)(FP8_BATCH * S * DECODE_HKV * E), elem = af_dtype_size(q_dtype);
+    cli_tensor *wide[2] = {&p->b.k, &p->b.v}, *narrow[2] = {&c->k, &c->v};
+    for (int t = 0; t < 2; t++)   /* round to float8, then store the float8 value back into the wide cache */
+        for (size_t i = 0; i < n; i++) {
+            char *w = (char *)wide[t]->memory + i * elem;
+            uint8_t *b = (uint8_t *)narrow[t]->memory + i;
+            *b = af_f32_to_f8(af_load_as_f32(w, q_dtype), f8);
+            af_store_from_f32(w, q_dtype, af_load_as_f32(b, f8));
+        }
+    c->args.query = &c->q.view, c->args.key = &c->k.view, c->args.value = &c->v.view;
+    c->kv_bytes = p->b.kv_bytes / 2.0;
+    p->work_ratio = 0.5;   /* bytes read */
+    return true;
+}
+
 /* ---- timing: a and b alternate, each call preceded by a ceiling sample (as the main rows) */
 
 static double cpu_seconds(void) {
@@ -268,7 +307,7 @@ static double rows_agreement(const feature_pair *p, int64_t a_row, int64_t b_row
 
 static void check_agreement(feature_pair *p) {
     if (!p->a.ok || !p->b.ok) return;
-    if (!strcmp(p->name, "paged_vs_contiguous")) {
+    if (!strcmp(p->name, "paged_vs_contiguous") || !strcmp(p->name, "fp8_vs_f16")) {
         p->agreement = rows_agreement(p, 0, 0, p->a.B, 0.0);
     } else if (!strcmp(p->name, "varlen_vs_padded")) {
         const int32_t *cu = p->a.cu_seqlens.memory;
@@ -346,7 +385,7 @@ static void print_pair(const feature_pair *p, const bench_features_options *o, i
 
 int bench_features(const bench_features_options *o, int threads) {
     typedef bool (*make_pair)(feature_pair *, const bench_features_options *, af_dtype, uint64_t);
-    const make_pair makers[] = {window_pair, varlen_pair, paged_pair};
+    const make_pair makers[] = {window_pair, varlen_pair, paged_pair, fp8_pair};
     const af_dtype all[] = {AF_F32, AF_BF16};
     const int num_dtypes = o->dtype_given ? 1 : 2, reps = o->reps < 64 ? o->reps : 64;
     int failures = 0;

@@ -74,11 +74,17 @@ def resolve_window(causal, window_size, far):
     return False, (far if left is None else int(left), far if right is None else int(right))
 
 
+def _is_float8(x):
+    return is_torch_tensor(x) and x.dtype in (_torch().float8_e4m3fn, _torch().float8_e5m2)
+
+
 def _empty(like, shape, float32=False):
-    """Uninitialised memory of `shape` on like's device (torch), or a NumPy array; like's dtype or float32."""
+    """Uninitialised memory of `shape` on like's device (torch), or a NumPy array; like's dtype or float32
+    (a float8 q: bfloat16, FA4's output dtype for float8 inputs)."""
     if is_torch_tensor(like):
         torch = _torch()
-        return torch.empty(shape, dtype=torch.float32 if float32 else like.dtype, device=like.device)
+        dtype = torch.float32 if float32 else torch.bfloat16 if _is_float8(like) else like.dtype
+        return torch.empty(shape, dtype=dtype, device=like.device)
     import numpy
     return numpy.empty(shape, dtype=numpy.float32 if float32 else like.dtype)
 
@@ -128,32 +134,39 @@ def _length_bound(cu_seqlens, fallback):
 
 
 def _call(q, k, v, out, lse, far, softmax_scale, causal, window_size, learnable_sink, softcap, cu_seqlens_q=None,
-          cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, seqused_k=None, page_table=None):
+          cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, seqused_k=None, page_table=None, q_descale=None,
+          k_descale=None, v_descale=None):
     causal, window = resolve_window(causal, window_size, far)
     if softcap is None:
         softcap = 0.0
-    tensors = [exportable(t) for t in (q, k, v, learnable_sink, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table)]
-    q, k, v, learnable_sink, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table = tensors
+    tensors = [exportable(t) for t in (q, k, v, learnable_sink, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table,
+                                       q_descale, k_descale, v_descale)]
+    q, k, v, learnable_sink, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, q_descale, k_descale, v_descale = tensors
     _C.flash_attn(q, k, v, out, lse, scale=softmax_scale, causal=causal, window=window, softcap=float(softcap),
                   learnable_sink=learnable_sink, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                   max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k), seqused_k=seqused_k,
-                  page_table=page_table, stream=call_stream(q))
+                  page_table=page_table, stream=call_stream(q), q_descale=q_descale, k_descale=k_descale,
+                  v_descale=v_descale)
     return out, lse
 
 
 def flash_attn_func(q, k, v, qv=None, gather_kv_indices=None, softmax_scale=None, causal=False,
                     window_size=(None, None), learnable_sink=None, softcap=0.0, num_splits=1, pack_gqa=None,
                     deterministic=False, score_mod=None, score_mod_bwd=None, mask_mod=None, aux_tensors=None,
-                    aux_scalars=None, block_sparse_tensors=None, block_sparse_tensors_bwd=None, return_lse=False):
+                    aux_scalars=None, block_sparse_tensors=None, block_sparse_tensors_bwd=None, return_lse=False, *,
+                    q_descale=None, k_descale=None, v_descale=None):
     """FlashAttention-4's flash_attn_func (forward) computed by attnforge.
 
     q (B, Lq, Hq, E), k (B, S, Hkv, E), v (B, S, Hkv, Ev): NHD, float32/float16/bfloat16 (FA4 takes no float32;
-    attnforge does), any non-negative strides, never copied; Hq a multiple of Hkv (query head h reads K/V head
+    attnforge does), or torch.float8_e4m3fn / float8_e5m2 (all three, FA4's case, out then bfloat16; or k and v
+    alone under a float32/float16/bfloat16 q: a quantised KV cache), any non-negative strides, never copied; Hq a multiple of Hkv (query head h reads K/V head
     h // (Hq / Hkv)). causal and window_size=(left, right) are bottom-right aligned: row i sees keys j with
     i + S - Lq - left <= j <= i + S - Lq + right (None = unbounded). softcap > 0 maps each scaled score s to
     softcap * tanh(s / softcap). learnable_sink (Hq,) adds exp(sink) to each row's softmax denominator.
-    Returns (out, lse): out (B, Lq, Hq, Ev) in q's dtype, lse float32 (B, Hq, Lq), natural log, or None unless
-    return_lse. Rows that see no key get out = 0 and lse = -inf (lse = sink with a sink).
+    q_descale, k_descale, v_descale (keyword-only; float8 K/V only; FA3/FA4's): float32 (B, Hkv): scores use
+    q·k·softmax_scale·q_descale·k_descale and out is multiplied by v_descale, per (batch, kv head).
+    Returns (out, lse): out (B, Lq, Hq, Ev) in q's dtype (bfloat16 for a float8 q), lse float32 (B, Hq, Lq), natural
+    log, or None unless return_lse. Rows that see no key get out = 0 and lse = -inf (lse = sink with a sink).
     num_splits, pack_gqa and deterministic are GPU scheduling hints: checked, and the result does not depend on
     them. qv, gather_kv_indices, score_mod(_bwd), mask_mod, aux_*, block_sparse_* raise UnsupportedError when set.
     attnforge computes no gradients (a tensor that needs one raises UnsupportedError).
@@ -165,7 +178,8 @@ def flash_attn_func(q, k, v, qv=None, gather_kv_indices=None, softmax_scale=None
     _check_hints(num_splits, pack_gqa, deterministic)
     out, lse = _outputs(q, v, False, return_lse)
     rows, keys = _bounds(_shape(q, "q"), _shape(k, "k"), False, False, None)
-    return _call(q, k, v, out, lse, rows + keys + 1, softmax_scale, causal, window_size, learnable_sink, softcap)
+    return _call(q, k, v, out, lse, rows + keys + 1, softmax_scale, causal, window_size, learnable_sink, softcap,
+                 q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
 
 
 def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
@@ -174,7 +188,8 @@ def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=Non
                            window_size=(None, None), learnable_sink=None, softcap=0.0, num_splits=1, pack_gqa=None,
                            deterministic=False, score_mod=None, score_mod_bwd=None, mask_mod=None,
                            block_sparse_tensors=None, aux_tensors=None, aux_scalars=None, return_lse=False,
-                           scheduler_metadata=None, seqlen_k_per_split=None, disable_scheduler_metadata=False):
+                           scheduler_metadata=None, seqlen_k_per_split=None, disable_scheduler_metadata=False, *,
+                           q_descale=None, k_descale=None, v_descale=None):
     """FlashAttention-4's flash_attn_varlen_func (forward) computed by attnforge.
 
     Queries: packed q (total_q, Hq, E) with cu_seqlens_q (B + 1,) int32 prefix sums, or batched (B, Lq, Hq, E)
@@ -185,7 +200,7 @@ def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=Non
     tensors). Masks, softcap, sink and hints as in flash_attn_func, each sequence aligned on its own lengths.
     Returns (out, lse): out like q with head dim Ev; lse float32 (Hq, total_q) with packed q, (B, Hq, Lq) with
     batched q; None unless return_lse. seqused_q, scheduler_metadata and the flash_attn_func features listed
-    there raise UnsupportedError when set; min_seqlen_k, seqlen_k_per_split and disable_scheduler_metadata are
+    there raise UnsupportedError when set; dtypes and q/k/v_descale (B, Hkv) as in flash_attn_func; min_seqlen_k, seqlen_k_per_split and disable_scheduler_metadata are
     hints (checked, not needed).
     """
     _refuse_unimplemented(qv=qv, gather_kv_indices=gather_kv_indices, score_mod=score_mod,
@@ -203,4 +218,5 @@ def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=Non
     if max_seqlen_k is None:
         max_seqlen_k = _length_bound(cu_seqlens_k, keys)
     return _call(q, k, v, out, lse, rows + keys + 1, softmax_scale, causal, window_size, learnable_sink, softcap,
-                 cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, page_table)
+                 cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, page_table, q_descale, k_descale,
+                 v_descale)

@@ -11,7 +11,10 @@ typedef struct {
     int32_t device_id;
 } DLDevice;
 
-typedef enum { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLOpaqueHandle = 3, kDLBfloat = 4, kDLComplex = 5, kDLBool = 6 } DLDataTypeCode;
+typedef enum {
+    kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLOpaqueHandle = 3, kDLBfloat = 4, kDLComplex = 5, kDLBool = 6,
+    kDLFloat8_e4m3fn = 10, kDLFloat8_e5m2 = 12   /* DLPack 1.x's float8 codes (bits 8): torch.float8_e4m3fn / e5m2 */
+} DLDataTypeCode;
 
 typedef struct {
     uint8_t code;    /* DLDataTypeCode */

@@ -8,9 +8,10 @@
 #include "tensors.h"
 
 /* The call's input tensors, in the order they are borrowed (and released). */
-enum { IN_QUERY, IN_KEY, IN_VALUE, IN_SINK, IN_CU_Q, IN_CU_K, IN_SEQUSED_K, IN_PAGE_TABLE, N_INPUTS };
+enum { IN_QUERY, IN_KEY, IN_VALUE, IN_SINK, IN_CU_Q, IN_CU_K, IN_SEQUSED_K, IN_PAGE_TABLE, IN_Q_DESCALE,
+       IN_K_DESCALE, IN_V_DESCALE, N_INPUTS };
 static const char *const input_names[N_INPUTS] = {"q", "k", "v", "learnable_sink", "cu_seqlens_q", "cu_seqlens_k",
-                                                  "seqused_k", "page_table"};
+                                                  "seqused_k", "page_table", "q_descale", "k_descale", "v_descale"};
 
 static void release_inputs(afpy_tensor inputs[N_INPUTS]) {
     for (int i = 0; i < N_INPUTS; i++) afpy_tensor_release(&inputs[i]);
@@ -51,17 +52,19 @@ static int read_window(PyObject *window, af_flash_args *a) {
 PyObject *afpy_flash_attn(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"query", "key", "value", "out", "lse", "scale", "causal", "window", "softcap",
                                "learnable_sink", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
-                               "seqused_k", "page_table", "reference", "stream", NULL};
+                               "seqused_k", "page_table", "reference", "stream", "q_descale", "k_descale",
+                               "v_descale", NULL};
     PyObject *objects[N_INPUTS] = {0};
     PyObject *out_obj, *lse_obj = Py_None, *scale_obj = Py_None, *window = Py_None, *stream_obj = Py_None;
     int causal = 0, reference = 0;
     double softcap = 0.0;
     long long max_seqlen_q = 0, max_seqlen_k = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|O$OpOdOOOLLOOpO:flash_attn", keywords, &objects[IN_QUERY],
-                                     &objects[IN_KEY], &objects[IN_VALUE], &out_obj, &lse_obj, &scale_obj, &causal,
-                                     &window, &softcap, &objects[IN_SINK], &objects[IN_CU_Q], &objects[IN_CU_K],
-                                     &max_seqlen_q, &max_seqlen_k, &objects[IN_SEQUSED_K], &objects[IN_PAGE_TABLE],
-                                     &reference, &stream_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|O$OpOdOOOLLOOpOOOO:flash_attn", keywords,
+                                     &objects[IN_QUERY], &objects[IN_KEY], &objects[IN_VALUE], &out_obj, &lse_obj,
+                                     &scale_obj, &causal, &window, &softcap, &objects[IN_SINK], &objects[IN_CU_Q],
+                                     &objects[IN_CU_K], &max_seqlen_q, &max_seqlen_k, &objects[IN_SEQUSED_K],
+                                     &objects[IN_PAGE_TABLE], &reference, &stream_obj, &objects[IN_Q_DESCALE],
+                                     &objects[IN_K_DESCALE], &objects[IN_V_DESCALE]))
         return NULL;
     af_flash_args a;
     memset(&a, 0, sizeof a);
@@ -94,6 +97,9 @@ PyObject *afpy_flash_attn(PyObject *self, PyObject *args, PyObject *kwargs) {
     a.cu_seqlens_k = view_or_null(objects[IN_CU_K], &inputs[IN_CU_K]);
     a.seqused_k = view_or_null(objects[IN_SEQUSED_K], &inputs[IN_SEQUSED_K]);
     a.page_table = view_or_null(objects[IN_PAGE_TABLE], &inputs[IN_PAGE_TABLE]);
+    a.q_descale = view_or_null(objects[IN_Q_DESCALE], &inputs[IN_Q_DESCALE]);
+    a.k_descale = view_or_null(objects[IN_K_DESCALE], &inputs[IN_K_DESCALE]);
+    a.v_descale = view_or_null(objects[IN_V_DESCALE], &inputs[IN_V_DESCALE]);
     af_tensor *lse_view = lse_obj != Py_None ? &lse.view : NULL;
     af_status status;
     Py_BEGIN_ALLOW_THREADS   /* the views hold their memory; nothing here touches Python objects */

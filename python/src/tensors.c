@@ -117,13 +117,18 @@ static int dtype_from_dlpack(DLDataType dt, af_dtype *dtype) {
     else if (dt.code == kDLBfloat && dt.bits == 16) *dtype = AF_BF16;
     else if (dt.code == kDLBool && dt.bits == 8) *dtype = AF_BOOL;
     else if (dt.code == kDLInt && dt.bits == 32) *dtype = AF_I32;
+    else if (dt.code == kDLFloat8_e4m3fn && dt.bits == 8) *dtype = AF_F8E4M3;
+    else if (dt.code == kDLFloat8_e5m2 && dt.bits == 8) *dtype = AF_F8E5M2;
     else return -1;
     return 0;
 }
 
 static const char *dlpack_type_text(DLDataType dt, char *buf, size_t size) {
-    static const char *codes[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
-    snprintf(buf, size, "%s%u%s", dt.code < 7 ? codes[dt.code] : "code?", (unsigned)dt.bits, dt.lanes != 1 ? "xN" : "");
+    static const char *codes[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool", "float8_e3m4",
+                                  "float8_e4m3", "float8_e4m3b11fnuz", "float8_e4m3fn", "float8_e4m3fnuz",
+                                  "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu"};
+    const bool named = dt.code < sizeof codes / sizeof codes[0];
+    snprintf(buf, size, "%s%u%s", named ? codes[dt.code] : "code?", (unsigned)dt.bits, dt.lanes != 1 ? "xN" : "");
     return buf;
 }
 
@@ -139,7 +144,8 @@ static int view_from_dltensor(const DLTensor *dl, const char *name, bool handsha
     af_dtype dtype;
     if (dtype_from_dlpack(dl->dtype, &dtype) < 0) {
         char text[32];
-        return unsupported("%s: dtype %s is not supported; expected float32, float16, bfloat16, bool or int32",
+        return unsupported("%s: dtype %s is not supported; expected float32, float16, bfloat16, float8_e4m3fn, "
+                           "float8_e5m2, bool or int32",
                            name,
                            dlpack_type_text(dl->dtype, text, sizeof text));
     }

@@ -97,10 +97,16 @@ FA4_VARLEN = ["q", "k", "v", "qv", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q
               "seqlen_k_per_split", "disable_scheduler_metadata"]
 
 
+DESCALES = ["q_descale", "k_descale", "v_descale"]   # FA3/FA4's float8 descales: keyword-only here
+
+
 def test_signatures_are_fa4s():
-    """flash_attn.cute 4.0.0b27's parameter order, so positional calls written for FA4 mean the same here."""
-    assert list(inspect.signature(af.flash_attn_func).parameters) == FA4_FUNC
-    assert list(inspect.signature(af.flash_attn_varlen_func).parameters) == FA4_VARLEN
+    """flash_attn.cute 4.0.0b27's parameter order, so positional calls written for FA4 mean the same here; the float8
+    descales follow, keyword-only."""
+    for func, names in ((af.flash_attn_func, FA4_FUNC), (af.flash_attn_varlen_func, FA4_VARLEN)):
+        parameters = inspect.signature(func).parameters
+        assert list(parameters) == names + DESCALES
+        assert all(parameters[n].kind == inspect.Parameter.KEYWORD_ONLY for n in DESCALES)
     defaults = {n: p.default for n, p in inspect.signature(af.flash_attn_func).parameters.items()}
     assert defaults["window_size"] == (None, None) and defaults["softcap"] == 0.0 and defaults["num_splits"] == 1
     assert defaults["return_lse"] is False and defaults["causal"] is False and defaults["pack_gqa"] is None
