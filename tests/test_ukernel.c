@@ -419,6 +419,9 @@ static void pack_and_convert_match_portable(void **state) {
                 }
 }
 
+/* Row j of n in the direct kernels' pointer lists: in order, or reversed when `variant` is odd. */
+static int permuted(int j, int n, size_t variant) { return variant % 2 ? n - 1 - j : j; }
+
 /* scores_direct / values_direct against double sums of the converted inputs; K and V end at a guard page. */
 static void direct_kernels_match_reference(void **state) {
     (void)state;
@@ -438,9 +441,14 @@ static void direct_kernels_match_reference(void **state) {
                         /* scores: K has n rows of k elements */
                         guarded gk, gv;
                         const int kstride = k + (int)(b % 2) * 3;
-                        const char *K = random_rows(&gk, dt, n, k, kstride, false);
+                        /* rows through a pointer list, in reverse order for odd a (pages in any order), each pointer
+                         * one row before its row (the offset: a later kv head's rows); row 0 of K is never read */
+                        const char *K = random_rows(&gk, dt, n + 1, k, kstride, false);
+                        const char **krows = malloc(sizeof(char *) * (size_t)n);
+                        for (int j = 0; j < n; j++) krows[j] = K + (size_t)permuted(j, n, a) * kstride * elem;
                         for (int i = 0; i < m * ldc; i++) C[i] = CANARY;
-                        kernels[u]->scores_direct(m, n, k, A, lda, K, (size_t)kstride * elem, dt, C, ldc);
+                        kernels[u]->scores_direct(m, n, k, A, lda, krows, (size_t)kstride * elem, dt, C, ldc,
+                                                  (af_prefetch){K, (size_t)n % 5});
                         for (int i = 0; i < m; i++)
                             for (int j = 0; j < ldc; j++) {
                                 if (j >= n) {
@@ -449,7 +457,8 @@ static void direct_kernels_match_reference(void **state) {
                                 }
                                 double want = 0.0, mag = 0.0;
                                 for (int e = 0; e < k; e++) {
-                                    const double t = (double)A[i * lda + e] * element(K, dt, (size_t)j * kstride + e);
+                                    const size_t row = (size_t)permuted(j, n, a) + 1;
+                                    const double t = (double)A[i * lda + e] * element(K, dt, row * kstride + e);
                                     want += t, mag += fabs(t);
                                 }
                                 if (fabs(C[i * ldc + j] - want) > 4.0 * (k + 2) * 0x1p-24 * mag + 1e-30)
@@ -458,10 +467,13 @@ static void direct_kernels_match_reference(void **state) {
                             }
                         /* values: V has k rows of n elements; O accumulates */
                         const int vstride = n + (int)(a % 2) * 5;
-                        const char *V = random_rows(&gv, dt, k, n, vstride, false);
+                        const char *V = random_rows(&gv, dt, k + 1, n, vstride, false);
+                        const char **vrows = malloc(sizeof(char *) * (size_t)k);
+                        for (int q = 0; q < k; q++) vrows[q] = V + (size_t)permuted(q, k, a) * vstride * elem;
                         float *O = tile((size_t)m * ldc), *O0 = tile((size_t)m * ldc);
                         for (int i = 0; i < m * ldc; i++) O[i] = O0[i] = (i % ldc) < round_up(n, AF_TILE_PAD) ? uniform_in(-1.0f, 1.0f) : CANARY;
-                        kernels[u]->values_direct(m, n, k, A, lda, V, (size_t)vstride * elem, dt, O, ldc);
+                        kernels[u]->values_direct(m, n, k, A, lda, vrows, (size_t)vstride * elem, dt, O, ldc,
+                                                  (af_prefetch){V, (size_t)k % 7});
                         for (int i = 0; i < m; i++)
                             for (int j = 0; j < ldc; j++) {
                                 if (j >= round_up(n, AF_TILE_PAD)) {
@@ -471,14 +483,15 @@ static void direct_kernels_match_reference(void **state) {
                                 if (j >= n) continue;
                                 double want = O0[i * ldc + j], mag = fabs(want);
                                 for (int p = 0; p < k; p++) {
-                                    const double t = (double)A[i * lda + p] * element(V, dt, (size_t)p * vstride + j);
+                                    const size_t row = (size_t)permuted(p, k, a) + 1;
+                                    const double t = (double)A[i * lda + p] * element(V, dt, row * vstride + j);
                                     want += t, mag += fabs(t);
                                 }
                                 if (fabs(O[i * ldc + j] - want) > 4.0 * (k + 2) * 0x1p-24 * mag + 1e-30)
                                     fail_msg("%s values_direct %s m=%d n=%d k=%d O[%d][%d] = %g, want %g", kernels[u]->isa,
                                              af_dtype_name(dt), m, n, k, i, j, O[i * ldc + j], want);
                             }
-                        free(A), free(C), free(O), free(O0);
+                        free(A), free(C), free(O), free(O0), free(krows), free(vrows);
                         guarded_free(&gk), guarded_free(&gv);
                     }
 }
@@ -551,7 +564,9 @@ static void f8_every_byte_every_path(void **state) {
                 for (int j = 0; j < 256; j++) K[j * ks[c] + ats[c]] = (uint8_t)j;
                 float A[19], *S = tile(256 + AF_TILE_PAD);
                 for (int e = 0; e < 19; e++) A[e] = 1.0f;
-                uk->scores_direct(1, 256, ks[c], A, ks[c], K, (size_t)ks[c], dt, S, 256 + AF_TILE_PAD);
+                const char *rows[256];   /* key j's row */
+                for (int j = 0; j < 256; j++) rows[j] = (const char *)K + (size_t)j * ks[c];
+                uk->scores_direct(1, 256, ks[c], A, ks[c], rows, 0, dt, S, 256 + AF_TILE_PAD, (af_prefetch){NULL, 0});
                 for (int j = 0; j < 256; j++) expect_f8(S[j], (uint8_t)j, dt, true, c ? "scores_direct (tail)" : "scores_direct", uk->isa);
                 free(S);
                 guarded_free(&g);
@@ -563,7 +578,8 @@ static void f8_every_byte_every_path(void **state) {
             const float P[1] = {1.0f};
             float *O = tile(272);
             memset(O, 0, sizeof(float) * 272);
-            uk->values_direct(1, 259, 1, P, 1, V, 259, dt, O, 272);
+            const char *vrow[1] = {(const char *)V};
+            uk->values_direct(1, 259, 1, P, 1, vrow, 0, dt, O, 272, (af_prefetch){NULL, 0});
             for (int i = 0; i < 259; i++) expect_f8(O[i], (uint8_t)(i % 256), dt, true, "values_direct", uk->isa);
             free(O);
             guarded_free(&g);

@@ -53,13 +53,17 @@ typedef struct {
     bool direct;                /* few rows: the micro-kernel's direct kernels read K and V in place */
     bool tile_cache;            /* keep every packed tile of the current (batch, kv head): tile_cache above */
     size_t cache_kt_floats, cache_tile_floats;   /* per cached tile: Kᵀ (E × keys_pad), then V (keys × ev_pad) */
-    size_t off_cache;
     int exp2_degree;
     size_t elem;                /* bytes per k/v element */
     size_t q_elem;              /* bytes per q element (float8 K/V: q may be wider) */
     size_t out_elem;            /* bytes per out element */
-    float *partials;            /* splits > 1: per item, rows × (ev_pad + 2) floats: O, then m and l */
-    size_t off_q, off_qp, off_kt, off_v, off_s, off_o, off_m, off_l, off_a;   /* scratch layout, bytes */
+    float *partials;            /* splits > 1: per (batch, kv head, row block, split), rows × (ev_pad + 2) floats:
+                                   O, then m and l */
+    bool prefetch;              /* direct items: prefetch the next tile's K/V rows (prefetch_cursor) */
+    size_t prefetch_key_bytes;  /* bytes of one key's K rows of an item's heads, gaps included */
+    int heads_per_item;         /* kv heads per work item: 1, or all of them for direct items over interleaved heads */
+    size_t off_qp, off_kt, off_v, off_rows, off_cache;   /* scratch layout, bytes */
+    size_t off_q, off_s, off_o, off_m, off_l, off_a, state_bytes;   /* row_state slot 0; slot h is state_bytes·h on */
 } flash_plan;
 
 static size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
@@ -80,7 +84,9 @@ typedef struct {
     af_sequence seq;   /* batch b's query rows and keys */
 } work_item;
 
-static work_item decode_item(const flash_plan *fp, int64_t t) {
+/* Work item t: (batch, chunk of `heads` kv heads, row block, split), split fastest. heads is 1 except for direct
+ * items over interleaved heads (heads_per_item); combine_item passes 1 to walk (batch, kv head, row block). */
+static work_item decode_item(const flash_plan *fp, int64_t t, int heads) {
     const af_problem *p = fp->p;
     work_item w;
     w.split = t % fp->splits;
@@ -90,10 +96,18 @@ static work_item decode_item(const flash_plan *fp, int64_t t) {
     const bool longest_first = p->causal != AF_CAUSAL_NONE || p->window_right >= 0;
     w.rb = longest_first ? fp->row_blocks - 1 - t % fp->row_blocks : t % fp->row_blocks;
     t /= fp->row_blocks;
-    w.hk = t % p->Hkv;
-    w.b = t / p->Hkv;
+    const int64_t chunks = ceil_div(p->Hkv, heads);
+    w.hk = t % chunks * heads;
+    w.b = t / chunks;
     w.seq = af_sequence_of(p, w.b);
     return w;
+}
+
+/* The same item on kv head hk (the other heads of a multi-head item). */
+static work_item with_head(const work_item *w, int64_t hk) {
+    work_item h = *w;
+    h.hk = hk;
+    return h;
 }
 
 /* Rows of the item's row block within its sequence (0: the block lies past the sequence's rows). */
@@ -265,35 +279,155 @@ static void store_row(const flash_plan *fp, const work_item *w, int64_t h, int64
             l > 0.0f || l != l ? (m + log2f(l)) * 0.69314718055994531f : -INFINITY;
 }
 
+/* One kv head's rows of a work item: its slot of the thread's scratch (an item spanning several heads has one each). */
+typedef struct {
+    float *qb, *S, *O, *m, *l, *alpha;
+} row_state;
+
+static row_state state_of(const flash_plan *fp, char *base, int slot) {
+    char *s = base + (size_t)slot * fp->state_bytes;
+    return (row_state){.qb = (float *)(s + fp->off_q), .S = (float *)(s + fp->off_s), .O = (float *)(s + fp->off_o),
+                       .m = (float *)(s + fp->off_m), .l = (float *)(s + fp->off_l), .alpha = (float *)(s + fp->off_a)};
+}
+
+/* Load the block's query rows as f32 and start their online softmax: m = -inf, l = 0, O = 0. */
+static void begin_rows(const flash_plan *fp, const work_item *w, const row_state *rs, int64_t r0, int rows) {
+    const af_problem *p = fp->p;
+    for (int r = 0; r < rows; r++) {
+        int64_t h, i;
+        const char *src = qrow_ptr(fp, w, r0 + r, &h, &i);
+        load_f32(fp->uk, rs->qb + (size_t)r * fp->E, src, p->dtype, p->q_stride[3], fp->E, fp->q_elem);
+        rs->m[r] = -INFINITY;
+        rs->l[r] = 0.0f;
+    }
+    memset(rs->O, 0, sizeof(float) * (size_t)rows * (size_t)fp->ev_pad);
+}
+
+/* From the raw S block of rows [skip, end) to P: softcap or scale and mask, the causal/window limits on the tiles
+ * that cross them (`edge`), the softmax step, and O rescaled where a row's max moved. */
+static void softmax_tile(const flash_plan *fp, const work_item *w, const row_state *rs, int64_t r0, int skip, int end,
+                         int64_t j0, int cols, bool edge) {
+    const af_problem *p = fp->p;
+    const int n = end - skip;
+    float *Sn = rs->S + (size_t)skip * fp->keys_pad;
+    /* float8 descales of the (batch, kv head) join the scale; c folds it into the exponent when it is > 0 */
+    const double scale = p->scale * af_descale_at(p->q_descale, p->q_descale_stride, w->b, w->hk) *
+                         af_descale_at(p->k_descale, p->k_descale_stride, w->b, w->hk);
+    const bool pre_scale = fp->pre_scale || !(scale > 0.0);
+    const double log2e = 1.4426950408889634;
+    const float c = (float)(pre_scale ? log2e : scale * log2e);   /* the multiplier folded into the exponent */
+    if (p->softcap > 0.0) apply_softcap(fp, n, cols, Sn, scale);   /* af_flash_attn: no mask */
+    else if (pre_scale) apply_scale_and_mask(fp, w, r0 + skip, n, j0, cols, Sn, (float)scale);
+    if (edge) apply_key_range(fp, w, r0 + skip, n, j0, cols, Sn);
+    fp->uk->softmax_step(n, cols, Sn, fp->keys_pad, c, rs->m + skip, rs->l + skip, rs->alpha + skip, fp->exp2_degree);
+    if (fp->Ev == 0) return;
+    for (int r = skip; r < end; r++)
+        if (rs->alpha[r] != 1.0f) fp->uk->scale_row(rs->O + (size_t)r * fp->ev_pad, fp->Ev, rs->alpha[r]);
+}
+
+/* The next tile's K or V rows of an item's kv heads, walked in memory order a page run at a time, handed out to the
+ * direct kernels as lines to prefetch while they compute on this tile (af_prefetch). */
+typedef struct {
+    const work_item *item;   /* on its first kv head */
+    int64_t j, j_end;        /* keys of the next tile not yet handed out */
+    size_t done;             /* lines of key j's run already handed out */
+} prefetch_cursor;
+
+/* Up to `want` lines of the cursor's current run: the rows of keys [j, j + run) of the item's heads, one span from
+ * the first row of its first head to the end of the last row of its last head. */
+static af_prefetch next_prefetch(const flash_plan *fp, bool values, prefetch_cursor *c, size_t want) {
+    if (!fp->prefetch || c->j >= c->j_end || want == 0) return (af_prefetch){NULL, 0};
+    const af_problem *p = fp->p;
+    const int64_t *st = values ? p->v_stride : p->k_stride;
+    const int run = run_length(fp, c->j, (int)(c->j_end - c->j < INT32_MAX ? c->j_end - c->j : INT32_MAX));
+    const char *first = values ? value_row(fp, c->item, c->j) : key_row(fp, c->item, c->j);
+    const size_t skew = (uintptr_t)first % 64;
+    const size_t span = (size_t)((run - 1) * st[2] + (fp->heads_per_item - 1) * st[1] + (values ? fp->Ev : fp->E)) *
+                        fp->elem;
+    const size_t lines = (skew + span + 63) / 64;
+    const size_t n = lines - c->done < want ? lines - c->done : want;
+    const af_prefetch pf = {first - skew + c->done * 64, n};
+    c->done += n;
+    if (c->done == lines) {
+        c->j += run;
+        c->done = 0;
+    }
+    return pf;
+}
+
+/* The tile's K and V rows of the item's first kv head (rows of a later head are a fixed offset away), so the direct
+ * kernels take a tile in one call whatever the pages. */
+static void tile_rows(const flash_plan *fp, const work_item *item, int64_t j0, int cols, const char **k_rows,
+                      const char **v_rows) {
+    for (int c = 0; c < cols; c++) {
+        k_rows[c] = key_row(fp, item, j0 + c);
+        v_rows[c] = fp->Ev ? value_row(fp, item, j0 + c) : NULL;
+    }
+}
+
+/* The direct kernels on one tile of kv head `h` of the item (its rows at k_rows/v_rows plus h head strides), K and V
+ * read where they lie; meanwhile they prefetch pf_lines lines of the next tile's K (scores) and V (values). */
+static void direct_tile(const flash_plan *fp, const work_item *w, int h, const row_state *rs, int64_t r0, int skip,
+                        int end, int64_t j0, int cols, bool edge, const char *const *k_rows, const char *const *v_rows,
+                        prefetch_cursor *next_k, prefetch_cursor *next_v, size_t pf_lines) {
+    const af_problem *p = fp->p;
+    const int n = end - skip;
+    float *Sn = rs->S + (size_t)skip * fp->keys_pad, *On = rs->O + (size_t)skip * fp->ev_pad;
+    const float *qn = rs->qb + (size_t)skip * fp->E;
+    fp->uk->scores_direct(n, cols, fp->E, qn, fp->E, k_rows, (size_t)(h * p->k_stride[1]) * fp->elem, p->kv_dtype, Sn,
+                          fp->keys_pad, next_prefetch(fp, false, next_k, pf_lines));
+    softmax_tile(fp, w, rs, r0, skip, end, j0, cols, edge);
+    if (fp->Ev == 0) return;
+    fp->uk->values_direct(n, fp->Ev, cols, Sn, fp->keys_pad, v_rows, (size_t)(h * p->v_stride[1]) * fp->elem, p->kv_dtype,
+                          On, fp->ev_pad, next_prefetch(fp, true, next_v, pf_lines));
+}
+
+/* Index of the (batch, kv head, row block, split) among all of them: where split-KV keeps its partial result. */
+static int64_t partial_index(const flash_plan *fp, const work_item *w) {
+    return ((w->b * fp->p->Hkv + w->hk) * fp->row_blocks + w->rb) * fp->splits + w->split;
+}
+
+/* The block's finished rows: stored (normalised), or, split-KV, kept unnormalised for combine_item. */
+static void finish_rows(const flash_plan *fp, const work_item *w, const row_state *rs, int64_t r0, int rows) {
+    if (fp->splits == 1) {
+        for (int r = 0; r < rows; r++) {
+            int64_t h, i;
+            qrow_ptr(fp, w, r0 + r, &h, &i);
+            store_row(fp, w, h, i, rs->O + (size_t)r * fp->ev_pad, rs->m[r], rs->l[r]);
+        }
+        return;
+    }
+    const size_t row_floats = (size_t)fp->ev_pad + 2;
+    float *part = fp->partials + (size_t)partial_index(fp, w) * (size_t)fp->block_rows * row_floats;
+    for (int r = 0; r < rows; r++) {
+        float *dst = part + (size_t)r * row_floats;
+        memcpy(dst, rs->O + (size_t)r * fp->ev_pad, sizeof(float) * (size_t)fp->Ev);
+        dst[fp->ev_pad] = rs->m[r];
+        dst[fp->ev_pad + 1] = rs->l[r];
+    }
+}
+
 static void run_item(void *ctx, int64_t t, void *scratch) {
     const flash_plan *fp = ctx;
     const af_problem *p = fp->p;
     const af_ukernel *uk = fp->uk;
-    const work_item w = decode_item(fp, t);
+    const work_item w = decode_item(fp, t, fp->heads_per_item);
     char *base = scratch;
-    float *qb = (float *)(base + fp->off_q), *kt = (float *)(base + fp->off_kt), *vt = (float *)(base + fp->off_v);
+    float *kt = (float *)(base + fp->off_kt), *vt = (float *)(base + fp->off_v);
     void *qpack = base + fp->off_qp;   /* products only: kt and vt then hold the products' packed K and V */
-    float *S = (float *)(base + fp->off_s), *O = (float *)(base + fp->off_o);
-    float *m = (float *)(base + fp->off_m), *l = (float *)(base + fp->off_l), *alpha = (float *)(base + fp->off_a);
 
     const int64_t r0 = w.rb * fp->block_rows;
     const int rows = block_rows_of(fp, &w);
     if (rows == 0) return;   /* past this sequence's rows (varlen): no work, and combine_item reads nothing */
-    for (int r = 0; r < rows; r++) {
-        int64_t h, i;
-        const char *src = qrow_ptr(fp, &w, r0 + r, &h, &i);
-        load_f32(uk, qb + (size_t)r * fp->E, src, p->dtype, p->q_stride[3], fp->E, fp->q_elem);
-        m[r] = -INFINITY;
-        l[r] = 0.0f;
+    /* The item's kv heads, one row_state each (more than one only for direct items over interleaved heads). */
+    const int heads = (int)(p->Hkv - w.hk < fp->heads_per_item ? p->Hkv - w.hk : fp->heads_per_item);
+    for (int h = 0; h < heads; h++) {
+        const work_item wh = with_head(&w, w.hk + h);
+        const row_state rs = state_of(fp, base, h);
+        begin_rows(fp, &wh, &rs, r0, rows);
     }
-    memset(O, 0, sizeof(float) * (size_t)rows * (size_t)fp->ev_pad);
-    if (fp->px) fp->px->pack_q(rows, fp->E, qb, fp->E, qpack);
-    /* float8 descales of this (batch, kv head) join the scale: c folds it into the exponent when it is > 0 */
-    const double scale = p->scale * af_descale_at(p->q_descale, p->q_descale_stride, w.b, w.hk) *
-                         af_descale_at(p->k_descale, p->k_descale_stride, w.b, w.hk);
-    const bool pre_scale = fp->pre_scale || !(scale > 0.0);
-    const double log2e = 1.4426950408889634;   /* c: the multiplier folded into the exponent (log2(e) if pre-scaled) */
-    const float c = (float)(pre_scale ? log2e : scale * log2e);
+    const row_state rs = state_of(fp, base, 0);
+    if (fp->px) fp->px->pack_q(rows, fp->E, rs.qb, fp->E, qpack);
 
     /* The block's keys: from the first row's lower limit to the last row's upper one (both grow with the row), within
      * this split; the first tile stays aligned to block_keys (the tile cache indexes tiles by j0 / block_keys). */
@@ -314,6 +448,28 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
     int cols;
     for (int64_t j0 = k_lo; j0 < k_hi; j0 += cols) {   /* += cols: j0 + block_keys may pass 2^63 */
         cols = (int)(k_hi - j0 < fp->block_keys ? k_hi - j0 : fp->block_keys);
+        /* Rows whose scores in this tile would all be -inf: P = 0, alpha = 1, m and l unchanged, so skipping them is
+         * exact. Leading rows end before the tile (causal, right edge), trailing rows start after it (left edge). */
+        int64_t lo, hi;
+        while (skip < rows && (row_key_range(fp, &w, r0 + skip, &lo, &hi), hi <= j0)) skip++;
+        int end = rows;
+        while (end > skip && (row_key_range(fp, &w, r0 + end - 1, &lo, &hi), lo >= j0 + cols)) end--;
+        if (end == skip) continue;
+        const bool edge = j0 < last_lo || j0 + cols > first_hi;
+        if (fp->direct) {
+            /* The next tile's K/V, all heads of the item, prefetched in shares over this tile's heads. */
+            const int64_t next = j0 + cols, next_n = k_hi - next < fp->block_keys ? k_hi - next : fp->block_keys;
+            prefetch_cursor next_k = {&w, next, next + next_n, 0}, next_v = next_k;
+            const size_t pf_lines = (size_t)next_n * fp->prefetch_key_bytes / 64 / (size_t)heads + 2;
+            const char **k_rows = (const char **)(base + fp->off_rows), **v_rows = k_rows + fp->block_keys;
+            tile_rows(fp, &w, j0, cols, k_rows, v_rows);
+            for (int h = 0; h < heads; h++) {
+                const work_item wh = with_head(&w, w.hk + h);
+                const row_state rh = state_of(fp, base, h);
+                direct_tile(fp, &wh, h, &rh, r0, skip, end, j0, cols, edge, k_rows, v_rows, &next_k, &next_v, pf_lines);
+            }
+            continue;
+        }
         /* The tiles this block's products read: cached ones, or the scratch tiles packed for this block alone.
          * Cached tiles are packed whole, whatever this block's causal limit, so that a later block of the head may
          * use every key of them. The cache holds one run of consecutive tiles; a block starting elsewhere (a window)
@@ -330,48 +486,24 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
             if (pack && ti != cache->packed) cache->first = ti;   /* not the next tile of the run: a new run */
             if (pack) cache->packed = ti + 1;
         }
-        /* Rows whose scores in this tile would all be -inf: P = 0, alpha = 1, m and l unchanged, so skipping them is
-         * exact. Leading rows end before the tile (causal, right edge), trailing rows start after it (left edge). */
-        int64_t lo, hi;
-        while (skip < rows && (row_key_range(fp, &w, r0 + skip, &lo, &hi), hi <= j0)) skip++;
-        int end = rows;
-        while (end > skip && (row_key_range(fp, &w, r0 + end - 1, &lo, &hi), lo >= j0 + cols)) end--;
         const int n = end - skip;
-        if (n == 0) continue;
-        float *Sn = S + (size_t)skip * fp->keys_pad, *On = O + (size_t)skip * fp->ev_pad;
-        const float *qn = qb + (size_t)skip * fp->E;
+        float *Sn = rs.S + (size_t)skip * fp->keys_pad, *On = rs.O + (size_t)skip * fp->ev_pad;
+        const float *qn = rs.qb + (size_t)skip * fp->E;
         if (fp->px) {
             const char *k = key_row(fp, &w, j0);
             fp->px->pack_k(cols, fp->E, k, (size_t)p->k_stride[2] * fp->elem, p->dtype, kt);
             fp->px->scores(n, cols, fp->E, qpack, skip, kt, Sn, fp->keys_pad);
-        } else if (fp->direct) {
-            for (int c = 0, len; c < cols; c += len) {   /* paged: each page's run read in place */
-                len = run_length(fp, j0 + c, cols - c);
-                uk->scores_direct(n, len, fp->E, qn, fp->E, key_row(fp, &w, j0 + c), (size_t)p->k_stride[2] * fp->elem,
-                                  p->kv_dtype, Sn + c, fp->keys_pad);
-            }
         } else {
             /* vt is free until the V tile: a row buffer for the transpose */
             if (pack) pack_key_tile(fp, &w, j0, pack_cols, ktile, vt);
             uk->gemm(n, cols, fp->E, qn, fp->E, ktile, fp->keys_pad, Sn, fp->keys_pad, false);
         }
-        if (p->softcap > 0.0) apply_softcap(fp, n, cols, Sn, scale);   /* af_flash_attn: no mask */
-        else if (pre_scale) apply_scale_and_mask(fp, &w, r0 + skip, n, j0, cols, Sn, (float)scale);
-        if (j0 < last_lo || j0 + cols > first_hi) apply_key_range(fp, &w, r0 + skip, n, j0, cols, Sn);
-        uk->softmax_step(n, cols, Sn, fp->keys_pad, c, m + skip, l + skip, alpha + skip, fp->exp2_degree);
+        softmax_tile(fp, &w, &rs, r0, skip, end, j0, cols, edge);
         if (fp->Ev == 0) continue;
-        for (int r = skip; r < end; r++)
-            if (alpha[r] != 1.0f) uk->scale_row(O + (size_t)r * fp->ev_pad, fp->Ev, alpha[r]);
         if (fp->px) {
             const char *v = value_row(fp, &w, j0);
             fp->px->pack_v(cols, fp->Ev, v, (size_t)p->v_stride[2] * fp->elem, p->dtype, vt);
             fp->px->values(n, fp->Ev, cols, Sn, fp->keys_pad, vt, On, fp->ev_pad);
-        } else if (fp->direct) {
-            for (int c = 0, len; c < cols; c += len) {
-                len = run_length(fp, j0 + c, cols - c);
-                uk->values_direct(n, fp->Ev, len, Sn + c, fp->keys_pad, value_row(fp, &w, j0 + c),
-                                  (size_t)p->v_stride[2] * fp->elem, p->kv_dtype, On, fp->ev_pad);
-            }
         } else if (fp->v_direct) {
             const float *v = (const float *)value_row(fp, &w, j0);
             uk->gemm(n, fp->Ev, cols, Sn, fp->keys_pad, v, (int)p->v_stride[2], On, fp->ev_pad, true);
@@ -380,23 +512,10 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
             uk->gemm(n, fp->Ev, cols, Sn, fp->keys_pad, vtile, fp->ev_pad, On, fp->ev_pad, true);
         }
     }
-
-    if (fp->splits == 1) {
-        for (int r = 0; r < rows; r++) {
-            int64_t h, i;
-            qrow_ptr(fp, &w, r0 + r, &h, &i);
-            store_row(fp, &w, h, i, O + (size_t)r * fp->ev_pad, m[r], l[r]);
-        }
-        return;
-    }
-    /* split-KV: keep the unnormalised partial result; combine_item merges the splits */
-    const size_t row_floats = (size_t)fp->ev_pad + 2;
-    float *part = fp->partials + (size_t)t * (size_t)fp->block_rows * row_floats;
-    for (int r = 0; r < rows; r++) {
-        float *dst = part + (size_t)r * row_floats;
-        memcpy(dst, O + (size_t)r * fp->ev_pad, sizeof(float) * (size_t)fp->Ev);
-        dst[fp->ev_pad] = m[r];
-        dst[fp->ev_pad + 1] = l[r];
+    for (int h = 0; h < heads; h++) {
+        const work_item wh = with_head(&w, w.hk + h);
+        const row_state rh = state_of(fp, base, h);
+        finish_rows(fp, &wh, &rh, r0, rows);
     }
 }
 
@@ -404,11 +523,11 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
 static void combine_item(void *ctx, int64_t t, void *scratch) {
     const flash_plan *fp = ctx;
     float *acc = scratch;
-    const work_item w = decode_item(fp, t * fp->splits);
+    const work_item w = decode_item(fp, t * fp->splits, 1);
     const int64_t r0 = w.rb * fp->block_rows;
     const int rows = block_rows_of(fp, &w);
     const size_t row_floats = (size_t)fp->ev_pad + 2;
-    const float *first = fp->partials + (size_t)(t * fp->splits) * (size_t)fp->block_rows * row_floats;
+    const float *first = fp->partials + (size_t)partial_index(fp, &w) * (size_t)fp->block_rows * row_floats;
     const size_t split_stride = (size_t)fp->block_rows * row_floats;
     for (int r = 0; r < rows; r++) {
         float m_all = -INFINITY;
@@ -433,6 +552,13 @@ static void combine_item(void *ctx, int64_t t, void *scratch) {
         qrow_ptr(fp, &w, r0 + r, &h, &i);
         store_row(fp, &w, h, i, acc, m_all, l_all);
     }
+}
+
+/* True when the K and V rows of all kv heads of one key lie within that key's row (head stride < key stride): a
+ * (B,S,H,E) or paged cache, where a head's rows are a whole row of heads apart. */
+static bool kv_heads_interleave(const af_problem *p) {
+    if (p->Hkv < 2) return false;
+    return p->k_stride[1] > 0 && p->k_stride[1] < p->k_stride[2] && p->v_stride[1] > 0 && p->v_stride[1] < p->v_stride[2];
 }
 
 /* The micro-kernel's own products when it has them, accepts the call, and K and V are contiguous along the head
@@ -492,10 +618,20 @@ af_status af_flash_forward(const af_problem *p) {
     fp.direct = !fp.px && fp.uk->scores_direct && fp.uk->values_direct && p->k_stride[3] == 1 && p->v_stride[3] == 1 &&
                 fp.block_rows <= DIRECT_MAX_ROWS;
 
+    /* Direct items over K/V whose heads interleave (a transformer's (B,S,H,E) cache, paged pages of (page_size, H,
+     * E)) take all kv heads of their key range: every cache line fetched is used at once, and memory is read in
+     * order instead of one head's rows a page apart. */
+    fp.heads_per_item = fp.direct && kv_heads_interleave(p) ? (int)p->Hkv : 1;
+    /* Direct items prefetch the next tile's rows as spans over their heads: only when the spans are mostly rows the
+     * item reads (not a strided view whose rows are far apart, where whole spans would waste the bandwidth). */
+    const int64_t span_k = (fp.heads_per_item - 1) * p->k_stride[1] + p->E;
+    const int64_t span_v = (fp.heads_per_item - 1) * p->v_stride[1] + p->Ev;
+    fp.prefetch = fp.direct && p->k_stride[2] <= 2 * span_k && p->v_stride[2] <= 2 * span_v;
+    fp.prefetch_key_bytes = (size_t)(p->k_stride[2] > span_k ? p->k_stride[2] : span_k) * fp.elem;
+
     const size_t br = (size_t)fp.block_rows, keys_pad = (size_t)fp.keys_pad, ev_pad = (size_t)fp.ev_pad;
     const size_t e_pad = round_up((size_t)fp.E, AF_TILE_PAD);
     size_t at = 64;   /* the tile_cache header */
-    fp.off_q = at;  at += round_up(sizeof(float) * br * (size_t)fp.E, 64);
     fp.off_qp = at;
     if (fp.px) {   /* the products' own packed Q block, K tile and V tile */
         at += round_up(fp.px->q_bytes(fp.block_rows, fp.E), 64);
@@ -505,11 +641,16 @@ af_status af_flash_forward(const af_problem *p) {
         fp.off_kt = at; at += round_up(sizeof(float) * e_pad * keys_pad, 64);
         fp.off_v = at;  at += round_up(sizeof(float) * keys_pad * (ev_pad > e_pad ? ev_pad : e_pad), 64);
     }
+    fp.off_rows = at; at += round_up(2 * sizeof(char *) * (size_t)fp.block_keys, 64);   /* direct: tile_rows */
+    const size_t state0 = at;   /* row_state slots, one per kv head of an item */
+    fp.off_q = at;  at += round_up(sizeof(float) * br * (size_t)fp.E, 64);
     fp.off_s = at;  at += round_up(sizeof(float) * br * keys_pad, 64);
     fp.off_o = at;  at += round_up(sizeof(float) * br * ev_pad, 64);
     fp.off_m = at;  at += round_up(sizeof(float) * br, 64);
     fp.off_l = at;  at += round_up(sizeof(float) * br, 64);
     fp.off_a = at;  at += round_up(sizeof(float) * br, 64);
+    fp.state_bytes = at - state0;
+    at += fp.state_bytes * (size_t)(fp.heads_per_item - 1);
 
     /* The tile cache, when a head has more than one row block to share it and every thread's cache fits in
      * TILE_CACHE_BYTES together (L=S=4096, E=Ev=128: 4.8 MiB per thread; at 8192 two threads no longer fit). */
@@ -526,16 +667,18 @@ af_status af_flash_forward(const af_problem *p) {
         at += (size_t)tiles * fp.cache_tile_floats * sizeof(float);
     }
 
-    const int64_t groups = p->B * p->Hkv * fp.row_blocks;
+    const int64_t groups = p->B * p->Hkv * fp.row_blocks;   /* (batch, kv head, row block): combine_item's items */
     af_log(AF_LOG_DEBUG, "flash: isa %s, %lld row blocks (of %d rows) over all heads, key tiles of %d, %lld key splits, %s%s",
            fp.uk->isa, (long long)groups, fp.block_rows, fp.block_keys, (long long)fp.splits,
            fp.px ? "own-format products" : fp.direct ? "direct K/V reads" : "packed f32 tiles",
            fp.tile_cache ? ", tile cache on" : "");
-    int64_t items = groups;   /* a broadcast (stride-0) key can make S, hence the splits, the items and partials, huge */
+    /* run_item's items: (batch, head chunk, row block, split). A broadcast (stride-0) key can make S, hence the
+     * splits, the items and partials, huge. */
+    int64_t items = p->B * ceil_div(p->Hkv, fp.heads_per_item) * fp.row_blocks;
     if (fp.splits > 1) {
-        size_t count;
-        if (__builtin_mul_overflow(groups, fp.splits, &items) ||
-            __builtin_mul_overflow((size_t)items, br * (ev_pad + 2), &count) || count > SIZE_MAX / sizeof(float))
+        size_t count, parts;
+        if (__builtin_mul_overflow(items, fp.splits, &items) || __builtin_mul_overflow(groups, fp.splits, &parts) ||
+            __builtin_mul_overflow(parts, br * (ev_pad + 2), &count) || count > SIZE_MAX / sizeof(float))
             return af_fail(AF_ERR_NO_MEMORY, "out of memory: split-KV partial results for %lld splits exceed 2^64 bytes",
                            (long long)fp.splits);
         if (count > ((size_t)1 << 45))   /* 2^47 bytes: more than an x86-64/arm64 process can address */

@@ -47,6 +47,15 @@ typedef struct af_products {
     void (*values)(int rows, int Ev, int cols, const float *P, int ldp, const void *vpack, float *O, int ldo);
 } af_products;
 
+/* Memory a direct kernel asks to be brought into L2 while it computes: `lines` 64-byte lines from `addr` (which
+ * is line-aligned), a few per step of its loop. The driver points it at the next tile's K/V rows, so that decode's
+ * loads overlap its arithmetic: the hardware prefetchers stop at 4 KiB pages and miss a (B,S,H,E) cache's rows a
+ * page apart, and the loads alone keep too few misses in flight. {NULL, 0}: none. Prefetches never fault. */
+typedef struct {
+    const char *addr;
+    size_t lines;
+} af_prefetch;
+
 typedef struct af_ukernel {
     const char *isa;   /* "portable", "avx2", "avx512", "amx" */
 
@@ -73,7 +82,7 @@ typedef struct af_ukernel {
     /* Tile sizes for head dims E (q·k) and Ev (v): query rows per block and keys per block. */
     void (*blocking)(int E, int Ev, int *block_rows, int *block_keys);
 
-    /* Optional packing hooks (NULL: the driver's own loops). Sources are f32, f16 or bf16, contiguous along the
+    /* Optional packing hooks (NULL: the driver's own loops). Sources are f32, f16, bf16 or float8, contiguous along the
      * head dim; the result is f32, converted exactly.
      * pack_kt: the K tile transposed, kt[e·ldkt + j] = K_j[e] for j < cols, e < E, with columns
      *          cols..round_up(cols, AF_TILE_PAD) zero. Key j starts at (const char *)k + j·key_stride bytes;
@@ -82,15 +91,16 @@ typedef struct af_ukernel {
     void (*pack_kt)(int cols, int E, const void *k, size_t key_stride, af_dtype dtype, float *kt, int ldkt);
     void (*convert)(float *dst, const void *src, af_dtype dtype, int n);
 
-    /* Optional kernels for few query rows (decode): K and V read where they lie, nothing packed. K/V rows are
-     * f32/f16/bf16 (dtype), contiguous along the head dim, `row_bytes` apart (a multiple of the element size);
-     * nothing past a row's last element is read. m, n, k >= 1.
+    /* Optional kernels for few query rows (decode): K and V read where they lie, nothing packed. K/V row j is
+     * f32/f16/bf16/float8 (dtype), contiguous along the head dim, at rows[j] + offset (bytes): pages in any order, and the
+     * kv heads of one tile share one list; nothing past a row's last element is read. m, n, k >= 1.
      * scores_direct: S[m×n] = A[m×k] · K^T, K's n rows of k elements; S's columns n.. are not written.
-     * values_direct: O[m×n] += P[m×k] · V, V's k rows of n elements; ldo a multiple of AF_TILE_PAD. */
-    void (*scores_direct)(int m, int n, int k, const float *A, int lda, const void *K, size_t row_bytes,
-                          af_dtype dtype, float *S, int lds);
-    void (*values_direct)(int m, int n, int k, const float *P, int ldp, const void *V, size_t row_bytes,
-                          af_dtype dtype, float *O, int ldo);
+     * values_direct: O[m×n] += P[m×k] · V, V's k rows of n elements; ldo a multiple of AF_TILE_PAD.
+     * Both also prefetch `pf`'s lines into L2, spread over their work (af_prefetch). */
+    void (*scores_direct)(int m, int n, int k, const float *A, int lda, const char *const *rows, size_t offset,
+                          af_dtype dtype, float *S, int lds, af_prefetch pf);
+    void (*values_direct)(int m, int n, int k, const float *P, int ldp, const char *const *rows, size_t offset,
+                          af_dtype dtype, float *O, int ldo, af_prefetch pf);
 
     /* Optional products on the kernel's own operand formats (above); NULL: none. */
     const af_products *products;
