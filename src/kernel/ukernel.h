@@ -12,6 +12,11 @@
  * aligned, so a micro-kernel may load/store whole vectors up to the padded width. */
 #define AF_TILE_PAD 16
 
+/* Inside the vector kernels only, never across this table: e4m3fn bytes that a scan found free of NaN, loaded as
+ * value·2^-8 (f16 bits by one shift and mask: no NaN fix, no rescale per element); the direct kernels scale their
+ * sums by 2^8 once per tile instead (exact: powers of two, barring f32 subnormals, i.e. |q| or |O| below ~2^-100). */
+#define AF_F8E4M3_SCALED ((af_dtype)(0x100 | AF_F8E4M3))
+
 /* Optional products on a micro-kernel's own operand formats (AMX: bf16 tiles, K and V in VNNI pairs), for calls
  * whose inputs it accepts; the driver's f32 path (gemm on packed f32 tiles) runs the rest. The driver keeps its
  * rows, causal skipping, masks, the online softmax (the table's softmax_step on the f32 S block) and the epilogue;

@@ -69,11 +69,12 @@ static inline float e_f8_lane(uint8_t byte, af_dtype dt) {
     const uint16_t hi = (uint16_t)(byte << 8);
     if (dt == AF_F8E5M2) return af_f16_to_f32(hi);
     uint16_t h = (uint16_t)((uint16_t)((int16_t)hi >> 1) & 0xbfffu);
+    if (dt == AF_F8E4M3_SCALED) return af_f16_to_f32(h);   /* no NaN fix, no rescale */
     if ((h & 0x7fffu) == 0x3f80u) h = 0xffffu;
     return af_f16_to_f32(h) * 256.0f;
 }
 static inline vec16 e_load_cvt(const char *p, af_dtype dt) {
-    if (dt == AF_F8E4M3 || dt == AF_F8E5M2) { LANEWISE(e_f8_lane((uint8_t)p[i], dt)); }
+    if (dt == AF_F8E4M3 || dt == AF_F8E5M2 || dt == AF_F8E4M3_SCALED) { LANEWISE(e_f8_lane((uint8_t)p[i], dt)); }
     LANEWISE(e_load1(p + (size_t)i * af_elem_bytes(dt), dt));
 }
 
