@@ -433,7 +433,7 @@ static void bench_usage(FILE *f) {
             "                       [--portable-max-gflop X] [--layout hnd|nhd] [--device cpu|cuda|cuda:N]\n"
             "                       [--kv-dtype float8_e4m3fn|float8_e5m2]\n"
             "       attnforge bench --features [--features-len N] [--window W] [--dtype D] [--reps N] [--quick]\n"
-            "                       [--kv-dtype float8_e4m3fn|float8_e5m2] [--json]\n\n"
+            "                       [--kv-dtype float8_e4m3fn|float8_e5m2] [--pair NAME] [--json]\n\n"
             "Measures the FMA peak (same ISA and thread count) and the read bandwidth, then times each shape\n"
             "(median of --reps calls, default 5, after one warm-up) and prints GFLOP/s by FA4's formula\n"
             "2·B·Hq·L·S'·(E+Ev) (causal: S' = keys actually seen), the share of the peak, for decode (L <= 16)\n"
@@ -451,11 +451,13 @@ static void bench_usage(FILE *f) {
             "--features times af_flash_attn's features against the plain call each replaces, instead of the shapes\n"
             "above (about 20 s): window (W, 0) against full attention at L=S=N, H=4, E=128; a causal varlen batch of\n"
             "8 sequences (N/4 down to N/64 rows) against the same batch padded to the longest; decode over S=N keys\n"
-            "in pages of 16 in shuffled order against contiguous K/V (B=4, Hq/Hkv 32/8, E=128). N = --features-len\n"
-            "(default 8192; 2048 with --quick), W = --window (default 512); float32 and bfloat16 unless --dtype.\n"
+            "in pages of 16 in shuffled order against contiguous K/V (B=4, Hq/Hkv 32/8, E=128); decode over S=4N\n"
+            "keys from a float8 K/V cache (--kv-dtype) against an f16 (bf16) cache holding the same values (B=1,\n"
+            "Hq/Hkv 32/8, E=128, q f16 for float32). N = --features-len (default 8192; 2048 with --quick), W =\n"
+            "--window (default 512); float32 and bfloat16 unless --dtype; --pair NAME runs one pair.\n"
             "The two calls of a pair alternate; per pair the median of the per-iteration time ratios (and CPU-time\n"
             "ratios), the work ratio (FLOPs of the keys each row sees; 1 for paged), the issue's target (window\n"
-            "<= 0.10, paged <= 1.10), and how far apart the outputs are where both compute the same rows (share\n"
+            "<= 0.10, paged <= 1.10, fp8 <= 1/1.8), and how far apart the outputs are where both compute the same rows (share\n"
             "of twice the error bound; over 1 fails). GFLOP/s count only the keys each row sees.\n\n"
             "--device cuda[:N] (default cpu) times af_sdpa on tensors in that GPU's memory instead: a spot check of\n"
             "small shapes against the double reference, then per shape the median of --reps samples, each sample\n"
@@ -474,6 +476,7 @@ int cmd_bench(int argc, char **argv) {
     bool have_shape = false, dtype_given = false, causal = false, isa_given = false, features = false;
     af_dtype kv_dtype = AF_F8E4M3;   /* the float8 decode rows' (and the --features fp8 pair's) K/V format */
     bool kv_given = false;
+    const char *only_pair = NULL;
     int64_t features_len = 0, window = 512;
     af_device device = {AF_DEVICE_CPU, 0};
     for (int i = 1; i < argc; i++) {
@@ -539,6 +542,15 @@ int cmd_bench(int argc, char **argv) {
             }
             kv_given = true;
             i++;
+        } else if (!strcmp(a, "--pair") && value) {
+            if (strcmp(value, "window_vs_full") && strcmp(value, "varlen_vs_padded") &&
+                strcmp(value, "paged_vs_contiguous") && strcmp(value, "fp8_vs_f16")) {
+                fprintf(stderr, "attnforge bench: --pair takes window_vs_full, varlen_vs_padded, paged_vs_contiguous "
+                                "or fp8_vs_f16, got '%s'\n", value);
+                return 2;
+            }
+            only_pair = value;
+            i++;
         } else if (!strcmp(a, "--reps") && value) {
             o.reps = atoi(value);
             if (o.reps < 1 || o.reps > 64) {
@@ -554,6 +566,10 @@ int cmd_bench(int argc, char **argv) {
             bench_usage(stderr);
             return 2;
         }
+    }
+    if (!features && only_pair) {
+        fprintf(stderr, "attnforge bench: --pair chooses among the --features pairs\n");
+        return 2;
     }
     if (!features && (features_len || window != 512)) {
         fprintf(stderr, "attnforge bench: --features-len and --window size the --features pairs only\n");
@@ -612,7 +628,8 @@ int cmd_bench(int argc, char **argv) {
     if (features) {
         const bench_features_options fo = {.reps = o.reps, .json = o.json, .length = features_len ? features_len :
                                            o.quick ? 2048 : 8192, .window = window, .heads = 4, .head_dim = 128,
-                                           .dtype_given = dtype_given, .dtype = one.dtype, .kv_dtype = kv_dtype};
+                                           .dtype_given = dtype_given, .dtype = one.dtype, .kv_dtype = kv_dtype,
+                                           .only = only_pair};
         const int errors = failures + bench_features(&fo, threads);
         bench_machine_release();
         return errors ? 1 : 0;

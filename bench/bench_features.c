@@ -210,7 +210,7 @@ static bool paged_pair(feature_pair *p, const bench_features_options *o, af_dtyp
  * value is exact in f16 and in bf16). The two calls then compute the same thing: the outputs must agree. */
 static bool fp8_pair(feature_pair *p, const bench_features_options *o, af_dtype dtype, uint64_t seed) {
     const af_dtype q_dtype = dtype == AF_F32 ? AF_F16 : dtype, f8 = o->kv_dtype;
-    const int64_t S = o->length, E = o->head_dim;
+    const int64_t S = 4 * o->length, E = o->head_dim;   /* 32768 by default: a long context's decode */
     p->name = "fp8_vs_f16";
     p->b = (feature_call){.label = q_dtype == AF_BF16 ? "bf16kv" : "f16kv", .form = "contiguous", .B = FP8_BATCH,
                           .Hq = DECODE_HQ, .Hkv = DECODE_HKV, .L = 1, .S = S, .E = E, .dtype = q_dtype, .decode = true};
@@ -386,6 +386,7 @@ static void print_pair(const feature_pair *p, const bench_features_options *o, i
 int bench_features(const bench_features_options *o, int threads) {
     typedef bool (*make_pair)(feature_pair *, const bench_features_options *, af_dtype, uint64_t);
     const make_pair makers[] = {window_pair, varlen_pair, paged_pair, fp8_pair};
+    static const char *const names[] = {"window_vs_full", "varlen_vs_padded", "paged_vs_contiguous", "fp8_vs_f16"};
     const af_dtype all[] = {AF_F32, AF_BF16};
     const int num_dtypes = o->dtype_given ? 1 : 2, reps = o->reps < 64 ? o->reps : 64;
     int failures = 0;
@@ -396,7 +397,7 @@ int bench_features(const bench_features_options *o, int threads) {
                "GFLOP/s", "%peak", "KV_GB/s", "%bw", "cpu%");
     }
     for (size_t m = 0; m < sizeof makers / sizeof makers[0]; m++)
-        for (int d = 0; d < num_dtypes; d++) {
+        for (int d = 0; d < num_dtypes && (!o->only || !strcmp(o->only, names[m])); d++) {
             feature_pair p;
             memset(&p, 0, sizeof p);
             const af_dtype dtype = o->dtype_given ? o->dtype : all[d];

@@ -17,7 +17,8 @@ typedef struct {
     int64_t heads, head_dim;   /* the prefill pairs' H (= Hkv) and E = Ev; decode uses Hq/Hkv 32/8 and head_dim */
     bool dtype_given;
     af_dtype dtype;        /* the only dtype when dtype_given, else float32 and bfloat16 */
-    af_dtype kv_dtype;     /* the float8 pair's K/V format (AF_F8E4M3 or AF_F8E5M2) */
+    af_dtype kv_dtype;     /* the float8 pair's K/V format (AF_F8E4M3 or AF_F8E5M2); its S is 4·length */
+    const char *only;      /* NULL, or the one pair to run ("window_vs_full", ..., "fp8_vs_f16") */
 } bench_features_options;
 
 /* Prints the rows and one comparison per pair; returns the number of failed calls or disagreeing pairs. */

@@ -555,36 +555,85 @@ static void f8_every_byte_every_path(void **state) {
                 free(kt);
             }
             if (!uk->scores_direct) continue;
-            /* scores: key j's row holds byte j at `at`, +0 elsewhere; q = 1 everywhere: S[j] = the value */
-            const int ks[2] = {16, 19}, ats[2] = {5, 18};   /* in a whole vector; in the scalar tail */
-            for (int c = 0; c < 2; c++) {
+            /* The direct kernels twice for e4m3fn: with the NaN bytes (the exact loads), then with them replaced by
+             * +0 (a NaN-free tile: the AF_F8E4M3_SCALED loads and the per-tile 2^8). */
+            for (int nan_free = 0; nan_free < (dt == AF_F8E4M3 ? 2 : 1); nan_free++) {
+                uint8_t b8[256];
+                for (int j = 0; j < 256; j++) b8[j] = nan_free && (j & 0x7f) == 0x7f ? 0 : (uint8_t)j;
+                /* scores: key j's row holds byte j at `at`, +0 elsewhere; q = 1 everywhere: S[j] = the value */
+                const int ks[2] = {16, 19}, ats[2] = {5, 18};   /* in a whole vector; in the scalar tail */
+                for (int c = 0; c < 2; c++) {
+                    guarded g;
+                    uint8_t *K = guarded_alloc(&g, (size_t)256 * ks[c]);
+                    memset(K, 0, (size_t)256 * ks[c]);
+                    for (int j = 0; j < 256; j++) K[j * ks[c] + ats[c]] = b8[j];
+                    float A[19], *S = tile(256 + AF_TILE_PAD);
+                    for (int e = 0; e < 19; e++) A[e] = 1.0f;
+                    const char *rows[256];   /* key j's row */
+                    for (int j = 0; j < 256; j++) rows[j] = (const char *)K + (size_t)j * ks[c];
+                    uk->scores_direct(1, 256, ks[c], A, ks[c], rows, 0, dt, S, 256 + AF_TILE_PAD, (af_prefetch){NULL, 0});
+                    for (int j = 0; j < 256; j++)
+                        expect_f8(S[j], b8[j], dt, true, c ? "scores_direct (tail)" : "scores_direct", uk->isa);
+                    free(S);
+                    guarded_free(&g);
+                }
+                /* values: one key whose row is all 256 bytes (+ 3 more in a scalar tail), P = 1, O = 0 + v; and the
+                 * same row under P = 2 added to O = 1 (the 2^-8 units meet a nonzero O) */
                 guarded g;
-                uint8_t *K = guarded_alloc(&g, (size_t)256 * ks[c]);
-                memset(K, 0, (size_t)256 * ks[c]);
-                for (int j = 0; j < 256; j++) K[j * ks[c] + ats[c]] = (uint8_t)j;
-                float A[19], *S = tile(256 + AF_TILE_PAD);
-                for (int e = 0; e < 19; e++) A[e] = 1.0f;
-                const char *rows[256];   /* key j's row */
-                for (int j = 0; j < 256; j++) rows[j] = (const char *)K + (size_t)j * ks[c];
-                uk->scores_direct(1, 256, ks[c], A, ks[c], rows, 0, dt, S, 256 + AF_TILE_PAD, (af_prefetch){NULL, 0});
-                for (int j = 0; j < 256; j++) expect_f8(S[j], (uint8_t)j, dt, true, c ? "scores_direct (tail)" : "scores_direct", uk->isa);
-                free(S);
+                uint8_t *V = guarded_alloc(&g, 259);
+                for (int i = 0; i < 259; i++) V[i] = b8[i % 256];
+                float *O = tile(272);
+                const char *vrow[1] = {(const char *)V};
+                for (int plus_one = 0; plus_one < 2; plus_one++) {
+                    const float P[1] = {plus_one ? 2.0f : 1.0f};
+                    for (int i = 0; i < 272; i++) O[i] = plus_one ? 1.0f : 0.0f;
+                    uk->values_direct(1, 259, 1, P, 1, vrow, 0, dt, O, 272, (af_prefetch){NULL, 0});
+                    for (int i = 0; i < 259; i++) {
+                        const double want = plus_one ? 1.0 + 2.0 * f8_definition(V[i], dt) : f8_definition(V[i], dt);
+                        if (plus_one ? !((isnan(want) && isnan(O[i])) || (double)O[i] == (double)(float)want)
+                                     : false)
+                            fail_msg("%s values_direct %s: 1 + 2·byte 0x%02x gives %.9g, want %.9g", uk->isa,
+                                     af_dtype_name(dt), V[i], O[i], (double)(float)want);
+                        if (!plus_one) expect_f8(O[i], V[i], dt, true, "values_direct", uk->isa);
+                    }
+                }
+                free(O);
                 guarded_free(&g);
             }
-            /* values: one key whose row is all 256 bytes (+ 3 more in a scalar tail), P = 1, O = 0 + v */
-            guarded g;
-            uint8_t *V = guarded_alloc(&g, 259);
-            for (int i = 0; i < 259; i++) V[i] = (uint8_t)(i % 256);
-            const float P[1] = {1.0f};
-            float *O = tile(272);
-            memset(O, 0, sizeof(float) * 272);
-            const char *vrow[1] = {(const char *)V};
-            uk->values_direct(1, 259, 1, P, 1, vrow, 0, dt, O, 272, (af_prefetch){NULL, 0});
-            for (int i = 0; i < 259; i++) expect_f8(O[i], (uint8_t)(i % 256), dt, true, "values_direct", uk->isa);
-            free(O);
-            guarded_free(&g);
         }
     }
+}
+
+/* A single e4m3fn NaN (0x7f or 0xff) anywhere in a tile of 0.5s reaches the direct kernels' results: the tile's NaN scan
+ * (32 bytes a step, then byte by byte) must see it at every position, else the NaN-free loads would read it as 480. */
+static void f8_nan_scan_finds_every_position(void **state) {
+    (void)state;
+    const af_ukernel *kernels[3];
+    const int nk = vector_kernels(kernels);
+    const int dims[] = {19, 32, 40, 64, 128, 131};   /* the scan: tail only, whole steps, steps and tail, ... */
+    for (int u = 0; u < nk; u++)
+        for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++) {
+            const int E = dims[d];
+            uint8_t *K = malloc((size_t)3 * E);
+            float A[131], *S = tile(3 + AF_TILE_PAD), *O = tile(144);
+            for (int e = 0; e < E; e++) A[e] = 1.0f;
+            const char *rows[3] = {(const char *)K, (const char *)K + E, (const char *)K + 2 * E};
+            for (int pos = 0; pos < E; pos++)
+                for (int sign = 0; sign < 2; sign++) {
+                    memset(K, 0x30, (size_t)3 * E);   /* 0.5 */
+                    K[E + pos] = sign ? 0xff : 0x7f;
+                    kernels[u]->scores_direct(1, 3, E, A, E, rows, 0, AF_F8E4M3, S, 3 + AF_TILE_PAD, (af_prefetch){NULL, 0});
+                    if (!isnan(S[1]) || S[0] != 0.5f * (float)E || S[2] != 0.5f * (float)E)
+                        fail_msg("%s scores_direct E=%d, NaN at %d: S = %g %g %g", kernels[u]->isa, E, pos, S[0], S[1], S[2]);
+                    const float P[3] = {1.0f, 1.0f, 1.0f};
+                    memset(O, 0, sizeof(float) * 144);
+                    kernels[u]->values_direct(1, E, 3, P, 3, rows, 0, AF_F8E4M3, O, 144, (af_prefetch){NULL, 0});
+                    for (int e = 0; e < E; e++)
+                        if (e == pos ? !isnan(O[e]) : O[e] != 1.5f)
+                            fail_msg("%s values_direct E=%d, NaN at %d: O[%d] = %g", kernels[u]->isa, E, pos, e, O[e]);
+                }
+            free(K), free(S), free(O);
+        }
 }
 
 /* f32 -> float8 (tests' and stores' encoder): every finite value round-trips; ties go to even; past the largest
@@ -639,6 +688,7 @@ int main(void) {
         cmocka_unit_test(blocking_is_sane),
         cmocka_unit_test(f8_every_byte_every_path),
         cmocka_unit_test(f8_encoder_rounds_to_nearest_even),
+        cmocka_unit_test(f8_nan_scan_finds_every_position),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

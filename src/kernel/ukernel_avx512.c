@@ -12,8 +12,9 @@
 static inline __m512 avx512_load16_f32(const char *p, af_dtype dtype) {
     if (dtype == AF_F32) return _mm512_loadu_ps((const float *)p);
     if (dtype == AF_F8E4M3 || dtype == AF_F8E5M2 || dtype == AF_F8E4M3_SCALED) {
-        const __m256i hi = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p)), 8);
-        if (dtype == AF_F8E4M3_SCALED) return _mm512_cvtph_ps(X86_F8E4M3_SCALED_BITS_256(hi));
+        const __m128i bytes = _mm_loadu_si128((const __m128i *)p);
+        if (dtype == AF_F8E4M3_SCALED) return _mm512_cvtph_ps(X86_F8E4M3_SCALED_BITS_256(_mm256_cvtepi8_epi16(bytes)));
+        const __m256i hi = _mm256_slli_epi16(_mm256_cvtepu8_epi16(bytes), 8);
         const __m512 f = _mm512_cvtph_ps(X86_F8_TO_F16_BITS(256, hi, dtype));
         return dtype == AF_F8E5M2 ? f : _mm512_mul_ps(f, _mm512_set1_ps(X86_F8E4M3_RESCALE));
     }

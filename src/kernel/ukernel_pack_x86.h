@@ -27,20 +27,22 @@ static inline __m256i X86_F8E4M3_BITS_256(__m256i hi) {
     return _mm256_or_si256(h, nan);
 }
 
-/* e4m3fn bytes known to hold no NaN as f16 bits of value·2^-8 (AF_F8E4M3_SCALED): the shift and the mask alone. */
-static inline __m128i X86_F8E4M3_SCALED_BITS_128(__m128i hi) {
-    return _mm_and_si128(_mm_srai_epi16(hi, 1), _mm_set1_epi16((short)0xbfff));
+/* e4m3fn bytes known to hold no NaN as f16 bits of value·2^-8 (AF_F8E4M3_SCALED), from the bytes sign-extended to
+ * 16 bits (vpmovsxbw, which takes the load along): shifted left by 7, S lands in bits 15 and 14, EEEE.MMM in 13..7;
+ * clearing bit 14 leaves S.0EEEE.MMM0000000. */
+static inline __m128i X86_F8E4M3_SCALED_BITS_128(__m128i sx) {
+    return _mm_and_si128(_mm_slli_epi16(sx, 7), _mm_set1_epi16((short)0xbfff));
 }
-static inline __m256i X86_F8E4M3_SCALED_BITS_256(__m256i hi) {
-    return _mm256_and_si256(_mm256_srai_epi16(hi, 1), _mm256_set1_epi16((short)0xbfff));
+static inline __m256i X86_F8E4M3_SCALED_BITS_256(__m256i sx) {
+    return _mm256_and_si256(_mm256_slli_epi16(sx, 7), _mm256_set1_epi16((short)0xbfff));
 }
 
 /* Eight float8 values at p (8 bytes read) as f32, exactly (AF_F8E4M3_SCALED: times 2^-8, exactly). */
 static inline __m256 x86_load8_f8(const char *p, af_dtype dtype) {
     long long bytes;
     memcpy(&bytes, p, 8);
+    if (dtype == AF_F8E4M3_SCALED) return _mm256_cvtph_ps(X86_F8E4M3_SCALED_BITS_128(_mm_cvtepi8_epi16(_mm_cvtsi64_si128(bytes))));
     const __m128i hi = _mm_unpacklo_epi8(_mm_setzero_si128(), _mm_cvtsi64_si128(bytes));   /* byte << 8 per lane */
-    if (dtype == AF_F8E4M3_SCALED) return _mm256_cvtph_ps(X86_F8E4M3_SCALED_BITS_128(hi));
     const __m256 f = _mm256_cvtph_ps(X86_F8_TO_F16_BITS(128, hi, dtype));
     return dtype == AF_F8E5M2 ? f : _mm256_mul_ps(f, _mm256_set1_ps(X86_F8E4M3_RESCALE));
 }

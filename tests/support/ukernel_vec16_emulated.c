@@ -64,12 +64,14 @@ static inline mask16 e_lanes_below(int n) { return (mask16)(n >= 16 ? 0xffffu : 
 static inline vec16 e_select(mask16 m, vec16 a, vec16 b) { LANEWISE((m >> i) & 1 ? b.l[i] : a.l[i]); }   /* mask_blend */
 static inline float e_load1(const char *p, af_dtype dt) { return af_load_as_f32(p, dt); }
 /* float8: the bit steps of ukernel_pack_x86.h / avx512_load16_f32, lane by lane (byte << 8 in a 16-bit lane; e5m2 is
- * then an f16; e4m3fn: arithmetic shift by one, bit 14 cleared, NaN pattern made all-ones, times 2^8 after vcvtph2ps). */
+ * then an f16; e4m3fn: arithmetic shift by one, bit 14 cleared, NaN pattern made all-ones, times 2^8 after vcvtph2ps;
+ * AF_F8E4M3_SCALED: the byte sign-extended, shifted left by 7, bit 14 cleared). */
 static inline float e_f8_lane(uint8_t byte, af_dtype dt) {
     const uint16_t hi = (uint16_t)(byte << 8);
     if (dt == AF_F8E5M2) return af_f16_to_f32(hi);
+    if (dt == AF_F8E4M3_SCALED)   /* sign-extended, << 7, bit 14 cleared; no NaN fix, no rescale */
+        return af_f16_to_f32((uint16_t)((uint16_t)((uint16_t)(int16_t)(int8_t)byte << 7) & 0xbfffu));
     uint16_t h = (uint16_t)((uint16_t)((int16_t)hi >> 1) & 0xbfffu);
-    if (dt == AF_F8E4M3_SCALED) return af_f16_to_f32(h);   /* no NaN fix, no rescale */
     if ((h & 0x7fffu) == 0x3f80u) h = 0xffffu;
     return af_f16_to_f32(h) * 256.0f;
 }
