@@ -299,8 +299,17 @@ static void print_header(void) {
            "+RSS_MiB");
 }
 
+/* The dtype column: q's, or "f16/e4m3" for a float8 cache under an f16 q. */
+static const char *dtype_text(const bench_case *c, char *buf, size_t size) {
+    if (!c->f8_kv) return af_dtype_name(c->shape.dtype);
+    const af_dtype q = c->shape.dtype;
+    snprintf(buf, size, "%s/%s", q == AF_F32 ? "f32" : q == AF_F16 ? "f16" : "bf16", f8_format == AF_F8E5M2 ? "e5m2" : "e4m3");
+    return buf;
+}
+
 static void print_row(const bench_row *r, const bench_options *o) {
     const cli_shape *s = &r->c.shape;
+    char dtype[16];
     if (o->json) {
         json_t *j = json_pack("{s:s, s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:s, s:b}", "case", s->label,
                               "dtype", af_dtype_name(s->dtype), "causal", s->causal, "B", (json_int_t)s->B, "Hq",
@@ -337,7 +346,8 @@ static void print_row(const bench_row *r, const bench_options *o) {
     snprintf(shape, sizeof shape, "%lld,%lld,%lld,%lld,%lld,%lld,%lld", (long long)s->B, (long long)s->Hq,
              (long long)s->Hkv, (long long)s->L, (long long)s->S, (long long)s->E, (long long)s->Ev);
     if (!r->ok) {
-        printf("%-9s %-26s %-8s %-3s %3d failed: %s\n", s->label, shape, af_dtype_name(s->dtype), s->causal ? "yes" : "no",
+        printf("%-9s %-26s %-8s %-3s %3d failed: %s\n", s->label, shape, dtype_text(&r->c, dtype, sizeof dtype),
+               s->causal ? "yes" : "no",
                r->threads, af_last_error());
         return;
     }
@@ -353,7 +363,7 @@ static void print_row(const bench_row *r, const bench_options *o) {
     }
     if (r->extra_rss_mib >= 0) snprintf(rss, sizeof rss, "%.1f", r->extra_rss_mib);
     printf("%-9s %-26s %-8s %-3s %3d %10.2f %8.1f %5.0f%% %7s %5s %3.0f%% %6.0f%% %11s %8s %7s\n", s->label, shape,
-           af_dtype_name(s->dtype), s->causal ? "yes" : "no", r->threads, r->seconds * 1e3, r->gflops,
+           dtype_text(&r->c, dtype, sizeof dtype), s->causal ? "yes" : "no", r->threads, r->seconds * 1e3, r->gflops,
            100.0 * r->peak_ratio, gbps, bw, 100.0 * r->cpu_share, 100.0 * r->cpu_peak_ratio, port, speedup, rss);
 }
 

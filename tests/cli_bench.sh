@@ -30,7 +30,8 @@ assert r["ok"] and r["seconds"] > 0 and r["peak_gflops"] > 0 and r["peak_ratio"]
 flops = 2 * r["B"] * r["Hq"] * r["L"] * r["S"] * (r["E"] + r["Ev"])   # non-causal: every key is seen
 assert abs(r["gflops"] - flops / r["seconds"] * 1e-9) <= 1e-6 * r["gflops"], r
 if sys.argv[2] == "1":
-    kv = r["B"] * r["Hkv"] * r["S"] * (r["E"] + r["Ev"]) * {"float32": 4, "float16": 2, "bfloat16": 2}[r["dtype"]]
+    sizes = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
+    kv = r["B"] * r["Hkv"] * r["S"] * (r["E"] + r["Ev"]) * sizes[r.get("kv_dtype", r["dtype"])]
     assert abs(r["gbps"] - kv / r["seconds"] * 1e-9) <= 1e-6 * r["gbps"], r
     assert r["peak_gbps"] > 0 and r["bandwidth_ratio"] > 0, r
 PY
@@ -47,6 +48,14 @@ if "$cli" bench --shape 1,8,2,1,600,32,32 --dtype float16 --reps 2 --json >"$tmp
 else
     fail "bench --shape (decode) exited non-zero: $(cat "$tmp/err")"
 fi
+# a float8 K/V cache under an f16 q (af_flash_attn): bytes counted at one per K/V element
+if "$cli" bench --shape 1,8,2,1,600,32,32 --dtype float16 --kv-dtype float8_e4m3fn --reps 2 --json >"$tmp/f8" \
+    2>"$tmp/err"; then
+    check_rows "$tmp/f8" 1 || fail "float8 decode rows: $(cat "$tmp/f8")"
+    grep -q '"kv_dtype":"float8_e4m3fn"' "$tmp/f8" || fail "--kv-dtype not reported: $(cat "$tmp/f8")"
+else
+    fail "bench --kv-dtype exited non-zero: $(cat "$tmp/err")"
+fi
 if "$cli" bench --shape 1,4,4,48,48,32,32 --layout nhd --reps 2 --json >"$tmp/nhd" 2>"$tmp/err"; then
     check_rows "$tmp/nhd" 0 || fail "nhd rows: $(cat "$tmp/nhd")"
     grep -q '"layout":"nhd"' "$tmp/nhd" || fail "--layout nhd not reported"
@@ -62,8 +71,8 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 calls = {r["case"]: r for r in rows if "case" in r}
 pairs = {r["pair"]: r for r in rows if "pair" in r}
-assert sorted(calls) == ["contig", "full", "padded", "paged", "varlen", "window"], calls
-assert sorted(pairs) == ["paged_vs_contiguous", "varlen_vs_padded", "window_vs_full"], pairs
+assert sorted(calls) == ["bf16kv", "contig", "f8kv", "full", "padded", "paged", "varlen", "window"], calls
+assert sorted(pairs) == ["fp8_vs_f16", "paged_vs_contiguous", "varlen_vs_padded", "window_vs_full"], pairs
 for r in calls.values():
     assert r["ok"] and r["dtype"] == "bfloat16" and r["seconds"] > 0 and r["gflops"] > 0 and r["peak_ratio"] > 0, r
 assert calls["window"]["window_left"] == 32 and calls["window"]["window_right"] == 0, calls["window"]
@@ -81,6 +90,12 @@ for name in ("varlen_vs_padded", "paged_vs_contiguous"):
     p = pairs[name]
     assert p["time_ratio"] > 0 and p["cpu_time_ratio"] > 0 and 0 <= p["agreement"] <= 1, p
 assert 0.25 < pairs["varlen_vs_padded"]["work_ratio"] < 0.35 and pairs["paged_vs_contiguous"]["target"] == 1.1, pairs
+# the float8 pair: decode over 4·256 keys, half the bytes, the same values in both caches: the same outputs
+f8, f16 = calls["f8kv"], calls["bf16kv"]
+assert f8["S"] == f16["S"] == 1024 and f8["B"] == 1 and f8["Hq"] == 32 and f8["Hkv"] == 8, (f8, f16)
+assert abs(f8["kv_gbps"] * f8["seconds"] * 2 - f16["kv_gbps"] * f16["seconds"]) <= 1e-4 * f16["kv_gbps"] * f16["seconds"]
+p = pairs["fp8_vs_f16"]
+assert p["work_ratio"] == 0.5 and abs(p["target"] - 1 / 1.8) < 0.01 and p["agreement"] == 0 and p["time_ratio"] > 0, p
 PY
 else
     fail "bench --features exited non-zero: $(cat "$tmp/err")"
@@ -89,7 +104,8 @@ fi
 grep -q 'isa portable' "$tmp/table" || fail "table does not name the portable isa: $(head -3 "$tmp/table")"
 
 for bad in "--shape 1,3,2,8,8,8,8" "--shape 1,2,1,8,8" "--dtype float64" "--threads -1" "--threads x" "--reps 0" "--isa sse9" "--layout bhsd" "--frobnicate" \
-    "--features --causal" "--features --shape 1,2,1,8,8,8,8" "--features-len 64" "--features --window 0"; do
+    "--features --causal" "--features --shape 1,2,1,8,8,8,8" "--features-len 64" "--features --window 0" \
+    "--kv-dtype float8" "--features --pair fp8" "--pair fp8_vs_f16"; do
     # shellcheck disable=SC2086
     "$cli" bench $bad --reps 1 >"$tmp/out" 2>&1
     code=$?
