@@ -1,8 +1,10 @@
-"""Hugging Face Transformers on attnforge: register() adds attn_implementation="attnforge".
+"""Hugging Face Transformers on attnforge: register() adds attn_implementation="attnforge" and, for continuous
+batching, "attnforge_flash".
 
     import attnforge.transformers
     attnforge.transformers.register()
     model = AutoModelForCausalLM.from_pretrained(..., attn_implementation="attnforge")
+    model.generate_batch(prompts, ...)   # with attn_implementation="attnforge_flash": paged continuous batching
 
 Every attention call of the model then runs on attnforge, and a call attnforge cannot run raises (there is no silent
 fallback to PyTorch):
@@ -15,6 +17,13 @@ fallback to PyTorch):
   sliding-window and padding masks are).
 The mask function registered with it is Transformers' sdpa_mask, except that a causal sliding-window layer without
 padding gets no mask: its window is the sliding_window the layer passes to the attention call.
+
+"attnforge_flash" is the same attention function under a name Transformers treats as a FlashAttention
+implementation: it gets FlashAttention's masks (none, or a (B, S) padding mask, which it expands to the causal,
+windowed (B, 1, L, S) mask of the paths above) and, in continuous batching (generate_batch), the packed sequences of
+a batch with cu_seq_lens_q / cu_seq_lens_k, which run as one flash_attn_varlen_func call. Transformers accepts only
+its own implementations and names containing "flash" for continuous batching, hence the name. Its decode fast path
+(a block table into the paged cache) is only taken for FlashAttention 2/3 on CUDA, never for this name.
 """
 import torch
 
@@ -23,18 +32,51 @@ from ._flash import flash_attn_func, flash_attn_varlen_func
 from ._sdpa import scaled_dot_product_attention
 
 NAME = "attnforge"
+FLASH_NAME = "attnforge_flash"
 
 
-def register(name: str = NAME) -> None:
-    """Register attention implementation `name` (and its mask function) with Transformers' AttentionInterface and
-    AttentionMaskInterface, for every model loaded or configured afterwards with attn_implementation=name."""
+def register(name: str = NAME, flash_name: str = FLASH_NAME) -> None:
+    """Register attention implementations `name` and `flash_name` (and their mask functions) with Transformers'
+    AttentionInterface and AttentionMaskInterface, for every model loaded or configured afterwards with
+    attn_implementation=name (SDPA-style masks) or flash_name (FlashAttention-style: continuous batching)."""
+    if "flash" not in flash_name:
+        raise ValueError(f"flash_name must contain 'flash' (Transformers' test for a FlashAttention-style "
+                         f"implementation), got {flash_name!r}")
     from transformers import AttentionInterface
     AttentionInterface.register(name, attention_forward)
+    AttentionInterface.register(flash_name, attention_forward)
+    _teach_flash_imports(flash_name)
     try:
         from transformers import AttentionMaskInterface
     except ImportError:   # before Transformers 4.53 each model built its own mask; no registration needed
         return
     AttentionMaskInterface.register(name, attention_mask)
+    from transformers.masking_utils import flash_attention_mask
+    AttentionMaskInterface.register(flash_name, flash_attention_mask)
+
+
+def _teach_flash_imports(flash_name):
+    """Transformers 5 imports the kernels of any implementation whose name contains "flash" when a model is built
+    (modeling_flash_attention_utils._lazy_imports: the flash_attn packages, else a hub kernel by that name), and fails
+    for a name it cannot find. For flash_name it now gets attnforge's functions; every other name goes through as
+    before. Transformers only uses them in its own FlashAttention wrapper, which flash_name does not run."""
+    import transformers.modeling_flash_attention_utils as fau
+    lazy_imports = getattr(fau, "_lazy_imports", None)
+    if lazy_imports is None:   # a Transformers without it imports nothing for a flash-named implementation
+        return
+    names = getattr(lazy_imports, "attnforge_names", None)
+    if names is not None:   # already taught (register called again)
+        names.add(flash_name)
+        return
+
+    def attnforge_lazy_imports(implementation, *args, **kwargs):
+        if implementation in attnforge_lazy_imports.attnforge_names:
+            return (flash_attn_func, flash_attn_varlen_func, None, getattr(fau, "_pad_input", None),
+                    getattr(fau, "_unpad_input", None))
+        return lazy_imports(implementation, *args, **kwargs)
+
+    attnforge_lazy_imports.attnforge_names = {flash_name}
+    fau._lazy_imports = attnforge_lazy_imports
 
 
 def attention_mask(*args, local_size=None, allow_is_causal_skip=True, config=None, **kwargs):
@@ -61,6 +103,13 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     sink = s_aux if s_aux is not None else kwargs.get("sinks")
     softcap = softcap or 0.0
     is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    if kwargs.get("block_table") is not None:
+        raise _C.UnsupportedError("attnforge: continuous batching's block-table decode path (flash_attn_with_kvcache) "
+                                  "is not supported; it is only enabled for FlashAttention 2/3 on CUDA")
+    if kwargs.get("cu_seq_lens_q") is not None and kwargs.get("cu_seq_lens_k") is not None:
+        return _packed(query, key, value, kwargs, scaling, bool(is_causal), sliding_window, softcap, sink), None
+    if attention_mask is not None and attention_mask.ndim == 2:   # a FlashAttention-style (B, S) padding mask
+        attention_mask = _mask_from_padding(attention_mask, query.shape[2], bool(is_causal), sliding_window)
     if attention_mask is None:
         out = _unmasked(query, key, value, scaling, bool(is_causal), sliding_window, softcap, sink)
     elif not softcap and sink is None:
@@ -74,14 +123,52 @@ def _nhd(x):
     return x.transpose(1, 2)   # (B, H, N, D) -> (B, N, H, D): a view, read in place
 
 
+def _window_left(sliding_window, is_causal):
+    """Transformers' causal sliding window: key kv is visible from query q iff q - kv < sliding_window."""
+    return sliding_window - 1 if sliding_window and is_causal else None
+
+
+def _packed(query, key, value, kwargs, scaling, is_causal, sliding_window, softcap, sink):
+    """Continuous batching: the batch's sequences packed along dim 2 of (1, H, total, D) tensors, sequence b's query
+    rows [cu_seq_lens_q[b], cu_seq_lens_q[b + 1]) the last ones of its keys [cu_seq_lens_k[b], cu_seq_lens_k[b + 1])
+    (FlashAttention's bottom-right causal alignment); returns (1, total_q, Hq, Ev)."""
+    if query.shape[0] != 1:
+        raise _C.InvalidArgumentError(f"query: packed sequences come as a batch of 1, got {query.shape[0]}")
+    cu_q, cu_k = kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"]
+    max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
+    max_q = int(max_q) if max_q is not None else int((cu_q[1:] - cu_q[:-1]).max())
+    max_k = int(max_k) if max_k is not None else int((cu_k[1:] - cu_k[:-1]).max())
+    out, _ = flash_attn_varlen_func(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
+                                    cu_seqlens_q=cu_q.to(torch.int32), cu_seqlens_k=cu_k.to(torch.int32),
+                                    max_seqlen_q=max_q, max_seqlen_k=max_k, softmax_scale=scaling, causal=is_causal,
+                                    window_size=(_window_left(sliding_window, is_causal), None), softcap=softcap,
+                                    learnable_sink=sink)
+    return out.unsqueeze(0)
+
+
+def _mask_from_padding(padding, L, is_causal, sliding_window):
+    """A FlashAttention-style (B, S) padding mask (nonzero = a real token) as the (B, 1, L, S) bool mask of the SDPA
+    paths: the L queries are the last L positions, causal (bottom-right) and windowed as the layer asks."""
+    B, S = padding.shape
+    visible = (padding != 0)[:, None, None, :].expand(B, 1, L, S)
+    if is_causal:
+        query_pos = torch.arange(S - L, S, device=padding.device)[:, None]
+        key_pos = torch.arange(S, device=padding.device)[None, :]
+        allowed = key_pos <= query_pos
+        left = _window_left(sliding_window, is_causal)
+        if left is not None:
+            allowed = allowed & (query_pos - key_pos <= left)
+        visible = visible & allowed
+    return visible
+
+
 def _unmasked(query, key, value, scaling, is_causal, sliding_window, softcap, sink):
     """No mask: causal (L > 1) or full attention, as Transformers' sdpa integration decides it."""
     L = query.shape[2]
     causal = is_causal and L > 1
     if causal and key.shape[2] > L:   # prefill into a static cache: the keys past L are unused slots
         key, value = key[:, :, :L], value[:, :, :L]
-    # Transformers' causal sliding window: key kv is visible from query q iff q - kv < sliding_window
-    left = sliding_window - 1 if sliding_window and is_causal else None
+    left = _window_left(sliding_window, is_causal)
     if not softcap and sink is None and left is None:
         out = scaled_dot_product_attention(query, key, value, is_causal=causal, scale=scaling,
                                            enable_gqa=query.shape[1] != key.shape[1])

@@ -67,6 +67,8 @@ class Calls:
                 self.features.add("sinks")
             if kwargs.get("page_table") is not None:
                 self.features.add("rows")
+            elif kwargs.get("cu_seqlens_q") is not None:
+                self.features.add("packed")
             return real_flash(*args, **kwargs)
 
         monkeypatch.setattr(af._C, "sdpa", sdpa)
@@ -148,9 +150,69 @@ def test_greedy_tokens_match(family, padded, monkeypatch):
 def test_registered_names():
     from transformers import AttentionInterface
     assert AttentionInterface._global_mapping[aft.NAME] is aft.attention_forward
+    assert AttentionInterface._global_mapping[aft.FLASH_NAME] is aft.attention_forward
     masks = getattr(transformers, "AttentionMaskInterface", None)
     if masks is not None:
+        from transformers.masking_utils import flash_attention_mask
         assert masks._global_mapping[aft.NAME] is aft.attention_mask
+        assert masks._global_mapping[aft.FLASH_NAME] is flash_attention_mask
+    with pytest.raises(ValueError, match="flash"):
+        aft.register(flash_name="attnforge_varlen")   # Transformers would not take it for continuous batching
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left_padded"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_flash_name_greedy_tokens_match(family, padded, monkeypatch):
+    """attn_implementation="attnforge_flash" outside continuous batching: FlashAttention-style masks (none, or the
+    (B, S) padding mask) — the same tokens as the reference."""
+    model = build(family)
+    reference = "sdpa" if model._supports_sdpa else "eager"
+    ids, mask = (left_padded(prompt(), [0, 4]) if padded else (prompt(batch=1), None))
+    want = greedy(switch(model, reference), ids, mask, tokens=12)
+    calls = Calls(monkeypatch)
+    got = greedy(flash_named(model), ids, mask, tokens=12)
+    assert torch.equal(got, want), f"attnforge_flash {got.tolist()} != {reference} {want.tolist()}"
+    assert calls.sdpa + calls.flash >= 12 * model.config.num_hidden_layers
+
+
+def flash_named(model):
+    """The model under attnforge_flash; a skip where the model class only takes a fixed list of flash kernels (gpt-oss:
+    Transformers swaps any other flash name for one of them)."""
+    allowed = getattr(type(model), "_compatible_flash_implementations", None)
+    if allowed and aft.FLASH_NAME not in allowed:
+        pytest.skip(f"{type(model).__name__} only takes the flash implementations {allowed}")
+    return switch(model, aft.FLASH_NAME)
+
+
+CB_PROMPTS = [[1, 5, 7, 9, 11, 13], [1, 20, 21], [1, 30, 31, 32, 33, 34, 35, 36, 37, 38], [1, 40]]
+
+
+def generate_batch(model, tokens=12):
+    """Transformers' continuous batching (paged cache, the batch's sequences packed into one call), small cache."""
+    if not hasattr(model, "generate_batch"):
+        pytest.skip(f"transformers {transformers.__version__} has no continuous batching")
+    config = transformers.GenerationConfig(max_new_tokens=tokens, do_sample=False, eos_token_id=-1,
+                                           pad_token_id=SMALL["pad_token_id"])
+    cb_config = transformers.ContinuousBatchingConfig(num_blocks=16, max_batch_tokens=32)
+    with torch.no_grad():
+        out = model.generate_batch(inputs=CB_PROMPTS, generation_config=config, continuous_batching_config=cb_config,
+                                   progress_bar=False)
+    return [out[key].generated_tokens for key in sorted(out, key=lambda k: int(k.split("_")[-1]))]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_continuous_batching_matches(family, monkeypatch):
+    """generate_batch with attnforge_flash: the packed sequences of each batch (prefill chunks and decode steps mixed)
+    run as flash_attn_varlen_func calls and give the same tokens as Transformers' own paged implementation."""
+    model = build(family)
+    reference = "sdpa" if model._supports_sdpa else "paged|eager"
+    want = generate_batch(switch(model, reference))
+    calls = Calls(monkeypatch)
+    got = generate_batch(flash_named(model))
+    assert got == want, f"attnforge_flash {got} != {reference} {want}"
+    assert len(got) == len(CB_PROMPTS) and all(len(tokens) == 12 for tokens in got)
+    assert "packed" in calls.features and calls.sdpa == 0, "every call is one varlen call over the packed batch"
+    assert FAMILIES[family][2] <= calls.features, f"the calls must use {FAMILIES[family][2]}"
 
 
 def test_calls_attnforge_cannot_run_raise():

@@ -28,6 +28,8 @@
 #define SPLIT_MAX_ROWS 64       /* split the keys only when one (batch, kv head) has at most this many rows */
 #define DIRECT_MAX_ROWS 16      /* blocks this small read K/V in place (scores_direct/values_direct): nothing to
                                    amortise a K^T pack over */
+#define DIRECT_MAX_HEADS 32     /* kv heads per direct item at most: their row states share the thread's scratch */
+#define DIRECT_L2_BYTES ((size_t)256 << 10)   /* half an L2: a multi-head direct item's tile and the next one */
 #define TILE_CACHE_BYTES ((size_t)16 << 20)   /* all threads' caches of packed K/V tiles together (see below) */
 
 /* The packed K^T and V tiles of the (batch, kv head) a thread last worked on, kept in its scratch so that the next
@@ -594,6 +596,27 @@ af_status af_flash_forward(const af_problem *p) {
     fp.px = products_for(p, fp.uk, rows_total);
     (fp.px ? fp.px->blocking : fp.uk->blocking)(fp.E, fp.Ev, &fp.block_rows, &fp.block_keys);
     if (fp.block_rows > rows_total) fp.block_rows = (int)rows_total;   /* scratch and split partials sized to use */
+    fp.direct = !fp.px && fp.uk->scores_direct && fp.uk->values_direct && p->k_stride[3] == 1 && p->v_stride[3] == 1 &&
+                fp.block_rows <= DIRECT_MAX_ROWS;
+
+    /* Direct items over K/V whose heads interleave (a transformer's (B,S,H,E) cache, paged pages of (page_size, H,
+     * E)) take all kv heads of their key range: every cache line fetched is used at once, and memory is read in
+     * order instead of one head's rows a page apart. */
+    fp.heads_per_item = !fp.direct || !kv_heads_interleave(p) ? 1 : p->Hkv < DIRECT_MAX_HEADS ? (int)p->Hkv : DIRECT_MAX_HEADS;
+    /* Direct items prefetch the next tile's rows as spans over their heads: only when the spans are mostly rows the
+     * item reads (not a strided view whose rows are far apart, where whole spans would waste the bandwidth). */
+    const int64_t span_k = (fp.heads_per_item - 1) * p->k_stride[1] + p->E;
+    const int64_t span_v = (fp.heads_per_item - 1) * p->v_stride[1] + p->Ev;
+    fp.prefetch = fp.direct && p->k_stride[2] <= 2 * span_k && p->v_stride[2] <= 2 * span_v;
+    fp.prefetch_key_bytes = (size_t)(p->k_stride[2] > span_k ? p->k_stride[2] : span_k) * fp.elem;
+    /* A multi-head direct item keeps its tile and the next one (being prefetched) in L2: fewer keys per tile when
+     * all heads' rows are wide (f32, many heads), so that the prefetch does not evict what this tile still reads. */
+    if (fp.heads_per_item > 1) {
+        const size_t key_bytes = (size_t)(span_k + span_v) * fp.elem;
+        int keys = fp.block_keys;
+        while (keys > 16 && 2 * (size_t)keys * key_bytes > DIRECT_L2_BYTES) keys /= 2;
+        fp.block_keys = keys;
+    }
     fp.keys_pad = tile_ld((size_t)fp.block_keys);
     fp.ev_pad = tile_ld((size_t)(fp.Ev > 0 ? fp.Ev : 1));
     fp.rows_total = rows_total;
@@ -615,19 +638,6 @@ af_status af_flash_forward(const af_problem *p) {
                   p->v_stride[2] % AF_TILE_PAD == 0 && p->v_stride[1] % AF_TILE_PAD == 0 &&
                   p->v_stride[0] % AF_TILE_PAD == 0 && (uintptr_t)p->v % 64 == 0 && p->v_stride[2] <= INT32_MAX &&
                   tile_ld((size_t)p->v_stride[2]) == p->v_stride[2];
-    fp.direct = !fp.px && fp.uk->scores_direct && fp.uk->values_direct && p->k_stride[3] == 1 && p->v_stride[3] == 1 &&
-                fp.block_rows <= DIRECT_MAX_ROWS;
-
-    /* Direct items over K/V whose heads interleave (a transformer's (B,S,H,E) cache, paged pages of (page_size, H,
-     * E)) take all kv heads of their key range: every cache line fetched is used at once, and memory is read in
-     * order instead of one head's rows a page apart. */
-    fp.heads_per_item = fp.direct && kv_heads_interleave(p) ? (int)p->Hkv : 1;
-    /* Direct items prefetch the next tile's rows as spans over their heads: only when the spans are mostly rows the
-     * item reads (not a strided view whose rows are far apart, where whole spans would waste the bandwidth). */
-    const int64_t span_k = (fp.heads_per_item - 1) * p->k_stride[1] + p->E;
-    const int64_t span_v = (fp.heads_per_item - 1) * p->v_stride[1] + p->Ev;
-    fp.prefetch = fp.direct && p->k_stride[2] <= 2 * span_k && p->v_stride[2] <= 2 * span_v;
-    fp.prefetch_key_bytes = (size_t)(p->k_stride[2] > span_k ? p->k_stride[2] : span_k) * fp.elem;
 
     const size_t br = (size_t)fp.block_rows, keys_pad = (size_t)fp.keys_pad, ev_pad = (size_t)fp.ev_pad;
     const size_t e_pad = round_up((size_t)fp.E, AF_TILE_PAD);
