@@ -207,7 +207,8 @@ static bool paged_pair(feature_pair *p, const bench_features_options *o, af_dtyp
 
 /* Decode (B = 1, Hq/Hkv 32/8) over S = length keys from a float8 K/V cache against a cache in q's dtype (f16 for a
  * float32 pair: a float8 cache serves half-precision models) holding the very same values (every e4m3fn and e5m2
- * value is exact in f16 and in bf16). The two calls then compute the same thing: the outputs must agree. */
+ * value is exact in f16 and in bf16). The two calls compute the same thing, the outputs must agree within the bound
+ * (bit for bit when both take the same tiles; a multi-head direct item's keys per tile follow its bytes per key). */
 static bool fp8_pair(feature_pair *p, const bench_features_options *o, af_dtype dtype, uint64_t seed) {
     const af_dtype q_dtype = dtype == AF_F32 ? AF_F16 : dtype, f8 = o->kv_dtype;
     const int64_t S = 4 * o->length, E = o->head_dim;   /* 32768 by default: a long context's decode */

@@ -1,5 +1,6 @@
 /* float8 K/V in af_flash_attn, at the edges: float8 K/V give the very bits f16 K/V holding the same values give (the
- * conversion is exact, the rest is the same computation), on decode, prefill and paged shapes and every ISA; NaN,
+ * conversion is exact, the rest is the same computation; at shapes whose tiles do not depend on the bytes per key),
+ * on decode, prefill and paged shapes and every ISA; NaN,
  * infinity (e5m2), subnormal, largest-magnitude and -0 elements against the double reference; the descales' meaning
  * (FA4: q_descale·k_descale join the scale, v_descale multiplies out and leaves lse alone, a sink included). */
 #include <setjmp.h>
