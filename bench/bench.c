@@ -303,7 +303,8 @@ static void print_header(void) {
 static const char *dtype_text(const bench_case *c, char *buf, size_t size) {
     if (!c->f8_kv) return af_dtype_name(c->shape.dtype);
     const af_dtype q = c->shape.dtype;
-    snprintf(buf, size, "%s/%s", q == AF_F32 ? "f32" : q == AF_F16 ? "f16" : "bf16", f8_format == AF_F8E5M2 ? "e5m2" : "e4m3");
+    snprintf(buf, size, "%s/%s", q == AF_F32 ? "f32" : q == AF_F16 ? "f16" : "bf16",
+             f8_format == AF_F8E5M2 ? "e5m2" : "e4m3");
     return buf;
 }
 
@@ -467,8 +468,8 @@ static void bench_usage(FILE *f) {
             "--window (default 512); float32 and bfloat16 unless --dtype; --pair NAME runs one pair.\n"
             "The two calls of a pair alternate; per pair the median of the per-iteration time ratios (and CPU-time\n"
             "ratios), the work ratio (FLOPs of the keys each row sees; 1 for paged), the issue's target (window\n"
-            "<= 0.10, paged <= 1.10, fp8 <= 1/1.8), and how far apart the outputs are where both compute the same rows (share\n"
-            "of twice the error bound; over 1 fails). GFLOP/s count only the keys each row sees.\n\n"
+            "<= 0.10, paged <= 1.10, fp8 <= 1/1.8), and how far apart the outputs are where both compute the same\n"
+            "rows (share of twice the error bound; over 1 fails). GFLOP/s count only the keys each row sees.\n\n"
             "--device cuda[:N] (default cpu) times af_sdpa on tensors in that GPU's memory instead: a spot check of\n"
             "small shapes against the double reference, then per shape the median of --reps samples, each sample\n"
             "back-to-back calls between two synchronizes (about 20 ms), as ms per call, TFLOP/s by the same formula,\n"

@@ -126,8 +126,8 @@ typedef struct {
     const af_tensor *q_descale, *k_descale, *v_descale;
 } af_flash_args;                     /* zero-initialised = plain attention with FA4's defaults */
 
-/* out: query's shape with head dim Ev, in query's dtype (float8 queries: f32, f16 or bf16, as asked); lse NULL or f32 (B, Hq, Lq) / varlen (Hq, total_q),
- * natural log. Rows that see no key (and no sink) get out = 0 and lse = -inf. */
+/* out: query's shape with head dim Ev, in query's dtype (float8 queries: f32, f16 or bf16, as asked); lse NULL or
+ * f32 (B, Hq, Lq) / varlen (Hq, total_q), natural log. Rows that see no key (and no sink): out = 0, lse = -inf. */
 AF_API af_status af_flash_attn(const af_flash_args *args, af_tensor *out, af_tensor *lse);
 /* The plain reference of af_flash_attn: double accumulation, one row at a time. For tests and verify. */
 AF_API af_status af_flash_attn_reference(const af_flash_args *args, af_tensor *out, af_tensor *lse);

@@ -107,8 +107,8 @@ static af_tensor *descale(call *c, int which) {
     static af_tensor views[3];
     const int64_t shape[2] = {2, 2};
     views[which] = af_tensor_contiguous(c->f32_scalar, AF_F32, 2, shape);
-    const af_tensor **arg = which == 0 ? &c->t.args.q_descale : which == 1 ? &c->t.args.k_descale : &c->t.args.v_descale;
-    *arg = &views[which];
+    const af_tensor **args[3] = {&c->t.args.q_descale, &c->t.args.k_descale, &c->t.args.v_descale};
+    *args[which] = &views[which];
     return &views[which];
 }
 static void descale_without_f8(call *c) { descale(c, 0); }
@@ -179,7 +179,8 @@ static const rule rules[] = {
     {"cu_unaligned", true, cu_unaligned, INVALID, "cu_seqlens_q: data at"},
     {"descale_without_f8", false, descale_without_f8, INVALID,
      "q_descale: q_descale/k_descale/v_descale are only supported for FP8 inputs (key is float32)"},
-    {"descale_without_f8_paged", true, descale_without_f8, INVALID, "q_descale: q_descale/k_descale/v_descale are only"},
+    {"descale_without_f8_paged", true, descale_without_f8, INVALID,
+     "q_descale: q_descale/k_descale/v_descale are only"},
     {"descale_shape", false, descale_shape, INVALID, "k_descale: expected shape (2, 2), got (2, 1)"},
     {"descale_shape_paged", true, descale_shape, INVALID, "k_descale: expected shape (2, 2), got (2, 1)"},
     {"descale_dtype", false, descale_dtype, INVALID, "v_descale: dtype must be float32, got float16"},

@@ -106,8 +106,8 @@ static void place_specials(flash_tensors *t, special kind, af_dtype format) {
     copy_values(&t->v, &t->v32);
 }
 
-/* NaN, infinity (e5m2; e4m3fn has none), subnormals, the largest magnitude and -0 in batch 0, kv head 0 of float8 K/V,
- * prefill and decode, f32 and bf16 q: every ISA against the reference (rows that see a NaN are NaN; others untouched). */
+/* NaN, infinity (e5m2; e4m3fn has none), subnormals, the largest magnitude and -0 in batch 0, kv head 0 of float8
+ * K/V, prefill and decode, f32 and bf16 q: every ISA against the reference (rows that see a NaN are NaN, others not). */
 static void special_elements_against_the_reference(void **state) {
     (void)state;
     for (int kind = 0; kind < SPECIAL_COUNT; kind++)
@@ -148,7 +148,8 @@ static void descales_mean_what_fa4_says(void **state) {
     const int n_isas = case_isas(isas, CASE_MAX_ISAS);
     for (int shape = 0; shape < 2; shape++)
         for (int f = 0; f < 2; f++) {
-            flash_case c = shape ? flash_case_default(1, 4, 1, 1, 1300, 32, 32) : flash_case_default(1, 4, 1, 20, 90, 32, 32);
+            flash_case c = shape ? flash_case_default(1, 4, 1, 1, 1300, 32, 32)
+                                 : flash_case_default(1, 4, 1, 20, 90, 32, 32);
             c.kv_dtype = formats[f];
             c.sink = true;
             flash_tensors t;

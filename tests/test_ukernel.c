@@ -518,7 +518,9 @@ static void expect_f8(float got, uint8_t b, af_dtype dt, bool zero_sign_free, co
     const double want = f8_definition(b, dt);
     const bool ok = isnan(want) ? isnan(got)
                     : (double)got == want && (zero_sign_free || want != 0.0 || !signbit(got) == !signbit(want));
-    if (!ok) fail_msg("%s %s %s: byte 0x%02x gives %.9g, the format defines %.9g", isa, path, af_dtype_name(dt), b, got, want);
+    if (!ok)
+        fail_msg("%s %s %s: byte 0x%02x gives %.9g, the format defines %.9g", isa, path, af_dtype_name(dt), b, got,
+                 want);
 }
 
 static const af_dtype f8_dtypes[] = {AF_F8E4M3, AF_F8E5M2};
@@ -534,7 +536,8 @@ static void f8_every_byte_every_path(void **state) {
     for (int i = 0; i < 256 + 8; i++) bytes[i] = (uint8_t)i;
     for (int d = 0; d < 2; d++) {
         const af_dtype dt = f8_dtypes[d];
-        for (int b = 0; b < 256; b++) expect_f8(af_load_as_f32(&bytes[b], dt), (uint8_t)b, dt, false, "af_load_as_f32", "scalar");
+        for (int b = 0; b < 256; b++)
+            expect_f8(af_load_as_f32(&bytes[b], dt), (uint8_t)b, dt, false, "af_load_as_f32", "scalar");
         for (int u = 0; u < nk; u++) {
             const af_ukernel *uk = kernels[u];
             float out[256 * 8];
@@ -547,7 +550,8 @@ static void f8_every_byte_every_path(void **state) {
                 float *kt = tile(8 * 64);
                 uk->pack_kt(32, 8, bytes, 8, dt, kt, 64);
                 for (int e = 0; e < 8; e++)
-                    for (int j = 0; j < 32; j++) expect_f8(kt[e * 64 + j], (uint8_t)(j * 8 + e), dt, false, "pack_kt", uk->isa);
+                    for (int j = 0; j < 32; j++)
+                        expect_f8(kt[e * 64 + j], (uint8_t)(j * 8 + e), dt, false, "pack_kt", uk->isa);
                 free(kt);
                 kt = tile(256);
                 uk->pack_kt(256, 1, bytes, 1, dt, kt, 256);
@@ -571,7 +575,8 @@ static void f8_every_byte_every_path(void **state) {
                     for (int e = 0; e < 19; e++) A[e] = 1.0f;
                     const char *rows[256];   /* key j's row */
                     for (int j = 0; j < 256; j++) rows[j] = (const char *)K + (size_t)j * ks[c];
-                    uk->scores_direct(1, 256, ks[c], A, ks[c], rows, 0, dt, S, 256 + AF_TILE_PAD, (af_prefetch){NULL, 0});
+                    uk->scores_direct(1, 256, ks[c], A, ks[c], rows, 0, dt, S, 256 + AF_TILE_PAD,
+                                      (af_prefetch){NULL, 0});
                     for (int j = 0; j < 256; j++)
                         expect_f8(S[j], b8[j], dt, true, c ? "scores_direct (tail)" : "scores_direct", uk->isa);
                     free(S);
@@ -604,8 +609,8 @@ static void f8_every_byte_every_path(void **state) {
     }
 }
 
-/* A single e4m3fn NaN (0x7f or 0xff) anywhere in a tile of 0.5s reaches the direct kernels' results: the tile's NaN scan
- * (32 bytes a step, then byte by byte) must see it at every position, else the NaN-free loads would read it as 480. */
+/* A single e4m3fn NaN (0x7f or 0xff) anywhere in a tile of 0.5s reaches the direct kernels' results: the tile's NaN
+ * scan (32 bytes a step, then byte by byte) must see it at every position, else the NaN-free loads read it as 480. */
 static void f8_nan_scan_finds_every_position(void **state) {
     (void)state;
     const af_ukernel *kernels[3];
@@ -622,9 +627,11 @@ static void f8_nan_scan_finds_every_position(void **state) {
                 for (int sign = 0; sign < 2; sign++) {
                     memset(K, 0x30, (size_t)3 * E);   /* 0.5 */
                     K[E + pos] = sign ? 0xff : 0x7f;
-                    kernels[u]->scores_direct(1, 3, E, A, E, rows, 0, AF_F8E4M3, S, 3 + AF_TILE_PAD, (af_prefetch){NULL, 0});
+                    kernels[u]->scores_direct(1, 3, E, A, E, rows, 0, AF_F8E4M3, S, 3 + AF_TILE_PAD,
+                                              (af_prefetch){NULL, 0});
                     if (!isnan(S[1]) || S[0] != 0.5f * (float)E || S[2] != 0.5f * (float)E)
-                        fail_msg("%s scores_direct E=%d, NaN at %d: S = %g %g %g", kernels[u]->isa, E, pos, S[0], S[1], S[2]);
+                        fail_msg("%s scores_direct E=%d, NaN at %d: S = %g %g %g", kernels[u]->isa, E, pos, S[0], S[1],
+                                 S[2]);
                     const float P[3] = {1.0f, 1.0f, 1.0f};
                     memset(O, 0, sizeof(float) * 144);
                     kernels[u]->values_direct(1, E, 3, P, 3, rows, 0, AF_F8E4M3, O, 144, (af_prefetch){NULL, 0});

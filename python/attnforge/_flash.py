@@ -141,7 +141,8 @@ def _call(q, k, v, out, lse, far, softmax_scale, causal, window_size, learnable_
         softcap = 0.0
     tensors = [exportable(t) for t in (q, k, v, learnable_sink, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table,
                                        q_descale, k_descale, v_descale)]
-    q, k, v, learnable_sink, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, q_descale, k_descale, v_descale = tensors
+    (q, k, v, learnable_sink, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, q_descale, k_descale,
+     v_descale) = tensors
     _C.flash_attn(q, k, v, out, lse, scale=softmax_scale, causal=causal, window=window, softcap=float(softcap),
                   learnable_sink=learnable_sink, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                   max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k), seqused_k=seqused_k,
@@ -159,9 +160,9 @@ def flash_attn_func(q, k, v, qv=None, gather_kv_indices=None, softmax_scale=None
 
     q (B, Lq, Hq, E), k (B, S, Hkv, E), v (B, S, Hkv, Ev): NHD, float32/float16/bfloat16 (FA4 takes no float32;
     attnforge does), or torch.float8_e4m3fn / float8_e5m2 (all three, FA4's case, out then bfloat16; or k and v
-    alone under a float32/float16/bfloat16 q: a quantised KV cache), any non-negative strides, never copied; Hq a multiple of Hkv (query head h reads K/V head
-    h // (Hq / Hkv)). causal and window_size=(left, right) are bottom-right aligned: row i sees keys j with
-    i + S - Lq - left <= j <= i + S - Lq + right (None = unbounded). softcap > 0 maps each scaled score s to
+    alone under a float32/float16/bfloat16 q: a quantised KV cache), any non-negative strides, never copied; Hq a
+    multiple of Hkv (query head h reads K/V head h // (Hq / Hkv)). causal and window_size=(left, right) are
+    bottom-right aligned: row i sees keys j with i + S - Lq - left <= j <= i + S - Lq + right (None = unbounded). softcap > 0 maps each scaled score s to
     softcap * tanh(s / softcap). learnable_sink (Hq,) adds exp(sink) to each row's softmax denominator.
     q_descale, k_descale, v_descale (keyword-only; float8 K/V only; FA3/FA4's): float32 (B, Hkv): scores use
     q·k·softmax_scale·q_descale·k_descale and out is multiplied by v_descale, per (batch, kv head).
@@ -200,8 +201,8 @@ def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=Non
     tensors). Masks, softcap, sink and hints as in flash_attn_func, each sequence aligned on its own lengths.
     Returns (out, lse): out like q with head dim Ev; lse float32 (Hq, total_q) with packed q, (B, Hq, Lq) with
     batched q; None unless return_lse. seqused_q, scheduler_metadata and the flash_attn_func features listed
-    there raise UnsupportedError when set; dtypes and q/k/v_descale (B, Hkv) as in flash_attn_func; min_seqlen_k, seqlen_k_per_split and disable_scheduler_metadata are
-    hints (checked, not needed).
+    there raise UnsupportedError when set; dtypes and q/k/v_descale (B, Hkv) as in flash_attn_func; min_seqlen_k,
+    seqlen_k_per_split and disable_scheduler_metadata are hints (checked, not needed).
     """
     _refuse_unimplemented(qv=qv, gather_kv_indices=gather_kv_indices, score_mod=score_mod,
                           score_mod_bwd=score_mod_bwd, mask_mod=mask_mod, aux_tensors=aux_tensors,

@@ -380,8 +380,8 @@ static void direct_tile(const flash_plan *fp, const work_item *w, int h, const r
                           fp->keys_pad, next_prefetch(fp, false, next_k, pf_lines));
     softmax_tile(fp, w, rs, r0, skip, end, j0, cols, edge);
     if (fp->Ev == 0) return;
-    fp->uk->values_direct(n, fp->Ev, cols, Sn, fp->keys_pad, v_rows, (size_t)(h * p->v_stride[1]) * fp->elem, p->kv_dtype,
-                          On, fp->ev_pad, next_prefetch(fp, true, next_v, pf_lines));
+    fp->uk->values_direct(n, fp->Ev, cols, Sn, fp->keys_pad, v_rows, (size_t)(h * p->v_stride[1]) * fp->elem,
+                          p->kv_dtype, On, fp->ev_pad, next_prefetch(fp, true, next_v, pf_lines));
 }
 
 /* Index of the (batch, kv head, row block, split) among all of them: where split-KV keeps its partial result. */
@@ -634,7 +634,8 @@ af_status af_flash_forward(const af_problem *p) {
      * are an odd number of cache lines apart like a packed tile's (tile_ld). Else the tile is copied: a transformer's
      * (B,L,H,E) memory puts rows H·E floats apart, 8 KiB at H·E = 2048, and a strip then lands in one L1 set
      * (measured: 85 -> 140 GFLOP/s at L=S=2048, E=128, 2 threads). */
-    fp.v_direct = !fp.px && !p->page_table && p->kv_dtype == AF_F32 && p->v_stride[3] == 1 && fp.Ev % AF_TILE_PAD == 0 &&
+    fp.v_direct = !fp.px && !p->page_table && p->kv_dtype == AF_F32 && p->v_stride[3] == 1 &&
+                  fp.Ev % AF_TILE_PAD == 0 &&
                   p->v_stride[2] % AF_TILE_PAD == 0 && p->v_stride[1] % AF_TILE_PAD == 0 &&
                   p->v_stride[0] % AF_TILE_PAD == 0 && (uintptr_t)p->v % 64 == 0 && p->v_stride[2] <= INT32_MAX &&
                   tile_ld((size_t)p->v_stride[2]) == p->v_stride[2];

@@ -97,8 +97,8 @@ typedef struct af_ukernel {
     void (*convert)(float *dst, const void *src, af_dtype dtype, int n);
 
     /* Optional kernels for few query rows (decode): K and V read where they lie, nothing packed. K/V row j is
-     * f32/f16/bf16/float8 (dtype), contiguous along the head dim, at rows[j] + offset (bytes): pages in any order, and the
-     * kv heads of one tile share one list; nothing past a row's last element is read. m, n, k >= 1.
+     * f32/f16/bf16/float8 (dtype), contiguous along the head dim, at rows[j] + offset (bytes): pages in any order,
+     * and the kv heads of one tile share one list; nothing past a row's last element is read. m, n, k >= 1.
      * scores_direct: S[m×n] = A[m×k] · K^T, K's n rows of k elements; S's columns n.. are not written.
      * values_direct: O[m×n] += P[m×k] · V, V's k rows of n elements; ldo a multiple of AF_TILE_PAD.
      * Both also prefetch `pf`'s lines into L2, spread over their work (af_prefetch). */

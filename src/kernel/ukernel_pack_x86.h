@@ -41,7 +41,8 @@ static inline __m256i X86_F8E4M3_SCALED_BITS_256(__m256i sx) {
 static inline __m256 x86_load8_f8(const char *p, af_dtype dtype) {
     long long bytes;
     memcpy(&bytes, p, 8);
-    if (dtype == AF_F8E4M3_SCALED) return _mm256_cvtph_ps(X86_F8E4M3_SCALED_BITS_128(_mm_cvtepi8_epi16(_mm_cvtsi64_si128(bytes))));
+    if (dtype == AF_F8E4M3_SCALED)
+        return _mm256_cvtph_ps(X86_F8E4M3_SCALED_BITS_128(_mm_cvtepi8_epi16(_mm_cvtsi64_si128(bytes))));
     const __m128i hi = _mm_unpacklo_epi8(_mm_setzero_si128(), _mm_cvtsi64_si128(bytes));   /* byte << 8 per lane */
     const __m256 f = _mm256_cvtph_ps(X86_F8_TO_F16_BITS(128, hi, dtype));
     return dtype == AF_F8E5M2 ? f : _mm256_mul_ps(f, _mm256_set1_ps(X86_F8E4M3_RESCALE));

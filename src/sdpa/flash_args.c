@@ -32,7 +32,8 @@ static af_status check_dtypes(const af_tensor *q, const af_tensor *k, const af_t
                        "same dtype)", af_dtype_name(k->dtype), af_dtype_name(q->dtype));
     if (k->dtype != q->dtype && !is_f8(k->dtype))
         return af_fail(AF_ERR_UNSUPPORTED, "key: dtype %s does not match query's %s (q, k and v must have the same "
-                       "dtype; or k and v float8 under a float query)", af_dtype_name(k->dtype), af_dtype_name(q->dtype));
+                       "dtype; or k and v float8 under a float query)", af_dtype_name(k->dtype),
+                       af_dtype_name(q->dtype));
     if (v->dtype != k->dtype)
         return af_fail(AF_ERR_UNSUPPORTED, "value: dtype %s does not match key's %s (k and v must have the same dtype)",
                        af_dtype_name(v->dtype), af_dtype_name(k->dtype));
@@ -349,8 +350,8 @@ af_status af_flash_check(const af_flash_args *a, const af_tensor *out, const af_
             return st;
     flash_shape s = {0};
     if ((st = check_scalars(a)) != AF_OK || (st = check_layout(a, &s)) != AF_OK ||
-        (st = check_descales(a, s.B, s.Hkv)) != AF_OK || (st = check_sequences(a, &s, p)) != AF_OK || (st = check_outputs(a, &s, views)) != AF_OK ||
-        (st = set_window(a, p)) != AF_OK)
+        (st = check_descales(a, s.B, s.Hkv)) != AF_OK || (st = check_sequences(a, &s, p)) != AF_OK ||
+        (st = check_outputs(a, &s, views)) != AF_OK || (st = set_window(a, p)) != AF_OK)
         return st;
 
     p->dtype = a->query->dtype;

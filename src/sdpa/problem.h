@@ -14,7 +14,7 @@ typedef enum { AF_CAUSAL_NONE = 0, AF_CAUSAL_TOP_LEFT, AF_CAUSAL_BOTTOM_RIGHT } 
 typedef struct {
     af_dtype dtype;                 /* of q */
     af_dtype kv_dtype;              /* of k and v: dtype, or float8 (af_flash_attn's quantised K/V) */
-    af_dtype out_dtype;             /* of out: dtype (f32/f16/bf16 as asked for float8 q), f32 for the tests' reference */
+    af_dtype out_dtype;             /* of out: dtype (as asked for float8 q: f32/f16/bf16), f32 for the reference */
     int64_t B, Hq, Hkv, L, S, E, Ev;
     int64_t group;                  /* Hq / Hkv: query head h reads key/value head h / group */
     const char *q, *k, *v;          /* base pointers */

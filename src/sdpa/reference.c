@@ -25,7 +25,8 @@ static void row_scores(const af_problem *p, int64_t b, const af_sequence *seq, i
         const int64_t k_row = af_kv_row_offset(p, p->k_stride, b, hk, seq, j);
         double dot = 0.0;
         for (int64_t e = 0; e < p->E; e++)
-            dot += load(p->q, p->dtype, q_row + e * p->q_stride[3]) * load(p->k, p->kv_dtype, k_row + e * p->k_stride[3]);
+            dot += load(p->q, p->dtype, q_row + e * p->q_stride[3]) *
+                   load(p->k, p->kv_dtype, k_row + e * p->k_stride[3]);
         double score = scale * dot;
         if (p->softcap > 0.0) score = p->softcap * tanh(score / p->softcap);
         if (j < lo || j >= hi) score = -INFINITY;

@@ -18,8 +18,8 @@ typedef struct {
  *              + 8·u32·√E·(1 + logit_max)   f32 scores: absolute error of the logits moves every weight
  *              + 4·u32·√S + 64·u32)         f32 accumulation of l and O over S keys
  * with u = unit roundoff (f32 2^-24, f16 2^-11, bf16 2^-8) and p = 2^-23, 2^-18, 2^-13 for f32, f16, bf16.
- * float8 inputs (af_flash_attn) are exact in f32 and converted exactly: the same bound holds with out's dtype, value_max
- * the largest |v·v_descale| and logit_max taken over the descaled scores (scale·q_descale·k_descale·q·k). */
+ * float8 inputs (af_flash_attn) are exact in f32 and converted exactly: the same bound holds with out's dtype,
+ * value_max the largest |v·v_descale| and logit_max taken over the descaled scores (scale·q_descale·k_descale·q·k). */
 double af_error_bound(af_dtype out_dtype, double ref, const af_error_scale *scale);
 
 #endif

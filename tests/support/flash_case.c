@@ -117,8 +117,9 @@ flash_case flash_case_random_fp8(uint64_t seed, int index) {
 void flash_case_describe(const flash_case *c, char *buf, size_t size) {
     static const char *const forms[] = {"fixed", "varlen", "paged"};
     static const char *const descales[] = {"none", "random", "zero", "huge"};
-    int used = snprintf(buf, size, "seed=%llu q=%s kv=%s out=%s descale=%s B=%lld Hq=%lld Hkv=%lld E=%lld Ev=%lld q=%s kv=%s(page %lld%s) "
-                        "causal=%d window=%s(%lld,%lld) softcap=%g sink=%s scale=%s lse=%d amp=%g layouts %s/%s/%s lens",
+    int used = snprintf(buf, size, "seed=%llu q=%s kv=%s out=%s descale=%s B=%lld Hq=%lld Hkv=%lld E=%lld Ev=%lld "
+                        "q=%s kv=%s(page %lld%s) causal=%d window=%s(%lld,%lld) softcap=%g sink=%s scale=%s lse=%d "
+                        "amp=%g layouts %s/%s/%s lens",
                         (unsigned long long)c->seed, af_dtype_name(c->dtype), af_dtype_name(flash_case_kv_dtype(c)),
                         af_dtype_name(flash_case_out_dtype(c)), descales[c->descale], (long long)c->B, (long long)c->Hq,
                         (long long)c->Hkv, (long long)c->E, (long long)c->Ev, c->varlen_q ? "varlen" : "fixed",
@@ -206,7 +207,8 @@ static bool build_kv(const flash_case *c, flash_tensors *t, test_rng *rng, int64
     memcpy(vshape, kshape, sizeof kshape);
     vshape[nd - 1] = c->Ev;
     const af_dtype kv_dtype = flash_case_kv_dtype(c);
-    if (!tt_alloc(&t->k, kv_dtype, nd, kshape, c->kv_layout, rng) || !tt_alloc(&t->v, kv_dtype, nd, vshape, c->kv_layout, rng))
+    if (!tt_alloc(&t->k, kv_dtype, nd, kshape, c->kv_layout, rng) ||
+        !tt_alloc(&t->v, kv_dtype, nd, vshape, c->kv_layout, rng))
         return false;
     tt_fill_uniform(&t->k, rng, c->amplitude);
     tt_fill_uniform(&t->v, rng, c->amplitude);
@@ -319,7 +321,8 @@ bool flash_case_build(const flash_case *c, flash_tensors *t) {
 
 void flash_case_free(flash_tensors *t) {
     test_tensor *all[] = {&t->q, &t->k, &t->v, &t->out, &t->lse, &t->sink, &t->cu_q, &t->cu_k, &t->seqused_k,
-                          &t->page_table, &t->q_descale, &t->k_descale, &t->v_descale, &t->q32, &t->k32, &t->v32, &t->sink32, &t->ref_out, &t->ref_lse};
+                          &t->page_table, &t->q_descale, &t->k_descale, &t->v_descale,
+                          &t->q32, &t->k32, &t->v32, &t->sink32, &t->ref_out, &t->ref_lse};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_free(all[i]);
 }
 

@@ -19,7 +19,8 @@ typedef enum { DESCALE_NONE = 0, DESCALE_RANDOM, DESCALE_ZERO, DESCALE_HUGE } de
 typedef struct {
     uint64_t seed;
     af_dtype dtype;                                    /* of q (float8: q, k and v all in it) */
-    af_dtype kv_dtype;                                 /* AF_F8E4M3 / AF_F8E5M2: float8 K/V under a float q; else dtype */
+    af_dtype kv_dtype;                                 /* AF_F8E4M3 / AF_F8E5M2: float8 K/V under a float q;
+                                                          anything else: dtype */
     af_dtype out_dtype;                                /* float8 q: out's dtype (f32/f16/bf16); else q's */
     descale_kind descale;                              /* float8: q/k/v_descale, random in [1/4, 4) (some absent),
                                                           or one of them 0, or huge (2^12) */
