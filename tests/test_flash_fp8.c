@@ -107,7 +107,8 @@ static void place_specials(flash_tensors *t, special kind, af_dtype format) {
 }
 
 /* NaN, infinity (e5m2; e4m3fn has none), subnormals, the largest magnitude and -0 in batch 0, kv head 0 of float8
- * K/V, prefill and decode, f32 and bf16 q: every ISA against the reference (rows that see a NaN are NaN, others not). */
+ * K/V, prefill and decode, f32 and bf16 q: every ISA against the reference (rows that see a NaN are NaN, others
+ * not). */
 static void special_elements_against_the_reference(void **state) {
     (void)state;
     for (int kind = 0; kind < SPECIAL_COUNT; kind++)

@@ -162,8 +162,9 @@ def flash_attn_func(q, k, v, qv=None, gather_kv_indices=None, softmax_scale=None
     attnforge does), or torch.float8_e4m3fn / float8_e5m2 (all three, FA4's case, out then bfloat16; or k and v
     alone under a float32/float16/bfloat16 q: a quantised KV cache), any non-negative strides, never copied; Hq a
     multiple of Hkv (query head h reads K/V head h // (Hq / Hkv)). causal and window_size=(left, right) are
-    bottom-right aligned: row i sees keys j with i + S - Lq - left <= j <= i + S - Lq + right (None = unbounded). softcap > 0 maps each scaled score s to
-    softcap * tanh(s / softcap). learnable_sink (Hq,) adds exp(sink) to each row's softmax denominator.
+    bottom-right aligned: row i sees keys j with i + S - Lq - left <= j <= i + S - Lq + right (None = unbounded).
+    softcap > 0 maps each scaled score s to softcap * tanh(s / softcap). learnable_sink (Hq,) adds exp(sink) to each
+    row's softmax denominator.
     q_descale, k_descale, v_descale (keyword-only; float8 K/V only; FA3/FA4's): float32 (B, Hkv): scores use
     q·k·softmax_scale·q_descale·k_descale and out is multiplied by v_descale, per (batch, kv head).
     Returns (out, lse): out (B, Lq, Hq, Ev) in q's dtype (bfloat16 for a float8 q), lse float32 (B, Hq, Lq), natural

@@ -1,8 +1,9 @@
 /* libFuzzer harness for af_flash_attn's argument checking: q, k, v, sink, the int32 index arrays (cu_seqlens,
  * seqused_k, page_table), out, lse and the float8 descales (q/k/v_descale, after the scalars) decoded from the input
  * with shapes, strides and dtypes (float8 included), data buffers sized exactly to what each view can reach (so ASan
- * sees any stray access: a page index or a prefix sum the checks let through would read outside K/V). Invariants: no crash or sanitizer report; on error out and lse are untouched and
- * there is a message; on success the reference accepts the same call. */
+ * sees any stray access: a page index or a prefix sum the checks let through would read outside K/V). Invariants: no
+ * crash or sanitizer report; on error out and lse are untouched and there is a message; on success the reference
+ * accepts the same call. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
