@@ -20,6 +20,7 @@ typedef struct {
     cli_shape shape;
     int threads;            /* 0: the configured count; 1: a scaling row */
     bool f8_kv;             /* K/V in the float8 format of --kv-dtype (q in shape.dtype): af_flash_attn on NHD views */
+    bool nhd;               /* (B,H,L,E) views of (B,L,H,E) memory whatever --layout says: a (B,S,H,E) K/V cache */
 } bench_case;
 
 static af_dtype f8_format = AF_F8E4M3;   /* --kv-dtype */
@@ -86,12 +87,17 @@ static int default_cases(const bench_options *o, af_dtype only_dtype, bool dtype
 #define ADD(label_, B_, Hq_, Hkv_, L_, S_, E_, Ev_, dt_, causal_, thr_)                                          \
     do {                                                                                                      \
         if (n < max && (!dtype_given || (dt_) == only_dtype) && (!causal_only || (causal_)))                  \
-            out[n++] = (bench_case){{label_, B_, Hq_, Hkv_, L_, S_, E_, Ev_, dt_, causal_}, thr_, false};     \
+            out[n++] = (bench_case){{label_, B_, Hq_, Hkv_, L_, S_, E_, Ev_, dt_, causal_}, thr_, false, false}; \
     } while (0)
 #define ADD_F8(label_, S_, thr_)                                                                               \
     do {                                                                                                      \
         ADD(label_, 1, 32, 8, 1, S_, 128, 128, AF_F16, false, thr_);                                          \
         if (n > 0 && !strcmp(out[n - 1].shape.label, label_)) out[n - 1].f8_kv = true;                       \
+    } while (0)
+#define ADD_BSHE(label_, S_, dt_, thr_)                                                                        \
+    do {                                                                                                      \
+        ADD(label_, 1, 32, 8, 1, S_, 128, 128, dt_, false, thr_);                                             \
+        if (n > 0 && !strcmp(out[n - 1].shape.label, label_)) out[n - 1].nhd = true;                         \
     } while (0)
     const int64_t lengths_full[] = {512, 2048, 4096, 8192}, lengths_quick[] = {512, 2048};
     const int64_t *lengths = o->quick ? lengths_quick : lengths_full;
@@ -110,6 +116,10 @@ static int default_cases(const bench_options *o, af_dtype only_dtype, bool dtype
     const char *f8_label = f8_format == AF_F8E5M2 ? "dec-e5m2" : "dec-e4m3";
     ADD_F8(f8_label, 4096, 0);   /* the same decode rows from a float8 K/V cache (--kv-dtype) */
     ADD_F8(f8_label, 32768, 0);
+    ADD_BSHE("dec-bshe", 4096, AF_F16, 0);   /* the same decode rows over a (B,S,H,E) cache: heads interleaved */
+    ADD_BSHE("dec-bshe", 32768, AF_F16, 0);
+    ADD_BSHE("dec-bshe", 32768, AF_BF16, 0);
+    ADD_BSHE("dec-bshe", 32768, AF_F32, 0);
     if (threads > 1) {   /* the same shapes on one thread: the scaling figure */
         ADD("1-thread", 1, 16, 16, 2048, 2048, 128, 128, AF_F32, false, 1);
         ADD("1-thread", 1, 16, 16, 2048, 2048, 128, 128, AF_F32, true, 1);
@@ -119,7 +129,9 @@ static int default_cases(const bench_options *o, af_dtype only_dtype, bool dtype
         }
         ADD("1-thread", 1, 32, 8, 1, 32768, 128, 128, AF_F16, false, 1);
         ADD_F8(f8_format == AF_F8E5M2 ? "1thr-e5m2" : "1thr-e4m3", 32768, 1);
+        ADD_BSHE("1thr-bshe", 32768, AF_F16, 1);
     }
+#undef ADD_BSHE
 #undef ADD_F8
 #undef ADD
     return n;
@@ -245,7 +257,7 @@ static bench_row run_case(const bench_case *c, const bench_options *o, int confi
     const cli_shape *s = &c->shape;
     row.decode = s->L <= DECODE_MAX_L;
     bench_tensors t;
-    if (!make_tensors(&t, s, c->f8_kv, o->nhd, seed)) {
+    if (!make_tensors(&t, s, c->f8_kv, o->nhd || c->nhd, seed)) {
         free_tensors(&t);
         return row;
     }
@@ -317,7 +329,7 @@ static void print_row(const bench_row *r, const bench_options *o) {
                               (json_int_t)s->Hq, "Hkv", (json_int_t)s->Hkv, "L", (json_int_t)s->L, "S",
                               (json_int_t)s->S, "E", (json_int_t)s->E, "Ev", (json_int_t)s->Ev, "threads", r->threads,
                               "isa", r->isa, "ok", r->ok);
-        json_object_set_new(j, "layout", json_string(o->nhd ? "nhd" : "hnd"));
+        json_object_set_new(j, "layout", json_string(o->nhd || r->c.nhd ? "nhd" : "hnd"));
         json_object_set_new(j, "kv_dtype", json_string(af_dtype_name(r->c.f8_kv ? f8_format : s->dtype)));
         json_object_set_new(j, "seconds", json_real(r->seconds));
         json_object_set_new(j, "gflops", json_real(r->gflops));
@@ -374,23 +386,24 @@ static void print_scaling(const bench_row *rows, int n, const bench_options *o) 
         if (rows[i].c.threads != 1 || !rows[i].ok) continue;
         for (int j = 0; j < n; j++) {
             const cli_shape *a = &rows[i].c.shape, *b = &rows[j].c.shape;
-            if (j == i || rows[j].threads <= 1 || !rows[j].ok || rows[i].c.f8_kv != rows[j].c.f8_kv || a->L != b->L ||
-                a->S != b->S || a->E != b->E ||
-                a->Hq != b->Hq || a->Hkv != b->Hkv || a->causal != b->causal || a->dtype != b->dtype)
+            if (j == i || rows[j].threads <= 1 || !rows[j].ok || rows[i].c.f8_kv != rows[j].c.f8_kv ||
+                rows[i].c.nhd != rows[j].c.nhd || a->L != b->L || a->S != b->S || a->E != b->E || a->Hq != b->Hq ||
+                a->Hkv != b->Hkv || a->causal != b->causal || a->dtype != b->dtype)
                 continue;
             const double speedup = rows[i].seconds / rows[j].seconds;
             /* On idle cores N threads would give N × (their FLOPs per CPU-second / one thread's): what the run can
              * show when other processes hold cores (it hides threads left idle at the end of a call). */
             const double per_cpu = rows[i].cpu_gflops > 0 ? rows[j].threads * rows[j].cpu_gflops / rows[i].cpu_gflops : 0;
             if (o->json) {
-                printf("{\"scaling\":true,\"L\":%lld,\"S\":%lld,\"E\":%lld,\"causal\":%s,\"dtype\":\"%s\","
-                       "\"threads\":%d,\"speedup_vs_1_thread\":%.3f,\"speedup_per_cpu_second\":%.3f}\n",
-                       (long long)a->L, (long long)a->S, (long long)a->E, a->causal ? "true" : "false",
+                printf("{\"scaling\":true,\"case\":\"%s\",\"L\":%lld,\"S\":%lld,\"E\":%lld,\"causal\":%s,"
+                       "\"dtype\":\"%s\",\"threads\":%d,\"speedup_vs_1_thread\":%.3f,\"speedup_per_cpu_second\":%.3f}\n",
+                       rows[j].c.shape.label, (long long)a->L, (long long)a->S, (long long)a->E, a->causal ? "true" : "false",
                        af_dtype_name(a->dtype), rows[j].threads, speedup, per_cpu);
             } else {
-                printf("  L=S=%lld/%lld E=%lld %s %s: %d threads %.2fx one thread (%.1f → %.1f GFLOP/s; cpu %.0f%% → %.0f%%);"
-                       " from FLOPs per CPU-second %.2fx\n",
-                       (long long)a->L, (long long)a->S, (long long)a->E, af_dtype_name(a->dtype),
+                char dtype[16];
+                printf("  %-9s L=S=%lld/%lld E=%lld %s %s: %d threads %.2fx one thread (%.1f → %.1f GFLOP/s; cpu %.0f%% → "
+                       "%.0f%%); from FLOPs per CPU-second %.2fx\n", rows[j].c.shape.label,
+                       (long long)a->L, (long long)a->S, (long long)a->E, dtype_text(&rows[j].c, dtype, sizeof dtype),
                        a->causal ? "causal" : "full", rows[j].threads, speedup, rows[i].gflops, rows[j].gflops,
                        100.0 * rows[i].cpu_share, 100.0 * rows[j].cpu_share, per_cpu);
             }
@@ -454,8 +467,9 @@ static void bench_usage(FILE *f) {
             "the resident inputs and outputs). Default shapes: prefill H=16, L=S in {512, 2048, 4096} (8192 with\n"
             "--long), E=Ev in {64, 128}, f32 full and causal, bf16/f16 rows; decode L=1, S in {4096, 32768},\n"
             "Hq/Hkv 32/8, E=128, f16, and the same from a float8 K/V cache (dec-e4m3 / dec-e5m2: af_flash_attn, K/V\n"
-            "in --kv-dtype, default float8_e4m3fn); and 1-thread rows for the scaling figure. --shape runs one shape\n"
-            "(with float8 K/V when --kv-dtype is given);\n"
+            "in --kv-dtype, default float8_e4m3fn) and over a (B,S,H,E) cache (dec-bshe: heads interleaved, as a\n"
+            "transformer's cache or a paged pool; f16, bf16, f32); and 1-thread rows for the scaling figure.\n"
+            "--shape runs one shape (with float8 K/V when --kv-dtype is given);\n"
             "--dtype and --causal select among the defaults otherwise. --json: one JSON object per row.\n"
             "--layout nhd: q, k and v are (B,H,L,E) views of (B,L,H,E) memory, as a transformer's\n"
             "x.view(B, L, H, E).transpose(1, 2) gives (default hnd: contiguous (B,H,L,E)).\n\n"
@@ -612,7 +626,7 @@ int cmd_bench(int argc, char **argv) {
     int n;
     if (have_shape) {
         one.causal = causal;
-        cases[0] = (bench_case){one, 0, kv_given};
+        cases[0] = (bench_case){one, 0, kv_given, false};   /* --layout decides the layout */
         n = 1;
     } else {
         n = default_cases(&o, one.dtype, dtype_given, causal, threads, cases, MAX_CASES);
