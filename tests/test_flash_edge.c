@@ -268,20 +268,20 @@ static void paged_page_sizes(void **state) {
     }
 }
 
-/* Decode over interleaved kv heads: items of up to 32 heads (Hkv = 40 makes a chunk of 32 and one of 8), rows wide
- * enough that a tile shrinks to 16 keys (f32, E = 256), split-KV, pages that end inside a tile, causal and windowed
+/* Decode over interleaved kv heads: items of up to 32 heads (Hkv = 40 makes a chunk of 32 and one of 8) with split-KV,
+ * rows wide enough that a tile shrinks to 16 keys (f32, E = 256), pages that end inside a tile, causal and windowed
  * rows of a few query positions (some rows skip a tile). */
 static void decode_over_many_and_wide_heads(void **state) {
     (void)state;
     for (int form = 0; form < 2; form++) {
-        flash_case c = flash_case_default(2, 80, 40, 1, 300, 32, 32);
+        flash_case c = flash_case_default(2, 80, 40, 1, 1100, 32, 32);   /* split-KV: S > 1024 */
         c.dtype = AF_F16;
         c.kv = form ? KV_PAGED : KV_FIXED;
         c.seqused = form == 1;
         c.page_size = 7;
         verify(&c);
 
-        c = flash_case_default(2, 16, 8, 1, 1100, 256, 256);
+        c = flash_case_default(2, 8, 8, 1, 300, 256, 256);
         c.kv = form ? KV_PAGED : KV_FIXED;
         c.seqused = form == 1;
         c.page_size = 5;
@@ -289,7 +289,7 @@ static void decode_over_many_and_wide_heads(void **state) {
         for (int b = 0; b < 2; b++) c.Lq[b] = 3;
         c.causal = true;
         c.has_window = true;
-        c.left = 600, c.right = 0;
+        c.left = 150, c.right = 0;
         verify(&c);
     }
 }
