@@ -562,7 +562,8 @@ static void combine_item(void *ctx, int64_t t, void *scratch) {
  * (B,S,H,E) or paged cache, where a head's rows are a whole row of heads apart. */
 static bool kv_heads_interleave(const af_problem *p) {
     if (p->Hkv < 2) return false;
-    return p->k_stride[1] > 0 && p->k_stride[1] < p->k_stride[2] && p->v_stride[1] > 0 && p->v_stride[1] < p->v_stride[2];
+    return p->k_stride[1] > 0 && p->k_stride[1] < p->k_stride[2] && p->v_stride[1] > 0 &&
+           p->v_stride[1] < p->v_stride[2];
 }
 
 /* The micro-kernel's own products when it has them, accepts the call, and K and V are contiguous along the head
@@ -604,7 +605,9 @@ af_status af_flash_forward(const af_problem *p) {
     /* Direct items over K/V whose heads interleave (a transformer's (B,S,H,E) cache, paged pages of (page_size, H,
      * E)) take all kv heads of their key range: every cache line fetched is used at once, and memory is read in
      * order instead of one head's rows a page apart. */
-    fp.heads_per_item = !fp.direct || !kv_heads_interleave(p) ? 1 : p->Hkv < DIRECT_MAX_HEADS ? (int)p->Hkv : DIRECT_MAX_HEADS;
+    fp.heads_per_item = !fp.direct || !kv_heads_interleave(p) ? 1
+                        : p->Hkv < DIRECT_MAX_HEADS           ? (int)p->Hkv
+                                                              : DIRECT_MAX_HEADS;
     /* Direct items prefetch the next tile's rows as spans over their heads: only when the spans are mostly rows the
      * item reads (not a strided view whose rows are far apart, where whole spans would waste the bandwidth). */
     const int64_t span_k = (fp.heads_per_item - 1) * p->k_stride[1] + p->E;
@@ -681,10 +684,12 @@ af_status af_flash_forward(const af_problem *p) {
     }
 
     const int64_t groups = p->B * p->Hkv * fp.row_blocks;   /* (batch, kv head, row block): combine_item's items */
-    af_log(AF_LOG_DEBUG, "flash: isa %s, %lld row blocks (of %d rows) over all heads, key tiles of %d, %lld key splits, %s%s",
+    af_log(AF_LOG_DEBUG,
+           "flash: isa %s, %lld row blocks (of %d rows) over all heads, key tiles of %d, %lld key splits, %s%s, %d kv "
+           "heads per item%s",
            fp.uk->isa, (long long)groups, fp.block_rows, fp.block_keys, (long long)fp.splits,
            fp.px ? "own-format products" : fp.direct ? "direct K/V reads" : "packed f32 tiles",
-           fp.tile_cache ? ", tile cache on" : "");
+           fp.tile_cache ? ", tile cache on" : "", fp.heads_per_item, fp.prefetch ? ", next tiles prefetched" : "");
     /* run_item's items: (batch, head chunk, row block, split). A broadcast (stride-0) key can make S, hence the
      * splits, the items and partials, huge. */
     int64_t items = p->B * ceil_div(p->Hkv, fp.heads_per_item) * fp.row_blocks;
