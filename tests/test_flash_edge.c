@@ -274,7 +274,7 @@ static void paged_page_sizes(void **state) {
 static void decode_over_many_and_wide_heads(void **state) {
     (void)state;
     for (int form = 0; form < 2; form++) {
-        flash_case c = flash_case_default(2, 80, 40, 1, 1100, 32, 32);   /* split-KV: S > 1024 */
+        flash_case c = flash_case_default(2, 40, 40, 1, 1100, 32, 32);   /* split-KV: S > 1024 */
         c.dtype = AF_F16;
         c.kv = form ? KV_PAGED : KV_FIXED;
         c.seqused = form == 1;
