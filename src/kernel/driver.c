@@ -343,7 +343,7 @@ static af_prefetch next_prefetch(const flash_plan *fp, bool values, prefetch_cur
     if (!fp->prefetch || c->j >= c->j_end || want == 0) return (af_prefetch){NULL, 0};
     const af_problem *p = fp->p;
     const int64_t *st = values ? p->v_stride : p->k_stride;
-    const int run = run_length(fp, c->j, (int)(c->j_end - c->j < INT32_MAX ? c->j_end - c->j : INT32_MAX));
+    const int run = run_length(fp, c->j, (int)(c->j_end - c->j));   /* at most a tile's keys */
     const char *first = values ? value_row(fp, c->item, c->j) : key_row(fp, c->item, c->j);
     const size_t skew = (uintptr_t)first % 64;
     const size_t span = (size_t)((run - 1) * st[2] + (fp->heads_per_item - 1) * st[1] + (values ? fp->Ev : fp->E)) *
