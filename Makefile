@@ -42,7 +42,8 @@ test-tsan: deps
 valgrind: build
 	bash scripts/valgrind-tests.sh $(BUILD) $(JOBS)
 
-# Each libFuzzer harness for FUZZ_SECONDS from the seed corpus in tests/fuzz/corpus/<name>; any finding fails.
+# Each libFuzzer harness for FUZZ_SECONDS from the seed corpus in tests/fuzz/corpus/<name>, one per core at a time;
+# any finding fails.
 fuzz: deps
 	CC=clang cmake -S . -B $(BUILD_FUZZ) -DAF_FUZZ=ON -DAF_WITH_CUDA=OFF -DAF_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
 	cmake --build $(BUILD_FUZZ) -j $(JOBS)

@@ -457,7 +457,7 @@ static void bench_usage(FILE *f) {
             "                       [--portable-max-gflop X] [--layout hnd|nhd] [--device cpu|cuda|cuda:N]\n"
             "                       [--kv-dtype float8_e4m3fn|float8_e5m2]\n"
             "       attnforge bench --features [--features-len N] [--window W] [--dtype D] [--reps N] [--quick]\n"
-            "                       [--kv-dtype float8_e4m3fn|float8_e5m2] [--pair NAME] [--json]\n\n"
+            "                       [--kv-dtype float8_e4m3fn|float8_e5m2] [--page-size P] [--pair NAME] [--json]\n\n"
             "Measures the FMA peak (same ISA and thread count) and the read bandwidth, then times each shape\n"
             "(median of --reps calls, default 5, after one warm-up) and prints GFLOP/s by FA4's formula\n"
             "2·B·Hq·L·S'·(E+Ev) (causal: S' = keys actually seen), the share of the peak, for decode (L <= 16)\n"
@@ -476,7 +476,7 @@ static void bench_usage(FILE *f) {
             "--features times af_flash_attn's features against the plain call each replaces, instead of the shapes\n"
             "above (about 20 s): window (W, 0) against full attention at L=S=N, H=4, E=128; a causal varlen batch of\n"
             "8 sequences (N/4 down to N/64 rows) against the same batch padded to the longest; decode over S=N keys\n"
-            "in pages of 16 in shuffled order against contiguous K/V (B=4, Hq/Hkv 32/8, E=128); decode over S=4N\n"
+            "in pages of P keys (--page-size, default 16) in shuffled order against contiguous K/V (B=4, Hq/Hkv 32/8, E=128); decode over S=4N\n"
             "keys from a float8 K/V cache (--kv-dtype) against an f16 (bf16) cache holding the same values (B=1,\n"
             "Hq/Hkv 32/8, E=128, q f16 for float32). N = --features-len (default 8192; 2048 with --quick), W =\n"
             "--window (default 512); float32 and bfloat16 unless --dtype; --pair NAME runs one pair.\n"
@@ -502,7 +502,7 @@ int cmd_bench(int argc, char **argv) {
     af_dtype kv_dtype = AF_F8E4M3;   /* the float8 decode rows' (and the --features fp8 pair's) K/V format */
     bool kv_given = false;
     const char *only_pair = NULL;
-    int64_t features_len = 0, window = 512;
+    int64_t features_len = 0, window = 512, page_size = 0;
     af_device device = {AF_DEVICE_CPU, 0};
     for (int i = 1; i < argc; i++) {
         const int device_option = cli_device_option(argc, argv, &i, &device, "attnforge bench");
@@ -524,14 +524,14 @@ int cmd_bench(int argc, char **argv) {
             o.quick = true;
         } else if (!strcmp(a, "--features")) {
             features = true;
-        } else if ((!strcmp(a, "--features-len") || !strcmp(a, "--window")) && value) {
+        } else if ((!strcmp(a, "--features-len") || !strcmp(a, "--window") || !strcmp(a, "--page-size")) && value) {
             char *end;
             const long long n = strtoll(value, &end, 10);
             if (*end || n < 1 || n > (1 << 20)) {
                 fprintf(stderr, "attnforge bench: %s takes 1..1048576, got '%s'\n", a, value);
                 return 2;
             }
-            *(!strcmp(a, "--window") ? &window : &features_len) = n;
+            *(!strcmp(a, "--window") ? &window : !strcmp(a, "--page-size") ? &page_size : &features_len) = n;
             i++;
         } else if (!strcmp(a, "--long")) {
             o.long_shapes = true;
@@ -596,8 +596,8 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "attnforge bench: --pair chooses among the --features pairs\n");
         return 2;
     }
-    if (!features && (features_len || window != 512)) {
-        fprintf(stderr, "attnforge bench: --features-len and --window size the --features pairs only\n");
+    if (!features && (features_len || window != 512 || page_size)) {
+        fprintf(stderr, "attnforge bench: --features-len, --window and --page-size size the --features pairs only\n");
         return 2;
     }
     if (features && (have_shape || causal || device.type != AF_DEVICE_CPU)) {
@@ -654,7 +654,7 @@ int cmd_bench(int argc, char **argv) {
         const bench_features_options fo = {.reps = o.reps, .json = o.json, .length = features_len ? features_len :
                                            o.quick ? 2048 : 8192, .window = window, .heads = 4, .head_dim = 128,
                                            .dtype_given = dtype_given, .dtype = one.dtype, .kv_dtype = kv_dtype,
-                                           .only = only_pair};
+                                           .page_size = page_size ? page_size : 16, .only = only_pair};
         const int errors = failures + bench_features(&fo, threads);
         bench_machine_release();
         return errors ? 1 : 0;

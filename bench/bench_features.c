@@ -2,7 +2,7 @@
  * replaces, timed with interleaved calls (a, b, a, b, ...) so that both sides of a ratio see the same machine:
  *   window  (W, 0) at L = S          vs  full attention at the same shape       cost ratio, target <= 1/10
  *   varlen  causal, mixed lengths    vs  the batch padded to the longest        ratio vs the useful-work share
- *   paged   decode, 16-key pages in shuffled order  vs  contiguous decode       ratio, target <= 1.10
+ *   paged   decode, P-key pages in shuffled order  vs  contiguous decode        ratio, target <= 1.10
  *   fp8     decode from a float8 K/V cache  vs  the same values in q's f16/bf16  ratio, target <= 1/1.8
  * Each pair's outputs are also compared where both compute the same rows: the two calls must do the same work. */
 #include "bench_features.h"
@@ -18,7 +18,6 @@
 #include "machine_peak.h"
 #include "sdpa/tolerance.h"
 
-#define PAGE_SIZE 16
 #define MAX_SEQS 8
 #define DECODE_HQ 32
 #define DECODE_HKV 8
@@ -46,6 +45,11 @@ typedef struct {
     double work_ratio;               /* a's FLOPs (decode: bytes) over b's */
     double target;                   /* time ratio to stay under; 0: none stated */
     double agreement;                /* max |out_a - out_b| over the shared rows / twice the error bound; < 0: none */
+    /* The paged pair's memory floor: a's K/V pages and b's same bytes as chunks in the order each call reads them
+     * (a's: each sequence's pages in table order; b's: address order), K and V alternating page by page */
+    const char **chunks_a, **chunks_b;
+    size_t chunk_count, chunk_bytes;
+    double read_floor;               /* median time ratio of reading chunks_a over chunks_b; 0: none */
 } feature_pair;
 
 /* ---- shapes and tensors */
@@ -158,23 +162,23 @@ static bool varlen_pair(feature_pair *p, const bench_features_options *o, af_dty
     return true;
 }
 
-/* Decode (one query row) over S = length keys for DECODE_BATCH sequences: K/V in pages of PAGE_SIZE keys placed
+/* Decode (one query row) over S = length keys for DECODE_BATCH sequences: K/V in pages of page_size keys placed
  * in a shuffled order, against the same K/V contiguous. The outputs must agree everywhere. */
 static bool paged_pair(feature_pair *p, const bench_features_options *o, af_dtype dtype, uint64_t seed) {
-    const int64_t S = o->length, E = o->head_dim, B = DECODE_BATCH;
+    const int64_t S = o->length, E = o->head_dim, B = DECODE_BATCH, page_keys = o->page_size;
     p->name = "paged_vs_contiguous";
     p->b = (feature_call){.label = "contig", .form = "contiguous", .B = B, .Hq = DECODE_HQ, .Hkv = DECODE_HKV, .L = 1,
                           .S = S, .E = E, .dtype = dtype, .decode = true};
     p->a = p->b;
-    p->a.label = "paged", p->a.form = "paged16";
+    p->a.label = "paged", p->a.form = "paged";
     p->target = 1.1;
     p->agreement = -1.0;
     if (!fixed_call(&p->b, &seed)) return false;
     p->a.flops = p->b.flops = 2.0 * (double)(B * DECODE_HQ) * (double)S * (double)(2 * E);
     p->work_ratio = 1.0;
     feature_call *c = &p->a;
-    const int64_t per_seq = (S + PAGE_SIZE - 1) / PAGE_SIZE, pages = B * per_seq;
-    const int64_t paged[4] = {pages, PAGE_SIZE, DECODE_HKV, E}, table_shape[2] = {B, per_seq}, used_shape[1] = {B};
+    const int64_t per_seq = (S + page_keys - 1) / page_keys, pages = B * per_seq;
+    const int64_t paged[4] = {pages, page_keys, DECODE_HKV, E}, table_shape[2] = {B, per_seq}, used_shape[1] = {B};
     const int64_t qs[4] = {B, 1, DECODE_HQ, E};
     if (!cli_tensor_zeros(&c->q, dtype, 4, qs) || !cli_tensor_zeros(&c->out, dtype, 4, qs) ||
         !cli_tensor_zeros(&c->k, dtype, 4, paged) || !cli_tensor_zeros(&c->v, dtype, 4, paged) ||
@@ -192,13 +196,25 @@ static bool paged_pair(feature_pair *p, const bench_features_options *o, af_dtyp
     const size_t row = row_bytes(c, DECODE_HKV);
     for (int64_t b = 0; b < B; b++) {
         used[b] = (int32_t)S;
-        for (int64_t page = 0; page < per_seq; page++) {   /* keys [page·16, page·16 + 16) of sequence b */
-            const int64_t first = page * PAGE_SIZE, n = S - first < PAGE_SIZE ? S - first : PAGE_SIZE;
-            const size_t from = (size_t)(b * S + first) * row, to = (size_t)table[b * per_seq + page] * PAGE_SIZE * row;
+        for (int64_t page = 0; page < per_seq; page++) {   /* keys [page·P, page·P + P) of sequence b */
+            const int64_t first = page * page_keys, n = S - first < page_keys ? S - first : page_keys;
+            const size_t from = (size_t)(b * S + first) * row, to = (size_t)table[b * per_seq + page] * page_keys * row;
             memcpy((char *)c->k.memory + to, (const char *)p->b.k.memory + from, (size_t)n * row);
             memcpy((char *)c->v.memory + to, (const char *)p->b.v.memory + from, (size_t)n * row);
         }
     }
+    const int64_t whole = S / page_keys;   /* the floor reads whole pages only */
+    p->chunk_count = (size_t)(2 * B * whole), p->chunk_bytes = (size_t)page_keys * row;
+    p->chunks_a = malloc(p->chunk_count * sizeof *p->chunks_a);
+    p->chunks_b = malloc(p->chunk_count * sizeof *p->chunks_b);
+    if (!p->chunks_a || !p->chunks_b) return false;
+    for (int64_t b = 0, n = 0; b < B; b++)
+        for (int64_t page = 0; page < whole; page++, n += 2) {
+            const size_t from = (size_t)(b * S + page * page_keys) * row;
+            const size_t to = (size_t)table[b * per_seq + page] * (size_t)page_keys * row;
+            p->chunks_a[n] = (const char *)c->k.memory + to, p->chunks_a[n + 1] = (const char *)c->v.memory + to;
+            p->chunks_b[n] = (const char *)p->b.k.memory + from, p->chunks_b[n + 1] = (const char *)p->b.v.memory + from;
+        }
     c->args.query = &c->q.view, c->args.key = &c->k.view, c->args.value = &c->v.view;
     c->args.page_table = &c->page_table.view, c->args.seqused_k = &c->seqused.view;
     c->kv_bytes = p->b.kv_bytes;
@@ -289,6 +305,18 @@ static double paired_quotient(const double *num, const double *den, int n) {
     return cli_median(q, n);
 }
 
+/* The memory system's own cost of a's page order: the same bytes read as whole chunks in a's order and in b's,
+ * alternating, `reps` each after a warm-up of both. */
+static void measure_read_floor(feature_pair *p, int reps, int threads) {
+    double ta[64], tb[64];
+    for (int r = -1; r < reps; r++) {
+        const double a = bench_read_chunks_seconds(threads, p->chunks_a, p->chunk_count, p->chunk_bytes);
+        const double b = bench_read_chunks_seconds(threads, p->chunks_b, p->chunk_count, p->chunk_bytes);
+        if (r >= 0) ta[r] = a, tb[r] = b;
+    }
+    p->read_floor = paired_quotient(ta, tb, reps);
+}
+
 /* ---- agreement of the two outputs where they compute the same rows */
 
 static double rows_agreement(const feature_pair *p, int64_t a_row, int64_t b_row, int64_t rows, double worst) {
@@ -341,7 +369,7 @@ static void print_call(const feature_call *c, const bench_features_options *o, i
         if (c->args.has_window)
             printf(",\"window_left\":%lld,\"window_right\":%lld", (long long)c->args.window_left,
                    (long long)c->args.window_right);
-        if (c->args.page_table) printf(",\"page_size\":%d", PAGE_SIZE);
+        if (c->args.page_table) printf(",\"page_size\":%lld", (long long)o->page_size);
         if (c->decode) printf(",\"peak_gbps\":%.6g,\"bandwidth_ratio\":%.4f", median_of(c->gbps, reps), bw_ratio);
         printf("}\n");
         return;
@@ -354,6 +382,7 @@ static void print_call(const feature_call *c, const bench_features_options *o, i
                  (long long)c->args.window_right);
     else
         snprintf(form, sizeof form, "%s%s", c->form, c->args.causal ? ",causal" : "");
+    if (c->args.page_table) snprintf(form, sizeof form, "paged%lld", (long long)c->k.view.shape[1]);
     if (!c->ok) {
         printf("%-8s %-26s %-8s %-16s failed: %s\n", c->label, shape, af_dtype_name(c->dtype), form, af_last_error());
         return;
@@ -373,6 +402,7 @@ static void print_pair(const feature_pair *p, const bench_features_options *o, i
                p->name, af_dtype_name(p->a.dtype), time_ratio, cpu_ratio, p->work_ratio);
         if (p->target > 0) printf(",\"target\":%.2f,\"met\":%s", p->target, met ? "true" : "false");
         if (p->agreement >= 0) printf(",\"agreement\":%.4f", p->agreement);
+        if (p->read_floor > 0) printf(",\"read_floor\":%.4f", p->read_floor);
         printf("}\n");
         return;
     }
@@ -382,6 +412,9 @@ static void print_pair(const feature_pair *p, const bench_features_options *o, i
         snprintf(agreement, sizeof agreement, "; outputs differ by %.3g of the bound", p->agreement);
     printf("  %s %s: time ratio %.3f (CPU-time ratio %.3f), work ratio %.3f%s%s\n", p->name, af_dtype_name(p->a.dtype),
            time_ratio, cpu_ratio, p->work_ratio, target, agreement);
+    if (p->read_floor > 0)
+        printf("  %s %s: memory floor: reading the same %zu-byte pages in this order takes %.3fx reading them "
+               "contiguously\n", p->name, af_dtype_name(p->a.dtype), p->chunk_bytes, p->read_floor);
 }
 
 int bench_features(const bench_features_options *o, int threads) {
@@ -407,6 +440,7 @@ int bench_features(const bench_features_options *o, int threads) {
                 failures++;
             } else {
                 time_pair(&p, reps, threads);
+                if (p.chunks_a) measure_read_floor(&p, reps, threads);
                 check_agreement(&p);
                 print_call(&p.a, o, reps, threads);
                 print_call(&p.b, o, reps, threads);
@@ -414,6 +448,8 @@ int bench_features(const bench_features_options *o, int threads) {
                 failures += !p.a.ok + !p.b.ok + (p.agreement > 1.0);
             }
             fflush(stdout);
+            free((void *)p.chunks_a);
+            free((void *)p.chunks_b);
             free_call(&p.a);
             free_call(&p.b);
         }

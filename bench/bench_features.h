@@ -17,6 +17,7 @@ typedef struct {
     int64_t heads, head_dim;   /* the prefill pairs' H (= Hkv) and E = Ev; decode uses Hq/Hkv 32/8 and head_dim */
     bool dtype_given;
     af_dtype dtype;        /* the only dtype when dtype_given, else float32 and bfloat16 */
+    int64_t page_size;     /* the paged pair's keys per page */
     af_dtype kv_dtype;     /* the float8 pair's K/V format (AF_F8E4M3 or AF_F8E5M2); its S is 4·length */
     const char *only;      /* NULL, or the one pair to run ("window_vs_full", ..., "fp8_vs_f16") */
 } bench_features_options;

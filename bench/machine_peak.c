@@ -191,6 +191,41 @@ static void read_worker(void *arg, int t) {
     job->sums[t] = sum_scalar(x, share);
 }
 
+typedef struct {
+    const char *const *chunks;
+    size_t count, chunk_bytes;
+    int threads;
+    float sums[256];
+} chunk_job;
+
+static void chunk_worker(void *arg, int t) {
+    chunk_job *job = arg;
+    const size_t share = job->count / (size_t)job->threads, first = (size_t)t * share;
+    const size_t end = t == job->threads - 1 ? job->count : first + share, floats = job->chunk_bytes / sizeof(float);
+    float s = 0.0f;
+    for (size_t c = first; c < end; c++) {
+        const float *x = (const float *)job->chunks[c];
+#if defined(__x86_64__)
+        if (af_isa_available("avx2")) {
+            s += sum_avx2(x, floats);
+            continue;
+        }
+#endif
+        s += sum_scalar(x, floats);
+    }
+    job->sums[t] = s;
+}
+
+double bench_read_chunks_seconds(int threads, const char *const *chunks, size_t count, size_t chunk_bytes) {
+    if (threads > 256) threads = 256;
+    chunk_job job = {.chunks = chunks, .count = count, .chunk_bytes = chunk_bytes, .threads = threads};
+    const double t0 = cli_now();
+    bench_on_threads(threads, chunk_worker, &job);
+    const double seconds = cli_now() - t0;
+    sink = job.sums[0];
+    return seconds;
+}
+
 static void touch_worker(void *arg, int t) {   /* first touch by the thread that reads it */
     read_job *job = arg;
     const size_t share = job->floats / (size_t)job->threads / 64 * 64;

@@ -17,6 +17,12 @@ double bench_fma_peak_gflops(const char *isa, int threads, double *per_cpu_secon
 /* Streaming read bandwidth of `threads` threads summing a `bytes` buffer (best of a few passes), GB/s. */
 double bench_read_bandwidth_gbps(int threads, size_t bytes);
 
+/* One timed read pass over `count` chunks of `chunk_bytes` bytes each (64-byte aligned; a tail under 128 bytes is
+ * not read), in the
+ * list's order, the list split into `threads` consecutive shares; seconds. What an order of pages costs the memory
+ * system alone: the same chunks listed in address order are the contiguous read. */
+double bench_read_chunks_seconds(int threads, const char *const *chunks, size_t count, size_t chunk_bytes);
+
 /* One short sample of each (an FMA trial of about 20 ms; one read pass over a buffer allocated on the first
  * call and kept until bench_machine_release): the ceiling *now*, to pair with one timed call on a machine whose
  * speed drifts (shared hosts, boost clocks). */

@@ -2,12 +2,13 @@
 # Runs every C test binary of a build (tests/test_*, and the fuzz replays tests/replay_*) under valgrind's memcheck:
 # an invalid read or write, a use of uninitialised memory or a leak fails the run. Usage: valgrind-tests.sh BUILD [JOBS]
 # The slow suites run fewer cases under valgrind (ATTNFORGE_TEST_CASES random cases, ATTNFORGE_TEST_CALLS calls
-# per thread); set them to run more.
+# per thread, ATTNFORGE_TEST_LIGHT: 2 threads only; tests/support/case_gen.h); set them to run more.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$(cd "${1:?usage: valgrind-tests.sh BUILD_DIR [JOBS]}" && pwd)
 jobs=${2:-2}
 export ATTNFORGE_TEST_CASES=${ATTNFORGE_TEST_CASES:-20} ATTNFORGE_TEST_CALLS=${ATTNFORGE_TEST_CALLS:-1}
+export ATTNFORGE_TEST_LIGHT=1   # each case on 2 threads only: the 1-vs-2-thread bit checks are the other runs' job
 export ATTNFORGE_MIN_FLOPS_PER_THREAD=0   # the small shapes still take the threaded paths
 export ATTNFORGE_CLI=$build/attnforge ROOT=$root LOGS=$(mktemp -d)
 

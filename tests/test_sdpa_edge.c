@@ -68,7 +68,7 @@ static void expect_rows(case_tensors *t, row_rule rule, const void *ctx) {
     const char *isas[CASE_MAX_ISAS];
     const int n = case_isas(isas, CASE_MAX_ISAS);
     for (int k = 0; k < n; k++)
-        for (int threads = 1; threads <= 2; threads++) {
+        for (int threads = case_first_threads(); threads <= 2; threads++) {
             assert_int_equal(case_run_kernel(t, isas[k], threads), AF_OK);
             assert_rows(t, &t->out, &t->lse, rule, ctx, isas[k]);
         }

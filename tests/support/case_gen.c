@@ -234,10 +234,19 @@ uint64_t case_suite_seed(uint64_t default_seed) {
     return env ? strtoull(env, NULL, 10) : default_seed;
 }
 
+int case_first_threads(void) { return getenv("ATTNFORGE_TEST_LIGHT") ? 2 : 1; }
+
 int case_isas(const char **names, int capacity) {
+    const char *only = getenv("ATTNFORGE_TEST_ISAS");   /* a comma-separated subset (valgrind's runs), else all */
     int n = 0;
-    for (int i = 0; af_isa_name(i) && n < capacity; i++)
-        if (af_isa_available(af_isa_name(i))) names[n++] = af_isa_name(i);
+    for (int i = 0; af_isa_name(i) && n < capacity; i++) {
+        const char *isa = af_isa_name(i);
+        const size_t len = strlen(isa);
+        bool listed = !only;
+        for (const char *at = only; at && !listed && (at = strstr(at, isa)); at += len)
+            listed = (at == only || at[-1] == ',') && (at[len] == ',' || at[len] == '\0');
+        if (listed && af_isa_available(isa)) names[n++] = isa;
+    }
     return n;
 }
 
@@ -351,9 +360,9 @@ bool case_verify_everywhere(case_tensors *t, char *why, size_t size) {
     if (!ok) snprintf(why, size, "no ISA available");
     for (int i = 0; i < n && ok; i++) {
         run_copy first = {NULL, NULL};
-        for (int threads = 1; threads <= 2 && ok; threads++) {
+        for (int threads = case_first_threads(); threads <= 2 && ok; threads++) {
             ok = verify_run(t, isas[i], threads, why, size);
-            if (ok && threads == 1) {
+            if (ok && !first.out) {
                 first.out = tt_snapshot(&t->out);
                 first.lse = tt_snapshot(&t->lse);
             } else if (ok && (!tt_same_as(&t->out, first.out) || !tt_same_as(&t->lse, first.lse))) {

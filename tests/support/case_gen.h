@@ -72,6 +72,10 @@ af_error_scale case_error_scale(const case_tensors *t);
 #define CASE_MAX_ISAS 4
 int case_isas(const char **names, int capacity);
 
+/* The first of the {1, 2} thread counts each case runs: 2 when ATTNFORGE_TEST_LIGHT is set (valgrind's runs, ~50x
+ * slower: every kernel path once, threaded; the bitwise 1-vs-2-thread check is left to the normal and ASan runs). */
+int case_first_threads(void);
+
 /* Fill out and lse with the sentinel, pick `isa` and `threads`, run af_sdpa. */
 af_status case_run_kernel(case_tensors *t, const char *isa, int threads);
 

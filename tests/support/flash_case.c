@@ -409,7 +409,7 @@ bool flash_case_verify_everywhere(flash_tensors *t, char *why, size_t size) {
     bool ok = n > 0;
     for (int i = 0; i < n && ok; i++) {
         unsigned char *first_out = NULL, *first_lse = NULL;
-        for (int threads = 1; threads <= 2 && ok; threads++) {
+        for (int threads = case_first_threads(); threads <= 2 && ok; threads++) {
             char detail[512] = "";
             const af_status st = flash_case_run(t, isas[i], threads);
             if (st != AF_OK) snprintf(detail, sizeof detail, "status %s: %s", af_status_name(st), af_last_error());
@@ -417,7 +417,7 @@ bool flash_case_verify_everywhere(flash_tensors *t, char *why, size_t size) {
             else if (t->c.with_lse && !tt_outside_view_is(&t->lse, TT_SENTINEL_BYTE))
                 snprintf(detail, sizeof detail, "wrote outside lse");
             else if (!flash_case_matches(t, detail, sizeof detail)) {
-            } else if (threads == 1) {
+            } else if (!first_out) {
                 first_out = tt_snapshot(&t->out);
                 first_lse = tt_snapshot(&t->lse);
                 continue;
