@@ -33,6 +33,12 @@ typedef struct {
 static void set_i32(test_tensor *t, int64_t i, int32_t v) { tt_set(t, &i, (double)v); }
 
 static void query_on_cuda(call *c) { c->t.q.view.device = (af_device){AF_DEVICE_CUDA, 0}; }
+static void all_on_cuda(call *c) {   /* every tensor of the call on cuda:0 (nothing is read: the check refuses first) */
+    test_tensor *all[] = {&c->t.q, &c->t.k, &c->t.v, &c->t.out, &c->t.lse, &c->t.sink, &c->t.cu_q, &c->t.cu_k,
+                          &c->t.seqused_k, &c->t.page_table};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) all[i]->view.device = (af_device){AF_DEVICE_CUDA, 0};
+}
+static void kv_on_cuda_1(call *c) { all_on_cuda(c); c->t.k.view.device.index = c->t.v.view.device.index = 1; }
 static void cu_q_float(call *c) { c->t.cu_q.view.dtype = AF_F32; }
 static void cu_q_shape(call *c) { c->t.cu_q.view.shape[0] -= 1; }
 static void cu_q_first(call *c) { set_i32(&c->t.cu_q, 0, 1); }
@@ -115,6 +121,7 @@ static void descale_without_f8(call *c) { descale(c, 0); }
 static void descale_shape(call *c) { kv_f8(c, AF_F8E4M3); descale(c, 1)->shape[1] = 1; }
 static void descale_dtype(call *c) { kv_f8(c, AF_F8E5M2); descale(c, 2)->dtype = AF_F16; }
 static void descale_on_cuda(call *c) { kv_f8(c, AF_F8E4M3); descale(c, 0)->device = (af_device){AF_DEVICE_CUDA, 0}; }
+static void f8_on_cuda(call *c) { all_on_cuda(c); kv_f8(c, AF_F8E4M3); c->t.args.seqused_k = NULL; }
 static void descale_unaligned(call *c) {
     kv_f8(c, AF_F8E4M3);
     af_tensor *d = descale(c, 1);
@@ -135,7 +142,12 @@ static void out_not_query_under_f8_kv(call *c) { kv_f8(c, AF_F8E4M3); c->t.out.v
 #define INVALID AF_ERR_INVALID_ARGUMENT
 #define UNSUPPORTED AF_ERR_UNSUPPORTED
 static const rule rules[] = {
-    {"query_on_cuda", true, query_on_cuda, UNSUPPORTED, "query: on cuda:0; af_flash_attn runs on the CPU only for now"},
+    {"query_on_cuda", true, query_on_cuda, INVALID,
+     "key: on cpu:0, but query is on cuda:0; every tensor of a call must be on one device"},
+    {"kv_on_another_cuda", false, kv_on_cuda_1, INVALID, "key: on cuda:1, but query is on cuda:0"},
+    {"paged_on_cuda", true, all_on_cuda, UNSUPPORTED,
+     "on cuda:0; varlen, paged and float8 calls of af_flash_attn run on the CPU only for now"},
+    {"f8_on_cuda", false, f8_on_cuda, UNSUPPORTED, "key: dtype float8_e4m3fn on cuda:0; float8 runs on the CPU only"},
     {"cu_q_float", true, cu_q_float, INVALID, "cu_seqlens_q: must be int32, got float32"},
     {"cu_q_shape", true, cu_q_shape, INVALID, "page_table: expected shape (batch_size, max_pages) with batch_size 1"},
     {"cu_q_first", true, cu_q_first, INVALID, "cu_seqlens_q: must start at 0, got 1"},
@@ -184,7 +196,7 @@ static const rule rules[] = {
     {"descale_shape", false, descale_shape, INVALID, "k_descale: expected shape (2, 2), got (2, 1)"},
     {"descale_shape_paged", true, descale_shape, INVALID, "k_descale: expected shape (2, 2), got (2, 1)"},
     {"descale_dtype", false, descale_dtype, INVALID, "v_descale: dtype must be float32, got float16"},
-    {"descale_on_cuda", false, descale_on_cuda, UNSUPPORTED, "q_descale: on cuda:0; af_flash_attn runs on the CPU"},
+    {"descale_on_cuda", false, descale_on_cuda, INVALID, "q_descale: on cuda:0, but query is on cpu:0"},
     {"descale_unaligned", false, descale_unaligned, INVALID, "k_descale: data at"},
     {"descale_overlaps_out", false, descale_overlaps_out, INVALID, "out: overlaps v_descale's memory"},
     {"descale_null_data", false, descale_null_data, INVALID, "q_descale: data is NULL but the view has 4 elements"},

@@ -5,9 +5,10 @@
  *   - keys in tiles of 32: lane j scores key j (q row broadcast from shared memory, K staged in column chunks);
  *   - online softmax in log2 units (af_ex2), max and sum over the tile by af_shfl_xor butterflies;
  *   - lanes split the value columns (column lane + 32·c), f32 accumulators in registers, V staged in chunks;
- *   - key tiles past the block's last visible key (causality) are never loaded.
+ *   - key tiles outside the block's rows' key ranges (causality, a sliding window) are never loaded;
+ *   - af_flash_attn's softcap on the scaled score, and its learned sink joined to the row's max and sum at the end.
  * Matches src/sdpa/reference.c: masked keys contribute nothing (even against Inf/NaN values), a NaN score makes the
- * row NaN, a row that sees no key gets out = 0 and lse = -inf. */
+ * row NaN, a row that sees no key gets out = 0 and lse = -inf (the sink's logit when there is one). */
 #ifndef AF_CUDA_ATTN_SIMT_CUH
 #define AF_CUDA_ATTN_SIMT_CUH
 #include <math.h>
@@ -36,6 +37,7 @@
 typedef struct {
     af_problem p;
     float scale_log2;       /* scale·log2(e): scores in log2 units for ex2 */
+    float scale, softcap;   /* softcap > 0: s <- softcap·tanh(scale·q·k / softcap), then ·log2(e) */
     int64_t row_blocks;     /* blocks per (batch, kv head): ceil(group·L / AF_SIMT_WARPS) */
     int64_t blocks;         /* B·Hkv·row_blocks */
 } af_simt_params;
@@ -57,19 +59,33 @@ AF_DEVICE void af_simt_store(char *base, af_dtype dtype, int64_t index, float x)
     else ((uint16_t *)base)[index] = dtype == AF_F16 ? af_float_to_f16(x) : af_float_to_bf16(x);
 }
 
-/* af_visible_keys (src/sdpa/problem.h) for device code: keys j < this are visible to query row i. */
-AF_DEVICE int64_t af_simt_visible_keys(const af_problem *p, int64_t i) {
-    int64_t limit = p->S;
-    if (p->causal == AF_CAUSAL_TOP_LEFT) limit = i + 1;
-    else if (p->causal == AF_CAUSAL_BOTTOM_RIGHT) limit = i + 1 + (p->S - p->L);
-    return limit < 0 ? 0 : limit > p->S ? p->S : limit;
+/* af_key_range (src/sdpa/problem.h) for device code: the keys [*lo, *hi) query row i may see, by causal alignment
+ * and the sliding window (fixed-length problems: every sequence has L rows and S keys). */
+AF_DEVICE void af_simt_key_range(const af_problem *p, int64_t i, int64_t *lo, int64_t *hi) {
+    const int64_t L = p->L, S = p->S;
+    *lo = 0;
+    *hi = S;
+    if (p->causal == AF_CAUSAL_TOP_LEFT) *hi = i + 1 < S ? i + 1 : S;
+    if (p->causal == AF_CAUSAL_BOTTOM_RIGHT) *hi = L - i <= S ? i + 1 + (S - L) : 0;
+    if (p->has_window) {
+        const int64_t diagonal = i + (S - L);
+        if (p->window_left >= 0 && diagonal > p->window_left) *lo = diagonal - p->window_left;
+        if (p->window_right >= 0) {
+            const int64_t end = p->window_right < S - diagonal ? diagonal + p->window_right + 1 : S;
+            if (end < *hi) *hi = end < 0 ? 0 : end;
+        }
+    }
+    if (*hi < *lo) *hi = *lo;
 }
 
-/* Lane j's score of key key0 + j in log2 units: scale·q·k, then causality / mask as -inf or additive terms. */
-AF_DEVICE float af_simt_score(const af_simt_params *prm, float dot, int64_t key, int64_t limit, int64_t mask_row) {
+/* Lane j's score of key key0 + j in log2 units: scale·q·k (softcapped), then the key range / mask as -inf or
+ * additive terms. */
+AF_DEVICE float af_simt_score(const af_simt_params *prm, float dot, int64_t key, int64_t lo, int64_t hi,
+                              int64_t mask_row) {
     const af_problem *p = &prm->p;
-    if (key >= limit) return -INFINITY;
-    float s = dot * prm->scale_log2;
+    if (key < lo || key >= hi) return -INFINITY;
+    float s = prm->softcap > 0.0f ? prm->softcap * tanhf(dot * prm->scale / prm->softcap) * (float)AF_SIMT_LOG2E
+                                  : dot * prm->scale_log2;
     if (p->mask) {
         const int64_t m = mask_row + key * p->mask_stride[3];
         if (p->mask_dtype == AF_BOOL) s = ((const unsigned char *)p->mask)[m] ? s : -INFINITY;
@@ -125,11 +141,15 @@ AF_DEVICE void af_simt_block(const af_simt_params prm, int64_t block, const int 
     const int64_t hk = bh % p->Hkv, b = bh / p->Hkv, row = first_row + warp;
     const int active = row < rows;
     const int64_t h = hk * p->group + (active ? row / p->L : 0), i = active ? row % p->L : 0;
-    const int64_t limit = active ? af_simt_visible_keys(p, i) : 0;
-    int64_t keys = 0;   /* keys any row of the block sees: the tiles to load */
+    int64_t lo = 0, hi = 0;   /* this row's keys */
+    if (active) af_simt_key_range(p, i, &lo, &hi);
+    int64_t first = p->S, keys = 0;   /* keys [first, keys) hold every key a row of the block sees: the tiles to load */
     for (int w = 0; w < AF_SIMT_WARPS && first_row + w < rows; w++) {
-        const int64_t visible = af_simt_visible_keys(p, (first_row + w) % p->L);
-        if (visible > keys) keys = visible;
+        int64_t w_lo, w_hi;
+        af_simt_key_range(p, (first_row + w) % p->L, &w_lo, &w_hi);
+        if (w_hi == w_lo) continue;
+        if (w_lo < first) first = w_lo;
+        if (w_hi > keys) keys = w_hi;
     }
 
     /* No barrier before these stores: a warp's q row is read by that warp alone, whose lanes all passed the
@@ -148,11 +168,11 @@ AF_DEVICE void af_simt_block(const af_simt_params prm, int64_t block, const int 
     for (int c = 0; c < slots; c++) acc[c] = 0.0f;
     float m = -INFINITY, l = 0.0f;   /* running max (log2 units) and sum of weights; equal on every lane */
 
-    for (int64_t key0 = 0; key0 < keys; key0 += AF_SIMT_KEYS) {
-        const int live = key0 < limit;   /* this row sees a key of the tile */
+    for (int64_t key0 = first / AF_SIMT_KEYS * AF_SIMT_KEYS; key0 < keys; key0 += AF_SIMT_KEYS) {
+        const int live = key0 < hi && key0 + AF_SIMT_KEYS > lo && hi > lo;   /* this row sees a key of the tile */
         const float dot = af_simt_dot(&prm, q_own, k_smem, k_base, key0, keys, live);
         if (live) {
-            const float s = af_simt_score(&prm, dot, key0 + lane, limit, mask_row);
+            const float s = af_simt_score(&prm, dot, key0 + lane, lo, hi, mask_row);
             float tile_max = s, tile_sum;
             for (int o = 16; o > 0; o >>= 1) tile_max = fmaxf(tile_max, af_shfl_xor(tile_max, o));   /* NaN-free */
             const float m_new = fmaxf(m, tile_max);
@@ -193,7 +213,19 @@ AF_DEVICE void af_simt_block(const af_simt_params prm, int64_t block, const int 
         }
     }
     if (!active) return;
-    const int seen = l > 0.0f || l != l;   /* a row that saw no key: out = 0, lse = -inf */
+    if (p->sink) {   /* FA4's learned sink: one more logit in the max and the sum, none in the values */
+        const float sink = af_simt_load(p->sink, p->sink_dtype, h * p->sink_stride) * (float)AF_SIMT_LOG2E;
+        const float m_new = fmaxf(m, sink);   /* fmaxf ignores a NaN sink: the sum below carries it */
+        const float alpha = m_new == m ? 1.0f : af_ex2(m - m_new);
+        if (m_new != -INFINITY) {
+            l = l * alpha + (sink == -INFINITY ? 0.0f : af_ex2(sink - m_new));
+            AF_SIMT_UNROLL
+            for (int c = 0; c < slots; c++) acc[c] *= alpha;
+            m = m_new;
+        }
+        if (sink != sink) l = sink;
+    }
+    const int seen = l > 0.0f || l != l;   /* a row that saw no key (nor a sink): out = 0, lse = -inf */
     const float inv = seen ? 1.0f / l : 0.0f;
     const int64_t out_row = b * p->out_stride[0] + h * p->out_stride[1] + i * p->out_stride[2];
     AF_SIMT_UNROLL
@@ -223,6 +255,8 @@ cudaError_t af_cuda_simt_forward(const af_problem *p, const af_cuda_device *dev,
     af_simt_params prm;
     prm.p = *p;
     prm.scale_log2 = (float)(p->scale * AF_SIMT_LOG2E);
+    prm.scale = (float)p->scale;
+    prm.softcap = (float)p->softcap;
     prm.row_blocks = (p->group * p->L + AF_SIMT_WARPS - 1) / AF_SIMT_WARPS;
     prm.blocks = p->B * p->Hkv * prm.row_blocks;
     const int grid = (int)(prm.blocks < AF_SIMT_MAX_BLOCKS ? prm.blocks : AF_SIMT_MAX_BLOCKS);

@@ -164,6 +164,7 @@ static int check_pointers(const af_problem *p, int device, char *err, size_t siz
     if ((status = check_pointer("value", p->v, kv * p->Ev, device, err, size)) != AF_OK) return status;
     if ((status = check_pointer("out", p->out, rows * p->Ev, device, err, size)) != AF_OK) return status;
     if ((status = check_pointer("lse", p->lse, rows, device, err, size)) != AF_OK) return status;
+    if ((status = check_pointer("learnable_sink", p->sink, p->Hq, device, err, size)) != AF_OK) return status;
     return check_pointer("attn_mask", p->mask, rows * p->S, device, err, size);
 }
 
@@ -279,12 +280,18 @@ static int mma_forward(const af_problem *p, const af_cuda_device *dev, cudaStrea
     return AF_OK;
 }
 
+/* af_flash_attn's features the tensor-core kernels do not have yet: the CUDA-core kernel runs those calls. */
+static bool has_flash_features(const af_problem *p) { return p->has_window || p->softcap > 0.0 || p->sink; }
+
 /* Once per process: the CUDA-core path is correct but far from the tensor cores' speed. */
 static void note_simt_once(const af_problem *p) {
-    static int noted_f32, noted_large;
-    int *noted = p->dtype == AF_F32 ? &noted_f32 : &noted_large;
+    static int noted_f32, noted_large, noted_features;
+    int *noted = has_flash_features(p) ? &noted_features : p->dtype == AF_F32 ? &noted_f32 : &noted_large;
     if (__atomic_exchange_n(noted, 1, __ATOMIC_RELAXED)) return;
-    if (p->dtype == AF_F32)
+    if (has_flash_features(p))
+        log_message(AF_LOG_INFO, "a sliding window, softcap or learned sink runs on the CUDA cores, slower than the "
+                    "tensor-core path, which does not have them yet");
+    else if (p->dtype == AF_F32)
         log_message(AF_LOG_INFO, "float32 attention runs on the CUDA cores, several times slower than float16/"
                     "bfloat16 on the tensor cores; cast q/k/v to bfloat16 or float16 for speed");
     else
@@ -299,7 +306,8 @@ typedef enum { PATH_TENSOR_CORES_SM80, PATH_CUDA_CORES } kernel_path;
 static kernel_path choose_path(const af_problem *p, const af_cuda_device *dev) {
     (void)dev;
     const bool half = p->dtype == AF_F16 || p->dtype == AF_BF16;
-    return half && p->E <= AF_MMA_HD_MAX && p->Ev <= AF_MMA_HD_MAX ? PATH_TENSOR_CORES_SM80 : PATH_CUDA_CORES;
+    return half && p->E <= AF_MMA_HD_MAX && p->Ev <= AF_MMA_HD_MAX && !has_flash_features(p) ? PATH_TENSOR_CORES_SM80
+                                                                                              : PATH_CUDA_CORES;
 }
 
 typedef struct {
@@ -324,6 +332,10 @@ static int forward_on_device(int device, void *context, char *err, size_t size) 
 }
 
 static int forward(const af_problem *p, int device, void *stream, char *err, size_t size) {
+    /* libattnforge refuses these on CUDA before they get here (flash_args.c); a backend never misreads them */
+    if (p->cu_seqlens_q || p->cu_seqlens_k || p->seqused_k || p->page_table || p->kv_dtype != p->dtype ||
+        p->dtype == AF_F8E4M3 || p->dtype == AF_F8E5M2 || p->q_descale || p->k_descale || p->v_descale)
+        return fail(err, size, AF_ERR_UNSUPPORTED, "varlen, paged and float8 K/V run on the CPU only for now");
     if (p->B == 0 || p->Hq == 0 || p->L == 0) return AF_OK;   /* no output row: nothing to enqueue */
     forward_call call;
     call.p = p;

@@ -93,16 +93,32 @@ static af_status check_cu_seqlens(const af_tensor *cu, const char *name, int64_t
     return AF_OK;
 }
 
-/* Devices first: the int32 arrays are read on the host below. */
+static bool is_float8(af_dtype d) { return d == AF_F8E4M3 || d == AF_F8E5M2; }
+
+/* Devices first: the int32 arrays are read on the host below, so on CUDA (where they would be device memory) the
+ * calls that have them are refused before anything is read. Every tensor on the query's device. */
 static af_status check_devices(const flash_view *views) {
+    const af_device d = views[V_Q].t->device;
     for (int i = 0; i < V_COUNT; i++) {
         const af_tensor *t = views[i].t;
-        if (!t || t->device.type == AF_DEVICE_CPU) continue;
-        if (t->device.type == AF_DEVICE_CUDA)
-            return af_fail(AF_ERR_UNSUPPORTED, "%s: on cuda:%d; af_flash_attn runs on the CPU only for now",
-                           views[i].name, t->device.index);
-        return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: unknown device type %d", views[i].name, (int)t->device.type);
+        if (!t) continue;
+        if (t->device.type != AF_DEVICE_CPU && t->device.type != AF_DEVICE_CUDA)
+            return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: unknown device type %d", views[i].name, (int)t->device.type);
+        if (t->device.type != d.type || (d.type == AF_DEVICE_CUDA && t->device.index != d.index))
+            return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: on %s:%d, but query is on %s:%d; every tensor of a call "
+                           "must be on one device", views[i].name, t->device.type == AF_DEVICE_CUDA ? "cuda" : "cpu",
+                           t->device.index, d.type == AF_DEVICE_CUDA ? "cuda" : "cpu", d.index);
     }
+    if (d.type != AF_DEVICE_CUDA) return AF_OK;
+    for (int i = V_CU_Q; i <= V_V_DESCALE; i++)
+        if (views[i].t)
+            return af_fail(AF_ERR_UNSUPPORTED, "%s: on cuda:%d; varlen, paged and float8 calls of af_flash_attn run "
+                           "on the CPU only for now (fixed-length calls with causal, window, softcap and "
+                           "learnable_sink run on CUDA)", views[i].name, d.index);
+    for (int i = V_Q; i <= V_V; i++)
+        if (is_float8(views[i].t->dtype))
+            return af_fail(AF_ERR_UNSUPPORTED, "%s: dtype %s on cuda:%d; float8 runs on the CPU only for now",
+                           views[i].name, af_dtype_name(views[i].t->dtype), d.index);
     return AF_OK;
 }
 

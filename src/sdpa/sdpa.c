@@ -43,13 +43,14 @@ af_status af_sdpa_reference(const af_sdpa_args *args, af_tensor *out, af_tensor 
     return af_reference_forward(&p);
 }
 
-/* FlashAttention-4's forward (attnforge.h): the same driver over a problem with its features on; CPU only for now
- * (af_flash_check refuses CUDA tensors before reading their index arrays). */
+/* FlashAttention-4's forward (attnforge.h): the same driver over a problem with its features on; on CUDA the
+ * backend (fixed-length calls: af_flash_check refuses the varlen, paged and float8 ones there). */
 af_status af_flash_attn(const af_flash_args *args, af_tensor *out, af_tensor *lse) {
     af_clear_error();
     af_problem p;
     af_status st = af_flash_check(args, out, lse, &p);
     if (st != AF_OK) return st;
+    if (args->query->device.type == AF_DEVICE_CUDA) return cuda_forward(&p, args->query->device.index, args->stream);
     return af_flash_forward(&p);
 }
 
@@ -58,5 +59,9 @@ af_status af_flash_attn_reference(const af_flash_args *args, af_tensor *out, af_
     af_problem p;
     af_status st = af_flash_check(args, out, lse, &p);
     if (st != AF_OK) return st;
+    if (args->query->device.type == AF_DEVICE_CUDA)
+        return af_fail(AF_ERR_UNSUPPORTED, "query: on cuda:%d; the reference reads host memory and runs on the CPU "
+                       "only (copy the tensors to the host, or compare af_flash_attn's output there)",
+                       args->query->device.index);
     return af_reference_forward(&p);
 }

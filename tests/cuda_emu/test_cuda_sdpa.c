@@ -1,4 +1,4 @@
-/* af_sdpa on CUDA tensors, end to end: libattnforge's checks and loader, the backend's host code
+/* af_sdpa and af_flash_attn on CUDA tensors, end to end: libattnforge's checks and loader, the backend's host code
  * (src/cuda/backend.cu: pointer checks, tensor-core or CUDA-core path, copies of q/k/v the tensor cores cannot read)
  * and the kernels, all through the emulated backend (ATTNFORGE_CUDA_LIBRARY). Device memory comes from the backend's
  * own allocator (its registry tells device memory from host memory); in the emulation it is host memory, so the
@@ -17,6 +17,7 @@
 
 #include "attnforge.h"
 #include "case_gen.h"
+#include "flash_case.h"
 #include "sdpa/cuda_backend.h"
 #include "test_tensor.h"
 
@@ -122,6 +123,36 @@ static bool on_tensor_cores(const sdpa_case *c) {
 
 /* ------------------------------------------------------------------ one case end to end */
 
+/* The call's status, then its stream synchronised and out (and lse when given) copied back; false with `why`. */
+static bool call_finished(af_status st, const char *entry, void *stream, test_tensor *out, const device_tensor *d_out,
+                          test_tensor *lse, const device_tensor *d_lse, char *why, size_t size) {
+    char err[512];
+    if (st != AF_OK) {
+        snprintf(why, size, "%s: %s: %s", entry, af_status_name(st), af_last_error());
+        return false;
+    }
+    if (ops->synchronize(0, stream, err, sizeof err) != AF_OK) {
+        snprintf(why, size, "synchronize: %s", err);
+        return false;
+    }
+    to_host(out, d_out);
+    if (lse) to_host(lse, d_lse);
+    return true;
+}
+
+/* Nothing written around out's (and lse's) view: the sentinel bytes there are intact. */
+static bool outside_untouched(const test_tensor *out, const test_tensor *lse, char *why, size_t size) {
+    if (!tt_outside_view_is(out, TT_SENTINEL_BYTE)) {
+        snprintf(why, size, "out: bytes outside the view were written");
+        return false;
+    }
+    if (lse && !tt_outside_view_is(lse, TT_SENTINEL_BYTE)) {
+        snprintf(why, size, "lse: bytes outside the view were written");
+        return false;
+    }
+    return true;
+}
+
 /* Run the case on the device and check it against the double reference; false with `why` on a mismatch. */
 static bool run_case(const sdpa_case *c, char *why, size_t size) {
     case_tensors t;
@@ -133,29 +164,11 @@ static bool run_case(const sdpa_case *c, char *why, size_t size) {
     device_call_build(&d, &t);
     log_reset();
     af_tensor *lse = c->with_lse ? &d.lse.view : NULL;
-    const af_status st = af_sdpa(&d.args, &d.out.view, lse);
-    char err[512];
-    bool ok = true;
-    if (st != AF_OK) {
-        snprintf(why, size, "af_sdpa: %s: %s", af_status_name(st), af_last_error());
-        ok = false;
-    } else if (ops->synchronize(0, d.args.stream, err, sizeof err) != AF_OK) {
-        snprintf(why, size, "synchronize: %s", err);
-        ok = false;
-    }
-    if (ok) {
-        to_host(&t.out, &d.out);
-        if (c->with_lse) to_host(&t.lse, &d.lse);
-        ok = case_matches_reference(&t, NULL, why, size);   /* af_error_bound, as on the CPU */
-        if (ok && !tt_outside_view_is(&t.out, TT_SENTINEL_BYTE)) {
-            snprintf(why, size, "out: bytes outside the view were written");
-            ok = false;
-        }
-        if (ok && c->with_lse && !tt_outside_view_is(&t.lse, TT_SENTINEL_BYTE)) {
-            snprintf(why, size, "lse: bytes outside the view were written");
-            ok = false;
-        }
-    }
+    test_tensor *host_lse = c->with_lse ? &t.lse : NULL;
+    bool ok = call_finished(af_sdpa(&d.args, &d.out.view, lse), "af_sdpa", d.args.stream, &t.out, &d.out, host_lse,
+                            &d.lse, why, size) &&
+              case_matches_reference(&t, NULL, why, size) &&   /* af_error_bound, as on the CPU */
+              outside_untouched(&t.out, host_lse, why, size);
     /* a q/k/v the tensor cores cannot read is copied, and one warning per call says which and why */
     const bool empty = c->B == 0 || c->Hq == 0 || c->L == 0;
     const char *q_rule = needs_copy(&d.q.view), *k_rule = needs_copy(&d.k.view), *v_rule = needs_copy(&d.v.view);
@@ -181,6 +194,49 @@ static void expect_case(const sdpa_case *c) {
     char why[1024] = "", text[512];
     if (!run_case(c, why, sizeof why)) {
         case_describe(c, text, sizeof text);
+        fail_msg("%s\n  case: %s", why, text);
+    }
+}
+
+/* ------------------------------------------------------------------ af_flash_attn: one case end to end */
+
+/* A fixed-length af_flash_attn case (what CUDA runs: no varlen, paged, seqused_k or float8) on the device, checked
+ * against the double reference with flash_case_matches' bound (softcap-aware); false with `why` on a mismatch. */
+static bool run_flash_case(const flash_case *c, char *why, size_t size) {
+    flash_tensors t;
+    if (!flash_case_build(c, &t)) {
+        snprintf(why, size, "flash_case_build failed");
+        return false;
+    }
+    tt_fill_bytes(&t.out, TT_SENTINEL_BYTE);
+    tt_fill_bytes(&t.lse, TT_SENTINEL_BYTE);
+    device_tensor q, k, v, sink, out, lse;
+    memset(&sink, 0, sizeof sink);
+    memset(&lse, 0, sizeof lse);
+    to_device(&q, &t.q);
+    to_device(&k, &t.k);
+    to_device(&v, &t.v);
+    to_device(&out, &t.out);
+    if (t.args.learnable_sink) to_device(&sink, &t.sink);
+    if (c->with_lse) to_device(&lse, &t.lse);
+    af_flash_args args = t.args;
+    args.query = &q.view;
+    args.key = &k.view;
+    args.value = &v.view;
+    args.learnable_sink = t.args.learnable_sink ? &sink.view : NULL;
+    test_tensor *host_lse = c->with_lse ? &t.lse : NULL;
+    const af_status st = af_flash_attn(&args, &out.view, c->with_lse ? &lse.view : NULL);
+    const bool ok = call_finished(st, "af_flash_attn", args.stream, &t.out, &out, host_lse, &lse, why, size) &&
+                    flash_case_matches(&t, why, size) && outside_untouched(&t.out, host_lse, why, size);
+    device_free(&q); device_free(&k); device_free(&v); device_free(&sink); device_free(&out); device_free(&lse);
+    flash_case_free(&t);
+    return ok;
+}
+
+static void expect_flash_case(const flash_case *c) {
+    char why[1024] = "", text[512];
+    if (!run_flash_case(c, why, sizeof why)) {
+        flash_case_describe(c, text, sizeof text);
         fail_msg("%s\n  case: %s", why, text);
     }
 }
@@ -236,6 +292,56 @@ static void chosen_cases_match_the_reference(void **state) {
     wide.dtype = AF_F16;
     wide.enable_gqa = true;
     expect_case(&wide);
+}
+
+/* FA4's features on CUDA (the CUDA-core kernel takes them): random fixed-length cases, and chosen edges. */
+static void flash_random_suite_matches_the_reference(void **state) {
+    const int count = case_suite_count(24);
+    const uint64_t seed = case_suite_seed(4096);
+    int run = 0;
+    for (int i = 0; run < count && i < 50 * count; i++) {
+        flash_case c = flash_case_random(seed, i);
+        if (c.kv != KV_FIXED || c.varlen_q || c.seqused) continue;   /* refused on CUDA (flash_errors_on_cuda) */
+        double work = (double)c.B * c.Hq * c.Lq[0] * c.S_stored[0] * (c.E + c.Ev);
+        for (; work > 3e5; work *= 9.0 / 16.0)   /* the emulation's budget: shrink rows and keys alike */
+            for (int b = 0; b < FLASH_MAX_BATCH; b++) {
+                c.Lq[b] = c.Lq[b] * 3 / 4;
+                c.Sk[b] = c.S_stored[b] = c.S_stored[b] * 3 / 4;
+            }
+        expect_flash_case(&c);
+        run++;
+    }
+    assert_int_equal(run, count);
+}
+
+static void flash_chosen_cases_match_the_reference(void **state) {
+    const af_dtype dtypes[3] = {AF_F32, AF_F16, AF_BF16};
+    for (int di = 0; di < 3; di++) {
+        flash_case c = flash_case_default(2, 4, 2, 37, 70, 64, 40);   /* GQA, Ev != E, L != S */
+        c.dtype = dtypes[di];
+        c.causal = true;   /* bottom-right, no other feature: the tensor cores take f16/bf16 */
+        expect_flash_case(&c);
+        c.has_window = true;   /* a band: tiles before it are skipped, rows start at different keys */
+        c.left = 20, c.right = 0;
+        expect_flash_case(&c);
+        c.causal = false;
+        c.left = 0, c.right = 0;   /* each row sees only its diagonal key */
+        expect_flash_case(&c);
+        c.left = 5, c.right = 100;   /* right beyond S */
+        c.softcap = 30.0;
+        c.has_scale = true, c.scale = 1.0;
+        c.amplitude = 25.0;   /* |q·k| up to 1e4 against the cap */
+        expect_flash_case(&c);
+        c = flash_case_default(1, 4, 2, 50, 33, 32, 32);
+        c.dtype = dtypes[di];
+        c.causal = true;   /* L > S bottom-right: 17 rows see no key: out 0, lse = the sink */
+        c.sink = true;
+        c.sink_dtype = dtypes[(di + 1) % 3];
+        expect_flash_case(&c);
+        c.causal = false;
+        c.sink_offset = 12.0;   /* a sink that dominates: the keys barely count */
+        expect_flash_case(&c);
+    }
 }
 
 static void strided_inputs_are_copied_with_a_warning(void **state) {
@@ -350,6 +456,8 @@ int main(void) {
         cmocka_unit_test(chosen_cases_match_the_reference),
         cmocka_unit_test(random_suite_matches_the_reference),
         cmocka_unit_test(strided_inputs_are_copied_with_a_warning),
+        cmocka_unit_test(flash_chosen_cases_match_the_reference),
+        cmocka_unit_test(flash_random_suite_matches_the_reference),
         cmocka_unit_test(tensors_on_another_device_are_named),
         cmocka_unit_test(host_memory_passed_as_cuda_is_named),
         cmocka_unit_test(reference_is_refused_on_cuda),
