@@ -296,14 +296,14 @@ static void chosen_cases_match_the_reference(void **state) {
 
 /* FA4's features on CUDA (the CUDA-core kernel takes them): random fixed-length cases, and chosen edges. */
 static void flash_random_suite_matches_the_reference(void **state) {
-    const int count = case_suite_count(24);
+    const int count = case_suite_count(16);
     const uint64_t seed = case_suite_seed(4096);
     int run = 0;
     for (int i = 0; run < count && i < 50 * count; i++) {
         flash_case c = flash_case_random(seed, i);
         if (c.kv != KV_FIXED || c.varlen_q || c.seqused) continue;   /* refused on CUDA (flash_errors_on_cuda) */
         double work = (double)c.B * c.Hq * c.Lq[0] * c.S_stored[0] * (c.E + c.Ev);
-        for (; work > 3e5; work *= 9.0 / 16.0)   /* the emulation's budget: shrink rows and keys alike */
+        for (; work > 1.5e5; work *= 9.0 / 16.0)   /* the emulation's budget: shrink rows and keys alike */
             for (int b = 0; b < FLASH_MAX_BATCH; b++) {
                 c.Lq[b] = c.Lq[b] * 3 / 4;
                 c.Sk[b] = c.S_stored[b] = c.S_stored[b] * 3 / 4;
@@ -317,12 +317,12 @@ static void flash_random_suite_matches_the_reference(void **state) {
 static void flash_chosen_cases_match_the_reference(void **state) {
     const af_dtype dtypes[3] = {AF_F32, AF_F16, AF_BF16};
     for (int di = 0; di < 3; di++) {
-        flash_case c = flash_case_default(2, 4, 2, 37, 70, 64, 40);   /* GQA, Ev != E, L != S */
+        flash_case c = flash_case_default(2, 4, 2, 19, 45, 32, 24);   /* GQA, Ev != E, L != S */
         c.dtype = dtypes[di];
         c.causal = true;   /* bottom-right, no other feature: the tensor cores take f16/bf16 */
         expect_flash_case(&c);
         c.has_window = true;   /* a band: tiles before it are skipped, rows start at different keys */
-        c.left = 20, c.right = 0;
+        c.left = 12, c.right = 0;
         expect_flash_case(&c);
         c.causal = false;
         c.left = 0, c.right = 0;   /* each row sees only its diagonal key */
@@ -332,7 +332,7 @@ static void flash_chosen_cases_match_the_reference(void **state) {
         c.has_scale = true, c.scale = 1.0;
         c.amplitude = 25.0;   /* |q·k| up to 1e4 against the cap */
         expect_flash_case(&c);
-        c = flash_case_default(1, 4, 2, 50, 33, 32, 32);
+        c = flash_case_default(1, 4, 2, 40, 23, 16, 16);
         c.dtype = dtypes[di];
         c.causal = true;   /* L > S bottom-right: 17 rows see no key: out 0, lse = the sink */
         c.sink = true;
