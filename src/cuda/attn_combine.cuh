@@ -1,13 +1,15 @@
 /* The split-KV combine: each split of the keys left a normalised f32 partial O_s and its LSE_s (natural log) per
  * query row; the row's result is O = sum_s w_s·O_s with w_s = exp(LSE_s - LSE), LSE = log sum_s exp(LSE_s).
  * A warp per row: lanes share the splits for the max and the sum of weights (butterflies), then the value
- * columns (lane + 32·c). A row whose every split is -inf (it saw no key) gets out = 0 and lse = -inf. */
+ * columns (lane + 32·c). A row whose every split is -inf (it saw no key) gets out = 0 and lse = -inf. af_flash_attn's
+ * learned sink is one more LSE term with no value (FA4): it joins the max and the sum here, once per row. */
 #ifndef AF_CUDA_ATTN_COMBINE_CUH
 #define AF_CUDA_ATTN_COMBINE_CUH
 #include <math.h>
 #include <stdint.h>
 
 #include "cuda/kernels.h"
+#include "cuda/scalar.cuh"
 
 #define AF_COMBINE_WARPS 4                       /* rows per block */
 #define AF_COMBINE_THREADS (32 * AF_COMBINE_WARPS)
@@ -29,6 +31,9 @@ typedef struct {
     int64_t out_stride[4];
     float *lse;                       /* NULL or f32 (B, Hq, L) */
     int64_t lse_stride[3];
+    const char *sink;                 /* NULL, or (Hq,) logits of sink_dtype, sink_stride elements apart */
+    int sink_dtype;
+    int64_t sink_stride;
 } af_combine_params;
 
 AF_KERNEL(af_combine_kernel, af_combine_params, p, AF_COMBINE_THREADS) {
@@ -38,11 +43,15 @@ AF_KERNEL(af_combine_kernel, af_combine_params, p, AF_COMBINE_THREADS) {
     float lse_max = -INFINITY;
     for (int s = lane; s < p.splits; s += 32) lse_max = fmaxf(lse_max, p.part_lse[s * p.total_rows + row]);
     for (int x = 16; x > 0; x >>= 1) lse_max = fmaxf(lse_max, af_shfl_xor(lse_max, x));
+    const int64_t h = row / p.L % p.Hq;
+    const float sink = p.sink ? af_load_scalar(p.sink, (af_dtype)p.sink_dtype, h * p.sink_stride) : -INFINITY;
+    lse_max = sink != sink ? sink : fmaxf(lse_max, sink);   /* a NaN sink makes the row NaN */
     float sum = 0.0f;
     if (lse_max != -INFINITY)
         for (int s = lane; s < p.splits; s += 32)
             sum += af_ex2((p.part_lse[s * p.total_rows + row] - lse_max) * AF_COMBINE_LOG2E);
     for (int x = 16; x > 0; x >>= 1) sum += af_shfl_xor(sum, x);
+    if (sink != -INFINITY) sum += af_ex2((sink - lse_max) * AF_COMBINE_LOG2E);   /* after the butterfly: once */
 
     float acc[AF_COMBINE_MAX_COLS / 32];
     AF_COMBINE_UNROLL
@@ -57,7 +66,7 @@ AF_KERNEL(af_combine_kernel, af_combine_params, p, AF_COMBINE_THREADS) {
                 if (lane + 32 * c < p.Ev) acc[c] += w * o[lane + 32 * c];
         }
     }
-    const int64_t b = row / (p.Hq * p.L), h = row / p.L % p.Hq, i = row % p.L;
+    const int64_t b = row / (p.Hq * p.L), i = row % p.L;
     char *out_row = p.out + 2 * (b * p.out_stride[0] + h * p.out_stride[1] + i * p.out_stride[2]);
     AF_COMBINE_UNROLL
     for (int c = 0; c < AF_COMBINE_MAX_COLS / 32; c++) {

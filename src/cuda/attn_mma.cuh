@@ -9,7 +9,9 @@
  *   - S = Q·Kᵀ with K fragments by ldmatrix; online softmax in log2 units with lazy rescaling (threshold
  *     AF_MMA_RESCALE_THRESHOLD); P packed to f16/bf16 straight from the S accumulators into the A fragment of P·V
  *     (C rows/cols (g, 2t..2t+1), (g+8, ..) of two n8 tiles are the a0..a7 of one k16 slice); V by ldmatrix.trans;
- *   - causal tiles above the diagonal are never loaded, masks are applied only on tiles that need them;
+ *   - tiles outside every row's key range (causal, af_flash_attn's sliding window) are never loaded, masks are
+ *     applied only on tiles that need them; af_flash_attn's softcap on the scaled S, its learned sink joined to the
+ *     row's max and sum in the epilogue (or in the combine, under split-KV);
  *   - split-KV (blockIdx.z): each split writes its normalised f32 partial O and LSE; attn_combine.cuh merges them.
  * Head-dim variants are compile-time constants: AF_MMA_KERNEL stamps out one kernel per (head dim, dtype), and
  * af_mma_body's register arrays are indexed only by constants once it is inlined with that head dim.
@@ -21,6 +23,8 @@
 #include <stdint.h>
 
 #include "cuda/kernels.h"
+#include "cuda/key_range.cuh"
+#include "cuda/scalar.cuh"
 
 #define AF_MMA_WARPS 4
 #define AF_MMA_THREADS (32 * AF_MMA_WARPS)
@@ -51,6 +55,13 @@ typedef struct {
     int64_t mask_stride[4];
     int mask_kind;                 /* AF_MMA_MASK_* */
     int causal;                    /* af_causal */
+    int has_window;                /* af_flash_attn's sliding window: keys [i + S - L - left, i + S - L + right] */
+    int64_t window_left, window_right;
+    int softcap_on;                /* s <- softcap·tanh(scale·q·k / softcap), in log2 units: */
+    float softcap_log2, scale_over_cap;   /* softcap·log2(e) and scale / softcap */
+    const char *sink;              /* NULL, or (Hq,) logits of sink_dtype, sink_stride elements apart */
+    int sink_dtype;
+    int64_t sink_stride;
     int E, Ev;
     int out_pairs;                 /* out's last dim is contiguous and 4-byte aligned at even columns */
     int double_buffer;             /* 2 K/V buffers (else 1, when shared memory is short) */
@@ -78,12 +89,9 @@ AF_DEVICE int af_mma_chunk_bytes(int cols, int chunk) {
     return n >= 8 ? 16 : n > 0 ? 2 * n : 0;
 }
 
-/* Keys j < this are visible to query row i (af_visible_keys of problem.h). */
-AF_DEVICE int64_t af_mma_visible_keys(const af_mma_params *p, int64_t i) {
-    int64_t limit = p->S;
-    if (p->causal == AF_CAUSAL_TOP_LEFT) limit = i + 1;
-    else if (p->causal == AF_CAUSAL_BOTTOM_RIGHT) limit = i + 1 + (p->S - p->L);
-    return limit < 0 ? 0 : limit > p->S ? p->S : limit;
+/* The keys [*lo, *hi) query row i may see (key_range.cuh). */
+AF_DEVICE void af_mma_key_range(const af_mma_params *p, int64_t i, int64_t *lo, int64_t *hi) {
+    af_cuda_key_range(p->causal, p->has_window, p->window_left, p->window_right, p->L, p->S, i, lo, hi);
 }
 
 AF_DEVICE void af_mma_op(float d[4], const uint32_t a[4], const uint32_t b[2], const int bf16) {
@@ -139,7 +147,7 @@ AF_DEVICE void af_mma_qk_slice(float s[][4], const uint32_t qa[4], const char *k
     }
 }
 
-/* Causality, keys past S and the attention mask on one tile of scores (log2 units) of this lane's rows g and g+8
+/* The key range (causality, the window, keys past S) and the attention mask on one tile of scores (log2 units) of this lane's rows g and g+8
  * (packed rows r0 + 16·warp + g + 8·half): -inf, or additive terms (the mask in the inputs' dtype). The rows' key
  * limits and mask rows are found here, on the tiles that need them, to keep registers free in the main loop. */
 AF_DEVICE void af_mma_apply_mask(float s[][4], const af_mma_params *p, int64_t b, int64_t hk, int64_t r0,
@@ -149,7 +157,8 @@ AF_DEVICE void af_mma_apply_mask(float s[][4], const af_mma_params *p, int64_t b
     for (int half = 0; half < 2; half++) {
         const int64_t r = r0 + 16 * af_warp() + g + 8 * half;
         const int64_t h = hk * p->group + r / p->L, i = r % p->L;
-        const int64_t limit = r < p->rows ? af_mma_visible_keys(p, i) : p->S;
+        int64_t lo = 0, hi = p->S;
+        if (r < p->rows) af_mma_key_range(p, i, &lo, &hi);
         const char *mask_row = NULL;
         if (p->mask && r < p->rows)
             mask_row = p->mask + (p->mask_kind == AF_MMA_MASK_BOOL ? 1 : 2) *
@@ -160,7 +169,7 @@ AF_DEVICE void af_mma_apply_mask(float s[][4], const af_mma_params *p, int64_t b
             for (int c = 0; c < 2; c++) {
                 const int64_t key = key0 + 8 * n + 2 * t + c;
                 float v = s[n][2 * half + c];
-                if (key >= limit) {
+                if (key < lo || key >= hi) {
                     v = -INFINITY;
                 } else if (mask_row) {
                     const int64_t at = key * p->mask_stride[3];
@@ -251,8 +260,27 @@ AF_DEVICE void af_mma_store_pair(const af_mma_params *p, char *row, int col, flo
     }
 }
 
+/* The learned sink of head h joined to a row's running max m and sum l (log2 units, O scaled along): one more
+ * logit in the softmax's denominator (FA4). A row that saw no key gets l = 1 at m = the sink (out 0, lse = sink). */
+AF_DEVICE void af_mma_join_sink(const af_mma_params *p, int64_t h, float o[][4], float *m, float *l, int half,
+                                const int hd) {
+    const float sink = af_load_scalar(p->sink, (af_dtype)p->sink_dtype, h * p->sink_stride) * AF_MMA_LOG2E;
+    const float m_new = fmaxf(*m, sink);   /* a NaN sink leaves m: l carries the NaN */
+    if (m_new != -INFINITY) {
+        const float alpha = m_new == *m ? 1.0f : af_ex2(*m - m_new);
+        *l = *l * alpha + (sink == -INFINITY ? 0.0f : af_ex2(sink - m_new));
+        AF_MMA_UNROLL
+        for (int d = 0; d < hd / 8; d++) {
+            o[d][2 * half] *= alpha;
+            o[d][2 * half + 1] *= alpha;
+        }
+        *m = m_new;
+    }
+    if (sink != sink) *l = sink;
+}
+
 /* O / l and the LSE of this lane's two rows: to out/lse, or to the split's partials. */
-AF_DEVICE void af_mma_epilogue(const af_mma_params *p, float o[][4], const float m[2], float l[2], int64_t b,
+AF_DEVICE void af_mma_epilogue(const af_mma_params *p, float o[][4], float m[2], float l[2], int64_t b,
                                int64_t hk, int64_t r0, const int hd, const int bf16) {
     const int lane = af_lane(), g = lane >> 2, t = lane & 3;
     AF_MMA_UNROLL
@@ -264,11 +292,12 @@ AF_DEVICE void af_mma_epilogue(const af_mma_params *p, float o[][4], const float
     for (int half = 0; half < 2; half++) {
         const int64_t r = r0 + 16 * af_warp() + g + 8 * half;
         if (r >= p->rows) continue;
+        const int64_t h = hk * p->group + r / p->L, i = r % p->L;
+        if (p->sink && !p->part_o) af_mma_join_sink(p, h, o, &m[half], &l[half], half, hd);   /* split: the combine's */
         const int seen = l[half] > 0.0f || l[half] != l[half];   /* a row that saw no key: out = 0, lse = -inf */
         const float inv = seen ? 1.0f / l[half] : 0.0f;
         const float base = m[half] == -INFINITY ? 0.0f : m[half];
         const float lse = seen ? base * AF_MMA_LN2 + logf(l[half]) : -INFINITY;
-        const int64_t h = hk * p->group + r / p->L, i = r % p->L;
         if (p->part_o) {
             const int64_t at = (int64_t)AF_BLOCK_IDX_Z * p->total_rows + (b * p->Hkv + hk) * p->rows + r;
             float *dst = p->part_o + at * p->Ev;
@@ -301,15 +330,18 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16) 
     const int64_t r0 = (int64_t)(AF_BLOCK_IDX_X % p.row_blocks) * AF_MMA_BR;
     const int warp_live = r0 + 16 * warp < p.rows;
 
-    /* The keys this CTA's rows see: visible keys grow with the query index, and a block that wraps from one head
-     * of the group to the next holds both query 0 and query L-1. */
+    /* The keys this CTA's rows see: both ends of a row's range grow with the query index, and a block that wraps
+     * from one head of the group to the next holds both query 0 and query L-1. Tiles between lo_max and hi_min
+     * need no mask (every row of the block sees all their keys). */
     const int64_t r_end = r0 + AF_MMA_BR < p.rows ? r0 + AF_MMA_BR : p.rows;
     const int wraps = (r_end - 1) / p.L != r0 / p.L;
-    const int64_t keys_max = af_mma_visible_keys(&p, wraps ? p.L - 1 : (r_end - 1) % p.L);
-    const int64_t keys_min = af_mma_visible_keys(&p, wraps ? 0 : r0 % p.L);
-    const int64_t tiles = (keys_max + AF_MMA_BC - 1) / AF_MMA_BC;
-    const int64_t t_begin = (int64_t)AF_BLOCK_IDX_Z * p.tiles_per_split;
+    int64_t lo_min, hi_min, lo_max, hi_max;
+    af_mma_key_range(&p, wraps ? 0 : r0 % p.L, &lo_min, &hi_min);
+    af_mma_key_range(&p, wraps ? p.L - 1 : (r_end - 1) % p.L, &lo_max, &hi_max);
+    const int64_t tiles = (hi_max + AF_MMA_BC - 1) / AF_MMA_BC, t_first = lo_min / AF_MMA_BC;
+    int64_t t_begin = (int64_t)AF_BLOCK_IDX_Z * p.tiles_per_split;
     const int64_t t_end = t_begin + p.tiles_per_split < tiles ? t_begin + p.tiles_per_split : tiles;
+    if (t_begin < t_first) t_begin = t_first;   /* tiles before the window: never loaded (a split may be empty) */
 
     char *smem_q = af_shared_memory();
     const int tile_bytes = AF_MMA_BC * hd * 2;
@@ -342,7 +374,7 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16) 
     }
     for (int64_t tile = t_begin; tile < t_end; tile++) {
         const int64_t key0 = tile * AF_MMA_BC;
-        const int buf = p.double_buffer ? (int)((tile - t_begin) & 1) : 0;
+        const int buf = p.double_buffer ? (int)((tile - t_begin) & 1) : 0;   /* t_begin: the first tile loaded */
         if (p.double_buffer) {   /* the next tile streams in while this one is computed */
             if (tile + 1 < t_end) {
                 af_mma_load_tile(smem_k + (buf ^ 1) * tile_bytes, k_base, k_row_bytes, key0 + AF_MMA_BC, p.S, p.E, hd);
@@ -372,13 +404,11 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16) 
                 }
             }
             AF_MMA_UNROLL
-            for (int n = 0; n < AF_MMA_BC / 8; n++) {
-                s[n][0] *= p.scale_log2;
-                s[n][1] *= p.scale_log2;
-                s[n][2] *= p.scale_log2;
-                s[n][3] *= p.scale_log2;
-            }
-            if (p.mask || key0 + AF_MMA_BC > keys_min) af_mma_apply_mask(s, &p, b, hk, r0, key0, bf16);
+            for (int n = 0; n < AF_MMA_BC / 8; n++)
+                AF_MMA_UNROLL
+                for (int c = 0; c < 4; c++)
+                    s[n][c] = p.softcap_on ? p.softcap_log2 * tanhf(s[n][c] * p.scale_over_cap) : s[n][c] * p.scale_log2;
+            if (p.mask || key0 + AF_MMA_BC > hi_min || key0 < lo_max) af_mma_apply_mask(s, &p, b, hk, r0, key0, bf16);
             af_mma_softmax(s, o, m, l, hd, p.Ev);
             af_mma_pv(o, s, v_tile, hd, p.Ev, bf16);
         }

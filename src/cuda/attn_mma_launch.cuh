@@ -135,6 +135,15 @@ cudaError_t af_cuda_mma_forward(const af_problem *p, const af_cuda_device *dev, 
     for (int d = 0; d < 3; d++) prm.lse_stride[d] = p->lse_stride[d];
     prm.mask_kind = !p->mask ? AF_MMA_MASK_NONE : p->mask_dtype == AF_BOOL ? AF_MMA_MASK_BOOL : AF_MMA_MASK_ADDITIVE;
     prm.causal = (int)p->causal;
+    prm.has_window = p->has_window;
+    prm.window_left = p->window_left;
+    prm.window_right = p->window_right;
+    prm.softcap_on = p->softcap > 0.0;
+    prm.softcap_log2 = (float)(p->softcap * 1.4426950408889634);
+    prm.scale_over_cap = p->softcap > 0.0 ? (float)(p->scale / p->softcap) : 0.0f;
+    prm.sink = p->sink;
+    prm.sink_dtype = (int)p->sink_dtype;
+    prm.sink_stride = p->sink_stride;
     prm.E = (int)p->E;
     prm.Ev = (int)p->Ev;
     prm.out_pairs = p->out_stride[3] == 1 && (uintptr_t)p->out % 4 == 0 && p->out_stride[0] % 2 == 0 &&
@@ -169,6 +178,9 @@ cudaError_t af_cuda_mma_forward(const af_problem *p, const af_cuda_device *dev, 
     cp.lse = p->lse;
     for (int d = 0; d < 4; d++) cp.out_stride[d] = p->out_stride[d];
     for (int d = 0; d < 3; d++) cp.lse_stride[d] = p->lse_stride[d];
+    cp.sink = p->sink;
+    cp.sink_dtype = (int)p->sink_dtype;
+    cp.sink_stride = p->sink_stride;
     const int64_t blocks = (prm.total_rows + AF_COMBINE_WARPS - 1) / AF_COMBINE_WARPS;
     if (blocks > AF_MMA_GRID_X_MAX) return cudaErrorInvalidConfiguration;
     return AF_LAUNCH(af_combine_kernel, blocks, 1, 1, AF_COMBINE_THREADS, 0, stream, cp);

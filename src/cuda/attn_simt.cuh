@@ -15,6 +15,8 @@
 #include <stdint.h>
 
 #include "cuda/kernels.h"
+#include "cuda/key_range.cuh"
+#include "cuda/scalar.cuh"
 
 #define AF_SIMT_WARPS 4                            /* query rows per block */
 #define AF_SIMT_THREADS (AF_SIMT_WARPS * 32)
@@ -48,34 +50,9 @@ static inline size_t af_simt_smem_bytes(int64_t E) {
                                     AF_SIMT_KEYS * AF_SIMT_V_CHUNK + AF_SIMT_WARPS * AF_SIMT_KEYS);
 }
 
-AF_DEVICE float af_simt_load(const char *base, af_dtype dtype, int64_t index) {
-    if (dtype == AF_F32) return ((const float *)base)[index];
-    const uint16_t bits = ((const uint16_t *)base)[index];
-    return dtype == AF_F16 ? af_f16_to_float(bits) : af_bf16_to_float(bits);
-}
-
-AF_DEVICE void af_simt_store(char *base, af_dtype dtype, int64_t index, float x) {
-    if (dtype == AF_F32) ((float *)base)[index] = x;
-    else ((uint16_t *)base)[index] = dtype == AF_F16 ? af_float_to_f16(x) : af_float_to_bf16(x);
-}
-
-/* af_key_range (src/sdpa/problem.h) for device code: the keys [*lo, *hi) query row i may see, by causal alignment
- * and the sliding window (fixed-length problems: every sequence has L rows and S keys). */
+/* The keys [*lo, *hi) query row i may see (fixed-length problems: every sequence has L rows and S keys). */
 AF_DEVICE void af_simt_key_range(const af_problem *p, int64_t i, int64_t *lo, int64_t *hi) {
-    const int64_t L = p->L, S = p->S;
-    *lo = 0;
-    *hi = S;
-    if (p->causal == AF_CAUSAL_TOP_LEFT) *hi = i + 1 < S ? i + 1 : S;
-    if (p->causal == AF_CAUSAL_BOTTOM_RIGHT) *hi = L - i <= S ? i + 1 + (S - L) : 0;
-    if (p->has_window) {
-        const int64_t diagonal = i + (S - L);
-        if (p->window_left >= 0 && diagonal > p->window_left) *lo = diagonal - p->window_left;
-        if (p->window_right >= 0) {
-            const int64_t end = p->window_right < S - diagonal ? diagonal + p->window_right + 1 : S;
-            if (end < *hi) *hi = end < 0 ? 0 : end;
-        }
-    }
-    if (*hi < *lo) *hi = *lo;
+    af_cuda_key_range((int)p->causal, p->has_window, p->window_left, p->window_right, p->L, p->S, i, lo, hi);
 }
 
 /* Lane j's score of key key0 + j in log2 units: scale·q·k (softcapped), then the key range / mask as -inf or
@@ -89,7 +66,7 @@ AF_DEVICE float af_simt_score(const af_simt_params *prm, float dot, int64_t key,
     if (p->mask) {
         const int64_t m = mask_row + key * p->mask_stride[3];
         if (p->mask_dtype == AF_BOOL) s = ((const unsigned char *)p->mask)[m] ? s : -INFINITY;
-        else s += af_simt_load(p->mask, p->mask_dtype, m) * (float)AF_SIMT_LOG2E;
+        else s += af_load_scalar(p->mask, p->mask_dtype, m) * (float)AF_SIMT_LOG2E;
     }
     return s;
 }
@@ -106,7 +83,7 @@ AF_DEVICE float af_simt_dot(const af_simt_params *prm, float *q_smem, float *k_s
         for (int t = AF_THREAD_IDX; t < AF_SIMT_KEYS * AF_SIMT_K_CHUNK; t += AF_SIMT_THREADS) {
             const int64_t j = key0 + t / AF_SIMT_K_CHUNK, e = e0 + t % AF_SIMT_K_CHUNK;
             k_smem[t / AF_SIMT_K_CHUNK * AF_SIMT_K_PITCH + t % AF_SIMT_K_CHUNK] =
-                j < keys && e < p->E ? af_simt_load(p->k, p->dtype, k_base + j * p->k_stride[2] + e * p->k_stride[3])
+                j < keys && e < p->E ? af_load_scalar(p->k, p->dtype, k_base + j * p->k_stride[2] + e * p->k_stride[3])
                                      : 0.0f;
         }
         af_syncthreads();
@@ -158,7 +135,7 @@ AF_DEVICE void af_simt_block(const af_simt_params prm, int64_t block, const int 
     float *q_own = q_smem + warp * p->E;
     const int64_t q_row = b * p->q_stride[0] + h * p->q_stride[1] + i * p->q_stride[2];
     for (int64_t e = lane; e < p->E; e += 32)
-        q_own[e] = active ? af_simt_load(p->q, p->dtype, q_row + e * p->q_stride[3]) : 0.0f;
+        q_own[e] = active ? af_load_scalar(p->q, p->dtype, q_row + e * p->q_stride[3]) : 0.0f;
 
     const int64_t k_base = b * p->k_stride[0] + hk * p->k_stride[1];
     const int64_t v_base = b * p->v_stride[0] + hk * p->v_stride[1];
@@ -193,7 +170,7 @@ AF_DEVICE void af_simt_block(const af_simt_params prm, int64_t block, const int 
             for (int t = AF_THREAD_IDX; t < AF_SIMT_KEYS * AF_SIMT_V_CHUNK; t += AF_SIMT_THREADS) {
                 const int64_t j = key0 + t / AF_SIMT_V_CHUNK, col = c0 + t % AF_SIMT_V_CHUNK;
                 v_smem[t] = j < keys && col < p->Ev
-                                ? af_simt_load(p->v, p->dtype, v_base + j * p->v_stride[2] + col * p->v_stride[3])
+                                ? af_load_scalar(p->v, p->dtype, v_base + j * p->v_stride[2] + col * p->v_stride[3])
                                 : 0.0f;
             }
             af_syncthreads();
@@ -214,7 +191,7 @@ AF_DEVICE void af_simt_block(const af_simt_params prm, int64_t block, const int 
     }
     if (!active) return;
     if (p->sink) {   /* FA4's learned sink: one more logit in the max and the sum, none in the values */
-        const float sink = af_simt_load(p->sink, p->sink_dtype, h * p->sink_stride) * (float)AF_SIMT_LOG2E;
+        const float sink = af_load_scalar(p->sink, p->sink_dtype, h * p->sink_stride) * (float)AF_SIMT_LOG2E;
         const float m_new = fmaxf(m, sink);   /* fmaxf ignores a NaN sink: the sum below carries it */
         const float alpha = m_new == m ? 1.0f : af_ex2(m - m_new);
         if (m_new != -INFINITY) {
@@ -231,7 +208,7 @@ AF_DEVICE void af_simt_block(const af_simt_params prm, int64_t block, const int 
     AF_SIMT_UNROLL
     for (int c = 0; c < slots; c++) {
         const int64_t col = lane + 32 * c;
-        if (col < p->Ev) af_simt_store(p->out, p->out_dtype, out_row + col * p->out_stride[3], acc[c] * inv);
+        if (col < p->Ev) af_store_scalar(p->out, p->out_dtype, out_row + col * p->out_stride[3], acc[c] * inv);
     }
     if (p->lse && lane == 0)
         p->lse[b * p->lse_stride[0] + h * p->lse_stride[1] + i * p->lse_stride[2]] =

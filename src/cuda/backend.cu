@@ -280,18 +280,12 @@ static int mma_forward(const af_problem *p, const af_cuda_device *dev, cudaStrea
     return AF_OK;
 }
 
-/* af_flash_attn's features the tensor-core kernels do not have yet: the CUDA-core kernel runs those calls. */
-static bool has_flash_features(const af_problem *p) { return p->has_window || p->softcap > 0.0 || p->sink; }
-
 /* Once per process: the CUDA-core path is correct but far from the tensor cores' speed. */
 static void note_simt_once(const af_problem *p) {
-    static int noted_f32, noted_large, noted_features;
-    int *noted = has_flash_features(p) ? &noted_features : p->dtype == AF_F32 ? &noted_f32 : &noted_large;
+    static int noted_f32, noted_large;
+    int *noted = p->dtype == AF_F32 ? &noted_f32 : &noted_large;
     if (__atomic_exchange_n(noted, 1, __ATOMIC_RELAXED)) return;
-    if (has_flash_features(p))
-        log_message(AF_LOG_INFO, "a sliding window, softcap or learned sink runs on the CUDA cores, slower than the "
-                    "tensor-core path, which does not have them yet");
-    else if (p->dtype == AF_F32)
+    if (p->dtype == AF_F32)
         log_message(AF_LOG_INFO, "float32 attention runs on the CUDA cores, several times slower than float16/"
                     "bfloat16 on the tensor cores; cast q/k/v to bfloat16 or float16 for speed");
     else
@@ -306,8 +300,7 @@ typedef enum { PATH_TENSOR_CORES_SM80, PATH_CUDA_CORES } kernel_path;
 static kernel_path choose_path(const af_problem *p, const af_cuda_device *dev) {
     (void)dev;
     const bool half = p->dtype == AF_F16 || p->dtype == AF_BF16;
-    return half && p->E <= AF_MMA_HD_MAX && p->Ev <= AF_MMA_HD_MAX && !has_flash_features(p) ? PATH_TENSOR_CORES_SM80
-                                                                                              : PATH_CUDA_CORES;
+    return half && p->E <= AF_MMA_HD_MAX && p->Ev <= AF_MMA_HD_MAX ? PATH_TENSOR_CORES_SM80 : PATH_CUDA_CORES;
 }
 
 typedef struct {

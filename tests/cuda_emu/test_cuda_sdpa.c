@@ -342,6 +342,19 @@ static void flash_chosen_cases_match_the_reference(void **state) {
         c.sink_offset = 12.0;   /* a sink that dominates: the keys barely count */
         expect_flash_case(&c);
     }
+    /* decode: one row per head, split-KV and the combine (which joins the sink), a window starting mid-cache; on
+     * the emulation's 8 multiprocessors the 4 CTAs (one per kv head) split their 11 key tiles 4 ways */
+    flash_case decode = flash_case_default(1, 8, 4, 1, 700, 64, 64);
+    decode.dtype = AF_BF16;
+    decode.sink = true;
+    decode.has_window = true;
+    decode.left = 300, decode.right = 0;
+    decode.softcap = 5.0;
+    expect_flash_case(&decode);
+    decode.has_window = false;   /* every split sees keys */
+    decode.softcap = 0.0;
+    decode.sink_offset = 3.0;
+    expect_flash_case(&decode);
 }
 
 static void strided_inputs_are_copied_with_a_warning(void **state) {
