@@ -83,3 +83,30 @@ def test_record_prepare_apply_on_cuda():
     with torch.no_grad(), aft.apply(cpu_model, provider):
         cpu_model(x.cpu())
     assert af._C._testing_stats(provider._c)["plan_calls"] == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("features", ["window", "softcap_sink", "decode_window_sink"])
+def test_flash_attn_func_features_match_the_cpu(dtype, features):
+    """flash_attn_func on CUDA tensors (the tensor-core kernel for f16/bf16, the CUDA cores for f32) against the
+    same call on CPU copies: sliding window, softcap and learned sink, and a decode that splits its keys."""
+    torch.manual_seed(1)
+    lq, s = (1, 3000) if features.startswith("decode") else (200, 333)
+    q = torch.randn(2, lq, 8, 64, dtype=dtype, device="cuda")
+    k, v = (torch.randn(2, s, 2, 64, dtype=dtype, device="cuda") for _ in range(2))
+    kwargs = {"causal": True, "window_size": (100, 0)} if features != "softcap_sink" else {"softcap": 5.0}
+    if "sink" in features:
+        kwargs["learnable_sink"] = torch.randn(8, dtype=torch.float32, device="cuda") + 2.0
+    out, lse = af.flash_attn_func(q, k, v, return_lse=True, **kwargs)
+    cpu = {key: val.cpu() if torch.is_tensor(val) else val for key, val in kwargs.items()}
+    want, want_lse = af.flash_attn_func(q.cpu(), k.cpu(), v.cpu(), return_lse=True, **cpu)
+    assert out.device == q.device and out.dtype == dtype
+    torch.testing.assert_close(out.cpu(), want, atol=TOL[dtype], rtol=TOL[dtype])
+    torch.testing.assert_close(lse.cpu(), want_lse, atol=1e-3, rtol=1e-3)
+
+
+def test_flash_attn_varlen_on_cuda_is_refused():
+    q = torch.randn(10, 4, 64, dtype=torch.float16, device="cuda")
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32, device="cuda")
+    with pytest.raises(af.UnsupportedError, match="run on the CPU only for now"):
+        af.flash_attn_varlen_func(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=6, max_seqlen_k=6)
