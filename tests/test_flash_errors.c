@@ -145,8 +145,8 @@ static const rule rules[] = {
     {"query_on_cuda", true, query_on_cuda, INVALID,
      "key: on cpu:0, but query is on cuda:0; every tensor of a call must be on one device"},
     {"kv_on_another_cuda", false, kv_on_cuda_1, INVALID, "key: on cuda:1, but query is on cuda:0"},
-    {"paged_on_cuda", true, all_on_cuda, UNSUPPORTED,
-     "on cuda:0; varlen, paged and float8 calls of af_flash_attn run on the CPU only for now"},
+    /* the index arrays of a CUDA call are read through the backend (copy_index_arrays): none here */
+    {"paged_on_cuda", true, all_on_cuda, AF_ERR_RUNTIME_UNAVAILABLE, "CUDA"},
     {"f8_on_cuda", false, f8_on_cuda, UNSUPPORTED, "key: dtype float8_e4m3fn on cuda:0; float8 runs on the CPU only"},
     {"cu_q_float", true, cu_q_float, INVALID, "cu_seqlens_q: must be int32, got float32"},
     {"cu_q_shape", true, cu_q_shape, INVALID, "page_table: expected shape (batch_size, max_pages) with batch_size 1"},

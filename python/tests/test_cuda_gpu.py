@@ -105,8 +105,30 @@ def test_flash_attn_func_features_match_the_cpu(dtype, features):
     torch.testing.assert_close(lse.cpu(), want_lse, atol=1e-3, rtol=1e-3)
 
 
-def test_flash_attn_varlen_on_cuda_is_refused():
+def test_flash_attn_varlen_and_paged_match_the_cpu():
+    """Packed sequences and a paged cache on CUDA (the index arrays in device memory) against the CPU."""
+    torch.manual_seed(2)
     q = torch.randn(10, 4, 64, dtype=torch.float16, device="cuda")
-    cu = torch.tensor([0, 4, 10], dtype=torch.int32, device="cuda")
-    with pytest.raises(af.UnsupportedError, match="run on the CPU only for now"):
-        af.flash_attn_varlen_func(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=6, max_seqlen_k=6)
+    k, v = (torch.randn(13, 2, 64, dtype=torch.float16, device="cuda") for _ in range(2))
+    cu_q = torch.tensor([0, 4, 10], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 5, 13], dtype=torch.int32, device="cuda")
+    got = af.flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=6, max_seqlen_k=8,
+                                    causal=True)[0]
+    want = af.flash_attn_varlen_func(q.cpu(), k.cpu(), v.cpu(), cu_seqlens_q=cu_q.cpu(), cu_seqlens_k=cu_k.cpu(),
+                                     max_seqlen_q=6, max_seqlen_k=8, causal=True)[0]
+    torch.testing.assert_close(got.cpu(), want, atol=3e-3, rtol=3e-3)
+    pages = torch.randn(6, 16, 2, 64, dtype=torch.float16, device="cuda")
+    table = torch.tensor([[5, 0], [3, 1]], dtype=torch.int32, device="cuda")
+    used = torch.tensor([20, 9], dtype=torch.int32, device="cuda")
+    qd = torch.randn(2, 1, 4, 64, dtype=torch.float16, device="cuda")
+    got = af.flash_attn_varlen_func(qd, pages, pages, page_table=table, seqused_k=used)[0]
+    want = af.flash_attn_varlen_func(qd.cpu(), pages.cpu(), pages.cpu(), page_table=table.cpu(),
+                                     seqused_k=used.cpu())[0]
+    torch.testing.assert_close(got.cpu(), want, atol=3e-3, rtol=3e-3)
+
+
+def test_flash_attn_float8_on_cuda_is_refused():
+    q = torch.randn(1, 8, 2, 64, dtype=torch.float16, device="cuda")
+    k = torch.randn(1, 8, 2, 64, device="cuda").to(torch.float8_e4m3fn)
+    with pytest.raises(af.UnsupportedError, match="float8 runs on the CPU only for now"):
+        af.flash_attn_func(q, k, k)

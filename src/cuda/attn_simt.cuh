@@ -6,7 +6,9 @@
  *   - online softmax in log2 units (af_ex2), max and sum over the tile by af_shfl_xor butterflies;
  *   - lanes split the value columns (column lane + 32·c), f32 accumulators in registers, V staged in chunks;
  *   - key tiles outside the block's rows' key ranges (causality, a sliding window) are never loaded;
- *   - af_flash_attn's softcap on the scaled score, and its learned sink joined to the row's max and sum at the end.
+ *   - af_flash_attn's softcap on the scaled score, and its learned sink joined to the row's max and sum at the end;
+ *   - af_flash_attn's sequences: varlen rows and keys found through cu_seqlens (blocks past a sequence's rows do
+ *     nothing), seqused_k, paged K/V rows through the page table (key_range.cuh).
  * Matches src/sdpa/reference.c: masked keys contribute nothing (even against Inf/NaN values), a NaN score makes the
  * row NaN, a row that sees no key gets out = 0 and lse = -inf (the sink's logit when there is one). */
 #ifndef AF_CUDA_ATTN_SIMT_CUH
@@ -50,9 +52,9 @@ static inline size_t af_simt_smem_bytes(int64_t E) {
                                     AF_SIMT_KEYS * AF_SIMT_V_CHUNK + AF_SIMT_WARPS * AF_SIMT_KEYS);
 }
 
-/* The keys [*lo, *hi) query row i may see (fixed-length problems: every sequence has L rows and S keys). */
-AF_DEVICE void af_simt_key_range(const af_problem *p, int64_t i, int64_t *lo, int64_t *hi) {
-    af_cuda_key_range((int)p->causal, p->has_window, p->window_left, p->window_right, p->L, p->S, i, lo, hi);
+/* The keys [*lo, *hi) query row i of sequence `s` may see. */
+AF_DEVICE void af_simt_key_range(const af_problem *p, const af_sequence *s, int64_t i, int64_t *lo, int64_t *hi) {
+    af_cuda_key_range((int)p->causal, p->has_window, p->window_left, p->window_right, s->L, s->S, i, lo, hi);
 }
 
 /* Lane j's score of key key0 + j in log2 units: scale·q·k (softcapped), then the key range / mask as -inf or
@@ -73,8 +75,8 @@ AF_DEVICE float af_simt_score(const af_simt_params *prm, float dot, int64_t key,
 
 /* q·k of key0 + lane, for this warp's row: K staged chunk by chunk (every warp of the block takes part in the
  * staging and its barriers, live or not). */
-AF_DEVICE float af_simt_dot(const af_simt_params *prm, float *q_smem, float *k_smem, int64_t k_base, int64_t key0,
-                            int64_t keys, int live) {
+AF_DEVICE float af_simt_dot(const af_simt_params *prm, float *q_smem, float *k_smem, int64_t b, int64_t hk,
+                            const af_sequence *seq, int64_t key0, int64_t keys, int live) {
     const af_problem *p = &prm->p;
     const int lane = af_lane();
     float dot = 0.0f;
@@ -83,8 +85,9 @@ AF_DEVICE float af_simt_dot(const af_simt_params *prm, float *q_smem, float *k_s
         for (int t = AF_THREAD_IDX; t < AF_SIMT_KEYS * AF_SIMT_K_CHUNK; t += AF_SIMT_THREADS) {
             const int64_t j = key0 + t / AF_SIMT_K_CHUNK, e = e0 + t % AF_SIMT_K_CHUNK;
             k_smem[t / AF_SIMT_K_CHUNK * AF_SIMT_K_PITCH + t % AF_SIMT_K_CHUNK] =
-                j < keys && e < p->E ? af_load_scalar(p->k, p->dtype, k_base + j * p->k_stride[2] + e * p->k_stride[3])
-                                     : 0.0f;
+                j < keys && e < p->E
+                    ? af_load_scalar(p->k, p->dtype, af_cuda_kv_row(p, p->k_stride, b, hk, seq, j) + e * p->k_stride[3])
+                    : 0.0f;
         }
         af_syncthreads();
         if (!live) continue;
@@ -113,17 +116,18 @@ AF_DEVICE void af_simt_block(const af_simt_params prm, int64_t block, const int 
     float *v_smem = k_smem + AF_SIMT_KEYS * AF_SIMT_K_PITCH;
     float *p_smem = v_smem + AF_SIMT_KEYS * AF_SIMT_V_CHUNK;
     const int lane = af_lane(), warp = af_warp();
-    const int64_t rows = p->group * p->L;   /* per (batch, kv head): row r is head hk·group + r / L, query r % L */
     const int64_t first_row = block % prm.row_blocks * AF_SIMT_WARPS, bh = block / prm.row_blocks;
     const int64_t hk = bh % p->Hkv, b = bh / p->Hkv, row = first_row + warp;
+    const af_sequence seq = af_cuda_sequence(p, b);   /* varlen: blocks past its rows have nothing to do */
+    const int64_t rows = p->group * seq.L;   /* per (batch, kv head): row r is head hk·group + r / L, query r % L */
     const int active = row < rows;
-    const int64_t h = hk * p->group + (active ? row / p->L : 0), i = active ? row % p->L : 0;
+    const int64_t h = hk * p->group + (active ? row / seq.L : 0), i = active ? row % seq.L : 0;
     int64_t lo = 0, hi = 0;   /* this row's keys */
-    if (active) af_simt_key_range(p, i, &lo, &hi);
-    int64_t first = p->S, keys = 0;   /* keys [first, keys) hold every key a row of the block sees: the tiles to load */
+    if (active) af_simt_key_range(p, &seq, i, &lo, &hi);
+    int64_t first = seq.S, keys = 0;   /* keys [first, keys) hold every key a row of the block sees: the tiles */
     for (int w = 0; w < AF_SIMT_WARPS && first_row + w < rows; w++) {
         int64_t w_lo, w_hi;
-        af_simt_key_range(p, (first_row + w) % p->L, &w_lo, &w_hi);
+        af_simt_key_range(p, &seq, (first_row + w) % seq.L, &w_lo, &w_hi);
         if (w_hi == w_lo) continue;
         if (w_lo < first) first = w_lo;
         if (w_hi > keys) keys = w_hi;
@@ -133,12 +137,10 @@ AF_DEVICE void af_simt_block(const af_simt_params prm, int64_t block, const int 
      * previous block's shuffles after their last read (the scores depend on it); p_smem is next written after
      * the K barriers. */
     float *q_own = q_smem + warp * p->E;
-    const int64_t q_row = b * p->q_stride[0] + h * p->q_stride[1] + i * p->q_stride[2];
+    const int64_t q_row = b * p->q_stride[0] + h * p->q_stride[1] + (seq.q0 + i) * p->q_stride[2];
     for (int64_t e = lane; e < p->E; e += 32)
         q_own[e] = active ? af_load_scalar(p->q, p->dtype, q_row + e * p->q_stride[3]) : 0.0f;
 
-    const int64_t k_base = b * p->k_stride[0] + hk * p->k_stride[1];
-    const int64_t v_base = b * p->v_stride[0] + hk * p->v_stride[1];
     const int64_t mask_row = b * p->mask_stride[0] + h * p->mask_stride[1] + i * p->mask_stride[2];
     float acc[32];
     AF_SIMT_UNROLL
@@ -147,7 +149,7 @@ AF_DEVICE void af_simt_block(const af_simt_params prm, int64_t block, const int 
 
     for (int64_t key0 = first / AF_SIMT_KEYS * AF_SIMT_KEYS; key0 < keys; key0 += AF_SIMT_KEYS) {
         const int live = key0 < hi && key0 + AF_SIMT_KEYS > lo && hi > lo;   /* this row sees a key of the tile */
-        const float dot = af_simt_dot(&prm, q_own, k_smem, k_base, key0, keys, live);
+        const float dot = af_simt_dot(&prm, q_own, k_smem, b, hk, &seq, key0, keys, live);
         if (live) {
             const float s = af_simt_score(&prm, dot, key0 + lane, lo, hi, mask_row);
             float tile_max = s, tile_sum;
@@ -170,7 +172,8 @@ AF_DEVICE void af_simt_block(const af_simt_params prm, int64_t block, const int 
             for (int t = AF_THREAD_IDX; t < AF_SIMT_KEYS * AF_SIMT_V_CHUNK; t += AF_SIMT_THREADS) {
                 const int64_t j = key0 + t / AF_SIMT_V_CHUNK, col = c0 + t % AF_SIMT_V_CHUNK;
                 v_smem[t] = j < keys && col < p->Ev
-                                ? af_load_scalar(p->v, p->dtype, v_base + j * p->v_stride[2] + col * p->v_stride[3])
+                                ? af_load_scalar(p->v, p->dtype, af_cuda_kv_row(p, p->v_stride, b, hk, &seq, j) +
+                                                                     col * p->v_stride[3])
                                 : 0.0f;
             }
             af_syncthreads();
@@ -204,14 +207,14 @@ AF_DEVICE void af_simt_block(const af_simt_params prm, int64_t block, const int 
     }
     const int seen = l > 0.0f || l != l;   /* a row that saw no key (nor a sink): out = 0, lse = -inf */
     const float inv = seen ? 1.0f / l : 0.0f;
-    const int64_t out_row = b * p->out_stride[0] + h * p->out_stride[1] + i * p->out_stride[2];
+    const int64_t out_row = b * p->out_stride[0] + h * p->out_stride[1] + (seq.q0 + i) * p->out_stride[2];
     AF_SIMT_UNROLL
     for (int c = 0; c < slots; c++) {
         const int64_t col = lane + 32 * c;
         if (col < p->Ev) af_store_scalar(p->out, p->out_dtype, out_row + col * p->out_stride[3], acc[c] * inv);
     }
     if (p->lse && lane == 0)
-        p->lse[b * p->lse_stride[0] + h * p->lse_stride[1] + i * p->lse_stride[2]] =
+        p->lse[b * p->lse_stride[0] + h * p->lse_stride[1] + (seq.q0 + i) * p->lse_stride[2]] =
             seen ? m * AF_SIMT_LN2 + logf(l) : -INFINITY;
 }
 

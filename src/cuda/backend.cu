@@ -165,6 +165,10 @@ static int check_pointers(const af_problem *p, int device, char *err, size_t siz
     if ((status = check_pointer("out", p->out, rows * p->Ev, device, err, size)) != AF_OK) return status;
     if ((status = check_pointer("lse", p->lse, rows, device, err, size)) != AF_OK) return status;
     if ((status = check_pointer("learnable_sink", p->sink, p->Hq, device, err, size)) != AF_OK) return status;
+    if ((status = check_pointer("cu_seqlens_q", p->cu_seqlens_q, p->B + 1, device, err, size)) != AF_OK) return status;
+    if ((status = check_pointer("cu_seqlens_k", p->cu_seqlens_k, p->B + 1, device, err, size)) != AF_OK) return status;
+    if ((status = check_pointer("seqused_k", p->seqused_k, p->B, device, err, size)) != AF_OK) return status;
+    if ((status = check_pointer("page_table", p->page_table, p->B, device, err, size)) != AF_OK) return status;
     return check_pointer("attn_mask", p->mask, rows * p->S, device, err, size);
 }
 
@@ -282,10 +286,14 @@ static int mma_forward(const af_problem *p, const af_cuda_device *dev, cudaStrea
 
 /* Once per process: the CUDA-core path is correct but far from the tensor cores' speed. */
 static void note_simt_once(const af_problem *p) {
-    static int noted_f32, noted_large;
-    int *noted = p->dtype == AF_F32 ? &noted_f32 : &noted_large;
+    static int noted_f32, noted_large, noted_sequences;
+    const bool sequences = p->cu_seqlens_q || p->cu_seqlens_k || p->seqused_k || p->page_table;
+    int *noted = sequences ? &noted_sequences : p->dtype == AF_F32 ? &noted_f32 : &noted_large;
     if (__atomic_exchange_n(noted, 1, __ATOMIC_RELAXED)) return;
-    if (p->dtype == AF_F32)
+    if (sequences)
+        log_message(AF_LOG_INFO, "variable-length, seqused_k and paged calls run on the CUDA cores for now, slower "
+                    "than the tensor-core path");
+    else if (p->dtype == AF_F32)
         log_message(AF_LOG_INFO, "float32 attention runs on the CUDA cores, several times slower than float16/"
                     "bfloat16 on the tensor cores; cast q/k/v to bfloat16 or float16 for speed");
     else
@@ -299,6 +307,7 @@ typedef enum { PATH_TENSOR_CORES_SM80, PATH_CUDA_CORES } kernel_path;
  * specialisation) will be chosen here for dev->cc_major == 9; today every GPU from 8.0 on runs the mma.sync kernels. */
 static kernel_path choose_path(const af_problem *p, const af_cuda_device *dev) {
     (void)dev;
+    if (p->cu_seqlens_q || p->cu_seqlens_k || p->seqused_k || p->page_table) return PATH_CUDA_CORES;   /* for now */
     const bool half = p->dtype == AF_F16 || p->dtype == AF_BF16;
     return half && p->E <= AF_MMA_HD_MAX && p->Ev <= AF_MMA_HD_MAX ? PATH_TENSOR_CORES_SM80 : PATH_CUDA_CORES;
 }
@@ -326,9 +335,9 @@ static int forward_on_device(int device, void *context, char *err, size_t size) 
 
 static int forward(const af_problem *p, int device, void *stream, char *err, size_t size) {
     /* libattnforge refuses these on CUDA before they get here (flash_args.c); a backend never misreads them */
-    if (p->cu_seqlens_q || p->cu_seqlens_k || p->seqused_k || p->page_table || p->kv_dtype != p->dtype ||
-        p->dtype == AF_F8E4M3 || p->dtype == AF_F8E5M2 || p->q_descale || p->k_descale || p->v_descale)
-        return fail(err, size, AF_ERR_UNSUPPORTED, "varlen, paged and float8 K/V run on the CPU only for now");
+    if (p->kv_dtype != p->dtype || p->dtype == AF_F8E4M3 || p->dtype == AF_F8E5M2 || p->q_descale || p->k_descale ||
+        p->v_descale)
+        return fail(err, size, AF_ERR_UNSUPPORTED, "float8 runs on the CPU only for now");
     if (p->B == 0 || p->Hq == 0 || p->L == 0) return AF_OK;   /* no output row: nothing to enqueue */
     forward_call call;
     call.p = p;

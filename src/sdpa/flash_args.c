@@ -6,8 +6,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "core/status.h"
 #include "sdpa/check.h"
+#include "sdpa/cuda_backend.h"
 #include "sdpa/problem.h"
 
 #define AF_MAX_HEAD_DIM 1024   /* as af_sdpa (check.c) */
@@ -95,8 +97,8 @@ static af_status check_cu_seqlens(const af_tensor *cu, const char *name, int64_t
 
 static bool is_float8(af_dtype d) { return d == AF_F8E4M3 || d == AF_F8E5M2; }
 
-/* Devices first: the int32 arrays are read on the host below, so on CUDA (where they would be device memory) the
- * calls that have them are refused before anything is read. Every tensor on the query's device. */
+/* Devices first: every tensor on the query's device; on CUDA, float8 and its descales are refused (the int32 arrays
+ * are device memory there: their checks read host copies, copy_index_arrays). */
 static af_status check_devices(const flash_view *views) {
     const af_device d = views[V_Q].t->device;
     for (int i = 0; i < V_COUNT; i++) {
@@ -110,15 +112,63 @@ static af_status check_devices(const flash_view *views) {
                            t->device.index, d.type == AF_DEVICE_CUDA ? "cuda" : "cpu", d.index);
     }
     if (d.type != AF_DEVICE_CUDA) return AF_OK;
-    for (int i = V_CU_Q; i <= V_V_DESCALE; i++)
+    for (int i = V_Q_DESCALE; i <= V_V_DESCALE; i++)
         if (views[i].t)
-            return af_fail(AF_ERR_UNSUPPORTED, "%s: on cuda:%d; varlen, paged and float8 calls of af_flash_attn run "
-                           "on the CPU only for now (fixed-length calls with causal, window, softcap and "
-                           "learnable_sink run on CUDA)", views[i].name, d.index);
+            return af_fail(AF_ERR_UNSUPPORTED, "%s: on cuda:%d; float8 calls of af_flash_attn run on the CPU only "
+                           "for now", views[i].name, d.index);
     for (int i = V_Q; i <= V_V; i++)
         if (is_float8(views[i].t->dtype))
             return af_fail(AF_ERR_UNSUPPORTED, "%s: dtype %s on cuda:%d; float8 runs on the CPU only for now",
                            views[i].name, af_dtype_name(views[i].t->dtype), d.index);
+    return AF_OK;
+}
+
+/* The index arrays of a call on CUDA, copied to host memory so that check_sequences reads them: the call's stream is
+ * synchronised first (they may have been written on it), then each array's bytes are copied. `host` is `a` with
+ * those views moved onto the copies (freed by free_index_copies); the problem keeps the device pointers. */
+enum { INDEX_ARRAYS = 4 };
+typedef struct {
+    af_flash_args args;
+    af_tensor views[INDEX_ARRAYS];
+    void *copies[INDEX_ARRAYS];
+} index_copies;
+
+static void free_index_copies(index_copies *h) {
+    for (int i = 0; i < INDEX_ARRAYS; i++) af_free(h->copies[i]);
+}
+
+static af_status copy_index_arrays(const af_flash_args *a, const flash_view *views, index_copies *h) {
+    memset(h, 0, sizeof *h);
+    h->args = *a;
+    const af_tensor **slots[INDEX_ARRAYS] = {&h->args.cu_seqlens_q, &h->args.cu_seqlens_k, &h->args.seqused_k,
+                                             &h->args.page_table};
+    const af_cuda_backend_ops *ops = NULL;
+    const int device = a->query->device.index;
+    char err[1024] = "";
+    for (int i = 0; i < INDEX_ARRAYS; i++) {
+        const flash_view *v = &views[V_CU_Q + i];
+        if (!v->t || v->bytes == 0) continue;
+        if ((uintptr_t)v->t->data % 4 != 0)   /* check_int32's rule, on the device pointer */
+            return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: data at %p is not 4-byte aligned", v->name, v->t->data);
+        if (!ops) {
+            af_status st = af_cuda_backend_load(&ops);
+            if (st != AF_OK) return st;
+            if (device >= af_cuda_backend_device_count())
+                return af_fail(AF_ERR_INVALID_ARGUMENT, "query: on cuda:%d but this machine has %d CUDA device(s)",
+                               device, af_cuda_backend_device_count());
+            const int status = ops->synchronize(device, a->stream, err, sizeof err);
+            if (status != AF_OK) return af_fail((af_status)status, "%s: reading it to check it: %s", v->name, err);
+        }
+        if (!(h->copies[i] = af_alloc((size_t)v->bytes)))
+            return af_fail(AF_ERR_NO_MEMORY, "out of memory: a host copy of %s (%lld bytes)", v->name,
+                           (long long)v->bytes);
+        const int status = ops->copy(device, h->copies[i], v->t->data, (size_t)v->bytes, false, err, sizeof err);
+        if (status != AF_OK) return af_fail((af_status)status, "%s: reading it to check it: %s", v->name, err);
+        h->views[i] = *v->t;
+        h->views[i].data = h->copies[i];
+        h->views[i].device = (af_device){AF_DEVICE_CPU, 0};
+        *slots[i] = &h->views[i];
+    }
     return AF_OK;
 }
 
@@ -366,9 +416,18 @@ af_status af_flash_check(const af_flash_args *a, const af_tensor *out, const af_
             return st;
     flash_shape s = {0};
     if ((st = check_scalars(a)) != AF_OK || (st = check_layout(a, &s)) != AF_OK ||
-        (st = check_descales(a, s.B, s.Hkv)) != AF_OK || (st = check_sequences(a, &s, p)) != AF_OK ||
-        (st = check_outputs(a, &s, views)) != AF_OK || (st = set_window(a, p)) != AF_OK)
+        (st = check_descales(a, s.B, s.Hkv)) != AF_OK)
         return st;
+    if (a->query->device.type == AF_DEVICE_CUDA) {   /* the index arrays' contents, from host copies */
+        index_copies h;
+        st = copy_index_arrays(a, views, &h);
+        if (st == AF_OK) st = check_sequences(&h.args, &s, p);
+        free_index_copies(&h);
+        if (st != AF_OK) return st;
+    } else if ((st = check_sequences(a, &s, p)) != AF_OK) {
+        return st;
+    }
+    if ((st = check_outputs(a, &s, views)) != AF_OK || (st = set_window(a, p)) != AF_OK) return st;
 
     p->dtype = a->query->dtype;
     p->kv_dtype = a->key->dtype;

@@ -200,8 +200,8 @@ static void expect_case(const sdpa_case *c) {
 
 /* ------------------------------------------------------------------ af_flash_attn: one case end to end */
 
-/* A fixed-length af_flash_attn case (what CUDA runs: no varlen, paged, seqused_k or float8) on the device, checked
- * against the double reference with flash_case_matches' bound (softcap-aware); false with `why` on a mismatch. */
+/* An af_flash_attn case (fixed, varlen or paged; not float8, which CUDA refuses) on the device, checked against the
+ * double reference with flash_case_matches' bound (softcap-aware); false with `why` on a mismatch. */
 static bool run_flash_case(const flash_case *c, char *why, size_t size) {
     flash_tensors t;
     if (!flash_case_build(c, &t)) {
@@ -210,25 +210,29 @@ static bool run_flash_case(const flash_case *c, char *why, size_t size) {
     }
     tt_fill_bytes(&t.out, TT_SENTINEL_BYTE);
     tt_fill_bytes(&t.lse, TT_SENTINEL_BYTE);
-    device_tensor q, k, v, sink, out, lse;
-    memset(&sink, 0, sizeof sink);
-    memset(&lse, 0, sizeof lse);
-    to_device(&q, &t.q);
-    to_device(&k, &t.k);
-    to_device(&v, &t.v);
-    to_device(&out, &t.out);
-    if (t.args.learnable_sink) to_device(&sink, &t.sink);
-    if (c->with_lse) to_device(&lse, &t.lse);
+    /* every tensor the call names, moved to the device (absent ones stay absent) */
+    const test_tensor *host[] = {&t.q, &t.k, &t.v, &t.sink, &t.cu_q, &t.cu_k, &t.seqused_k, &t.page_table};
     af_flash_args args = t.args;
-    args.query = &q.view;
-    args.key = &k.view;
-    args.value = &v.view;
-    args.learnable_sink = t.args.learnable_sink ? &sink.view : NULL;
+    const af_tensor **arg[] = {&args.query, &args.key, &args.value, &args.learnable_sink, &args.cu_seqlens_q,
+                               &args.cu_seqlens_k, &args.seqused_k, &args.page_table};
+    enum { N = sizeof host / sizeof host[0] };
+    device_tensor in[N], out, lse;
+    memset(in, 0, sizeof in);
+    memset(&lse, 0, sizeof lse);
+    for (int i = 0; i < N; i++)
+        if (*arg[i]) {
+            to_device(&in[i], host[i]);
+            *arg[i] = &in[i].view;
+        }
+    to_device(&out, &t.out);
+    if (c->with_lse) to_device(&lse, &t.lse);
     test_tensor *host_lse = c->with_lse ? &t.lse : NULL;
     const af_status st = af_flash_attn(&args, &out.view, c->with_lse ? &lse.view : NULL);
     const bool ok = call_finished(st, "af_flash_attn", args.stream, &t.out, &out, host_lse, &lse, why, size) &&
                     flash_case_matches(&t, why, size) && outside_untouched(&t.out, host_lse, why, size);
-    device_free(&q); device_free(&k); device_free(&v); device_free(&sink); device_free(&out); device_free(&lse);
+    for (int i = 0; i < N; i++) device_free(&in[i]);
+    device_free(&out);
+    device_free(&lse);
     flash_case_free(&t);
     return ok;
 }
@@ -294,24 +298,28 @@ static void chosen_cases_match_the_reference(void **state) {
     expect_case(&wide);
 }
 
-/* FA4's features on CUDA (the CUDA-core kernel takes them): random fixed-length cases, and chosen edges. */
+/* The case's work (what the emulation's time grows with). */
+static double flash_work(const flash_case *c) {
+    double w = 0.0;
+    for (int b = 0; b < c->B; b++) w += (double)c->Lq[b] * (double)c->S_stored[b];
+    return w * (double)c->Hq * (double)(c->E + c->Ev);
+}
+
+/* FA4's features on CUDA: random cases of every form (fixed, varlen, seqused_k, paged; every window, softcap and
+ * sink), shrunk to the emulation's budget, and chosen edges. */
 static void flash_random_suite_matches_the_reference(void **state) {
-    const int count = case_suite_count(16);
+    const int count = case_suite_count(24);
     const uint64_t seed = case_suite_seed(4096);
-    int run = 0;
-    for (int i = 0; run < count && i < 50 * count; i++) {
+    for (int i = 0; i < count; i++) {
         flash_case c = flash_case_random(seed, i);
-        if (c.kv != KV_FIXED || c.varlen_q || c.seqused) continue;   /* refused on CUDA (flash_errors_on_cuda) */
-        double work = (double)c.B * c.Hq * c.Lq[0] * c.S_stored[0] * (c.E + c.Ev);
-        for (; work > 1.5e5; work *= 9.0 / 16.0)   /* the emulation's budget: shrink rows and keys alike */
+        while (flash_work(&c) > 1.5e5)   /* rows and keys alike; seqused_k stays within the keys stored */
             for (int b = 0; b < FLASH_MAX_BATCH; b++) {
                 c.Lq[b] = c.Lq[b] * 3 / 4;
-                c.Sk[b] = c.S_stored[b] = c.S_stored[b] * 3 / 4;
+                c.S_stored[b] = c.S_stored[b] * 3 / 4;
+                if (c.Sk[b] > c.S_stored[b]) c.Sk[b] = c.S_stored[b];
             }
         expect_flash_case(&c);
-        run++;
     }
-    assert_int_equal(run, count);
 }
 
 static void flash_chosen_cases_match_the_reference(void **state) {
@@ -355,6 +363,56 @@ static void flash_chosen_cases_match_the_reference(void **state) {
     decode.softcap = 0.0;
     decode.sink_offset = 3.0;
     expect_flash_case(&decode);
+}
+
+/* A CUDA call's int32 arrays are device memory: af_flash_attn reads copies of them to check them (after a
+ * synchronize), so a bad page index or cu_seqlens is refused with the CPU's message and nothing is written. */
+static void flash_index_arrays_on_cuda_are_checked(void **state) {
+    for (int broken = 0; broken < 3; broken++) {
+        flash_case c = flash_case_default(3, 4, 2, 5, 40, 16, 16);
+        c.kv = broken == 2 ? KV_VARLEN : KV_PAGED;
+        c.varlen_q = broken == 2;
+        c.seqused = broken != 2;
+        c.page_size = 7;
+        flash_tensors t;
+        assert_true(flash_case_build(&c, &t));
+        const int64_t at[2] = {1, 0};
+        const char *want = "page_table: [1, 0] =";
+        if (broken == 0) tt_set(&t.page_table, at, (double)t.k.view.shape[0]);   /* one past the last page */
+        if (broken == 1) {   /* more keys used than the table's pages hold */
+            const int64_t b = 2;
+            tt_set(&t.seqused_k, &b, 1000.0);
+            want = "seqused_k: [2] = 1000 is outside";
+        }
+        if (broken == 2) {   /* a decreasing cu_seqlens_k */
+            const int64_t i = 1;
+            tt_set(&t.cu_k, &i, tt_get(&t.cu_k, &(int64_t){2}) + 1);
+            want = "cu_seqlens_k: must be non-decreasing";
+        }
+        tt_fill_bytes(&t.out, TT_SENTINEL_BYTE);
+        unsigned char *before = tt_snapshot(&t.out);
+        const test_tensor *host[] = {&t.q, &t.k, &t.v, &t.cu_q, &t.cu_k, &t.seqused_k, &t.page_table};
+        af_flash_args args = t.args;
+        const af_tensor **arg[] = {&args.query, &args.key, &args.value, &args.cu_seqlens_q, &args.cu_seqlens_k,
+                                   &args.seqused_k, &args.page_table};
+        enum { N = sizeof host / sizeof host[0] };
+        device_tensor in[N], out;
+        memset(in, 0, sizeof in);
+        for (int i = 0; i < N; i++)
+            if (*arg[i]) {
+                to_device(&in[i], host[i]);
+                *arg[i] = &in[i].view;
+            }
+        to_device(&out, &t.out);
+        assert_int_equal(af_flash_attn(&args, &out.view, NULL), AF_ERR_INVALID_ARGUMENT);
+        if (!strstr(af_last_error(), want)) fail_msg("expected \"%s\" in: %s", want, af_last_error());
+        to_host(&t.out, &out);
+        assert_true(tt_same_as(&t.out, before));   /* nothing written */
+        free(before);
+        for (int i = 0; i < N; i++) device_free(&in[i]);
+        device_free(&out);
+        flash_case_free(&t);
+    }
 }
 
 static void strided_inputs_are_copied_with_a_warning(void **state) {
@@ -471,6 +529,7 @@ int main(void) {
         cmocka_unit_test(strided_inputs_are_copied_with_a_warning),
         cmocka_unit_test(flash_chosen_cases_match_the_reference),
         cmocka_unit_test(flash_random_suite_matches_the_reference),
+        cmocka_unit_test(flash_index_arrays_on_cuda_are_checked),
         cmocka_unit_test(tensors_on_another_device_are_named),
         cmocka_unit_test(host_memory_passed_as_cuda_is_named),
         cmocka_unit_test(reference_is_refused_on_cuda),
