@@ -124,7 +124,7 @@ static af_status check_devices(const flash_view *views) {
 }
 
 /* The index arrays of a call on CUDA, copied to host memory so that check_sequences reads them: the call's stream is
- * synchronised first (they may have been written on it), then each array's bytes are copied. `host` is `a` with
+ * synchronised first (they may have been written on it), then each array's bytes are copied. h->args is `a` with
  * those views moved onto the copies (freed by free_index_copies); the problem keeps the device pointers. */
 enum { INDEX_ARRAYS = 4 };
 typedef struct {
