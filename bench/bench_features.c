@@ -213,7 +213,8 @@ static bool paged_pair(feature_pair *p, const bench_features_options *o, af_dtyp
             const size_t from = (size_t)(b * S + page * page_keys) * row;
             const size_t to = (size_t)table[b * per_seq + page] * (size_t)page_keys * row;
             p->chunks_a[n] = (const char *)c->k.memory + to, p->chunks_a[n + 1] = (const char *)c->v.memory + to;
-            p->chunks_b[n] = (const char *)p->b.k.memory + from, p->chunks_b[n + 1] = (const char *)p->b.v.memory + from;
+            p->chunks_b[n] = (const char *)p->b.k.memory + from;
+            p->chunks_b[n + 1] = (const char *)p->b.v.memory + from;
         }
     c->args.query = &c->q.view, c->args.key = &c->k.view, c->args.value = &c->v.view;
     c->args.page_table = &c->page_table.view, c->args.seqused_k = &c->seqused.view;

@@ -147,8 +147,8 @@ AF_DEVICE void af_mma_qk_slice(float s[][4], const uint32_t qa[4], const char *k
     }
 }
 
-/* The key range (causality, the window, keys past S) and the attention mask on one tile of scores (log2 units) of this lane's rows g and g+8
- * (packed rows r0 + 16·warp + g + 8·half): -inf, or additive terms (the mask in the inputs' dtype). The rows' key
+/* The key range (causality, the window, keys past S) and the attention mask on one tile of scores (log2 units) of
+ * this lane's rows g and g+8 (packed rows r0 + 16·warp + g + 8·half): -inf, or additive terms (the mask in the inputs' dtype). The rows' key
  * limits and mask rows are found here, on the tiles that need them, to keep registers free in the main loop. */
 AF_DEVICE void af_mma_apply_mask(float s[][4], const af_mma_params *p, int64_t b, int64_t hk, int64_t r0,
                                  int64_t key0, const int bf16) {
@@ -407,7 +407,8 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16) 
             for (int n = 0; n < AF_MMA_BC / 8; n++)
                 AF_MMA_UNROLL
                 for (int c = 0; c < 4; c++)
-                    s[n][c] = p.softcap_on ? p.softcap_log2 * tanhf(s[n][c] * p.scale_over_cap) : s[n][c] * p.scale_log2;
+                    s[n][c] = p.softcap_on ? p.softcap_log2 * tanhf(s[n][c] * p.scale_over_cap)
+                                           : s[n][c] * p.scale_log2;
             if (p.mask || key0 + AF_MMA_BC > hi_min || key0 < lo_max) af_mma_apply_mask(s, &p, b, hk, r0, key0, bf16);
             af_mma_softmax(s, o, m, l, hd, p.Ev);
             af_mma_pv(o, s, v_tile, hd, p.Ev, bf16);
