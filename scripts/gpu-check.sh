@@ -2,13 +2,15 @@
 # One command for a machine with an NVIDIA GPU (written for an H200 with nvcc 13 and PyTorch, no network; fits
 # 8 minutes): builds with the CUDA backend, runs ctest, `attnforge verify --device cuda` (the default cases and
 # random samples against the double reference), compute-sanitizer memcheck/racecheck on small cases, the compile
-# checks, then bench/cuda_compare.py (attnforge beside torch's SDPA backends), and, where the CPU has AVX-512/AMX,
+# checks, the Python GPU tests (python/tests/test_cuda_gpu.py, where pytest and torch import), then
+# bench/cuda_compare.py (attnforge beside torch's SDPA backends), and, where the CPU has AVX-512/AMX,
 # the ctest suites and `attnforge bench --isa avx512|amx --quick`. Each phase has a time budget (the time an early
 # phase leaves goes to the later ones); a phase's failure is reported and the later phases still run.
 # Usage: scripts/gpu-check.sh             (BUILD_DIR, default build-gpu; OUT: also writes $OUT/gpu-check.log)
 #        GPU_CHECK_DRY=1 scripts/gpu-check.sh   runs only the phases that need no GPU (for trying it without one)
 #        GPU_CHECK_PHASES="verify compare" scripts/gpu-check.sh   a subset of: info build verify ctest sanitizer
-#        compile compare cpu_isa (the later ones need the build); GPU_CHECK_BUDGET: seconds in all (default 470)
+#        compile pytest compare cpu_isa (the later ones need the build); GPU_CHECK_BUDGET: seconds in all
+#        (default 470)
 # Exit status: the number of failed phases (0: all passed or skipped).
 # shellcheck disable=SC2317  # the phase_* functions are called indirectly, by run_phase
 set -u
@@ -31,8 +33,9 @@ passed=()
 skipped=()
 
 # Budgets in seconds, in run order; a phase may use what earlier phases left, minus what later ones reserve.
-phases=(info build verify ctest sanitizer compile compare cpu_isa)
-declare -A budget=([info]=10 [build]=140 [verify]=35 [ctest]=75 [sanitizer]=45 [compile]=0 [compare]=130 [cpu_isa]=35)
+phases=(info build verify ctest sanitizer compile pytest compare cpu_isa)
+declare -A budget=([info]=10 [build]=140 [verify]=35 [ctest]=75 [sanitizer]=45 [compile]=0 [pytest]=30 [compare]=100
+                   [cpu_isa]=35)
 
 elapsed() { echo $(($(date +%s) - start)); }
 # Seconds phase $1 may run: up to the deadline less the budgets of the phases after it, at least 10.
@@ -277,6 +280,18 @@ phase_sanitizer() {
 phase_compile() {
     [ -f "$cuda_lib" ] || { echo "no libattnforge_cuda.so"; return 77; }
     AF_REQUIRE_SASS_CHECK=1 bounded "$allowed" bash "$root/scripts/cuda-compile-check.sh" "$build"
+}
+
+# python/tests/test_cuda_gpu.py: torch CUDA tensors through the binding (SDPA, the provider, flash_attn_func's
+# features, varlen and paged calls) against PyTorch and against the same calls on CPU copies
+phase_pytest() {
+    has_gpu || return 77
+    local py pypath=""
+    py=$(python_bin)
+    "$py" -c "import pytest, torch" 2>/dev/null || { echo "pytest or torch not importable"; return 77; }
+    [ -d "$build/pypkg" ] && pypath=$build/pypkg
+    ATTNFORGE_CUDA_LIBRARY=$cuda_lib PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}" \
+        bounded "$allowed" "$py" -m pytest -q -p no:cacheprovider "$root/python/tests/test_cuda_gpu.py"
 }
 
 phase_compare() {
