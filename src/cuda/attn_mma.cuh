@@ -12,6 +12,8 @@
  *   - tiles outside every row's key range (causal, af_flash_attn's sliding window) are never loaded, masks are
  *     applied only on tiles that need them; af_flash_attn's softcap on the scaled S, its learned sink joined to the
  *     row's max and sum in the epilogue (or in the combine, under split-KV);
+ *   - af_flash_attn's seqused_k (each batch's own key count) and paged K/V (each tile row found through the page
+ *     table), for fixed-length queries;
  *   - split-KV (blockIdx.z): each split writes its normalised f32 partial O and LSE; attn_combine.cuh merges them.
  * Head-dim variants are compile-time constants: AF_MMA_KERNEL stamps out one kernel per (head dim, dtype), and
  * af_mma_body's register arrays are indexed only by constants once it is inlined with that head dim.
@@ -62,6 +64,11 @@ typedef struct {
     const char *sink;              /* NULL, or (Hq,) logits of sink_dtype, sink_stride elements apart */
     int sink_dtype;
     int64_t sink_stride;
+    const int32_t *seqused_k;      /* NULL, or batch b's keys at seqused_k[b·seqused_stride] (<= S) */
+    int64_t seqused_stride;
+    const int32_t *page_table;     /* NULL, or key j of batch b in page page_table[b·pt0 + j / page_size·pt1], row
+                                      j % page_size: k_stride[0] / v_stride[0] then step pages */
+    int64_t page_table_stride[2], page_size;
     int E, Ev;
     int out_pairs;                 /* out's last dim is contiguous and 4-byte aligned at even columns */
     int double_buffer;             /* 2 K/V buffers (else 1, when shared memory is short) */
@@ -89,9 +96,19 @@ AF_DEVICE int af_mma_chunk_bytes(int cols, int chunk) {
     return n >= 8 ? 16 : n > 0 ? 2 * n : 0;
 }
 
-/* The keys [*lo, *hi) query row i may see (key_range.cuh). */
-AF_DEVICE void af_mma_key_range(const af_mma_params *p, int64_t i, int64_t *lo, int64_t *hi) {
-    af_cuda_key_range(p->causal, p->has_window, p->window_left, p->window_right, p->L, p->S, i, lo, hi);
+/* The keys [*lo, *hi) query row i may see among the batch's S keys (key_range.cuh). */
+AF_DEVICE void af_mma_key_range(const af_mma_params *p, int64_t S, int64_t i, int64_t *lo, int64_t *hi) {
+    af_cuda_key_range(p->causal, p->has_window, p->window_left, p->window_right, p->L, S, i, lo, hi);
+}
+
+/* Where K or V (data, strides) row `key` of (batch b, kv head hk) starts: through the page table when paged. */
+AF_DEVICE const char *af_mma_kv_row(const af_mma_params *p, const char *data, const int64_t *stride, int64_t b,
+                                    int64_t hk, int64_t key) {
+    if (p->page_table) {
+        const int64_t page = p->page_table[b * p->page_table_stride[0] + key / p->page_size * p->page_table_stride[1]];
+        return data + 2 * (page * stride[0] + hk * stride[1] + key % p->page_size * stride[2]);
+    }
+    return data + 2 * (b * stride[0] + hk * stride[1] + key * stride[2]);
 }
 
 AF_DEVICE void af_mma_op(float d[4], const uint32_t a[4], const uint32_t b[2], const int bf16) {
@@ -103,16 +120,16 @@ AF_DEVICE uint32_t af_mma_pack(float lo, float hi, const int bf16) {
     return bf16 ? af_pack_bf16x2(lo, hi) : af_pack_f16x2(lo, hi);
 }
 
-/* One tile of AF_MMA_BC rows starting at key0 (row `key` at base + key·row_bytes) into shared memory: rows at or
- * past `S` and columns past `bytes` of each chunk are zero-filled. */
-AF_DEVICE void af_mma_load_tile(char *dst, const char *base, int64_t row_bytes, int64_t key0, int64_t S, int cols,
-                                const int hd) {
+/* One tile of AF_MMA_BC K or V rows (data, strides) of (batch b, kv head hk) starting at key0 into shared memory:
+ * rows at or past `S` and columns past `bytes` of each chunk are zero-filled. */
+AF_DEVICE void af_mma_load_tile(char *dst, const af_mma_params *p, const char *data, const int64_t *stride,
+                                int64_t b, int64_t hk, int64_t key0, int64_t S, int cols, const int hd) {
     const int chunks = hd / 8, chunk = AF_THREAD_IDX % chunks, bytes = af_mma_chunk_bytes(cols, chunk);
     for (int row = AF_THREAD_IDX / chunks; row < AF_MMA_BC; row += AF_MMA_THREADS / chunks) {
         const int64_t key = key0 + row;
         const int ok = key < S && bytes > 0;
-        af_cp_async_16(dst + af_mma_swizzle(row, chunk, hd), ok ? base + key * row_bytes + chunk * 16 : base,
-                       ok ? bytes : 0);
+        af_cp_async_16(dst + af_mma_swizzle(row, chunk, hd),
+                       ok ? af_mma_kv_row(p, data, stride, b, hk, key) + chunk * 16 : data, ok ? bytes : 0);
     }
 }
 
@@ -151,14 +168,14 @@ AF_DEVICE void af_mma_qk_slice(float s[][4], const uint32_t qa[4], const char *k
  * this lane's rows g and g+8 (packed rows r0 + 16·warp + g + 8·half): -inf, or additive terms (the mask in the inputs' dtype). The rows' key
  * limits and mask rows are found here, on the tiles that need them, to keep registers free in the main loop. */
 AF_DEVICE void af_mma_apply_mask(float s[][4], const af_mma_params *p, int64_t b, int64_t hk, int64_t r0,
-                                 int64_t key0, const int bf16) {
+                                 int64_t key0, int64_t S, const int bf16) {
     const int lane = af_lane(), g = lane >> 2, t = lane & 3;
     AF_MMA_UNROLL
     for (int half = 0; half < 2; half++) {
         const int64_t r = r0 + 16 * af_warp() + g + 8 * half;
         const int64_t h = hk * p->group + r / p->L, i = r % p->L;
-        int64_t lo = 0, hi = p->S;
-        if (r < p->rows) af_mma_key_range(p, i, &lo, &hi);
+        int64_t lo = 0, hi = S;
+        if (r < p->rows) af_mma_key_range(p, S, i, &lo, &hi);
         const char *mask_row = NULL;
         if (p->mask && r < p->rows)
             mask_row = p->mask + (p->mask_kind == AF_MMA_MASK_BOOL ? 1 : 2) *
@@ -335,9 +352,10 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16) 
      * need no mask (every row of the block sees all their keys). */
     const int64_t r_end = r0 + AF_MMA_BR < p.rows ? r0 + AF_MMA_BR : p.rows;
     const int wraps = (r_end - 1) / p.L != r0 / p.L;
+    const int64_t S = p.seqused_k ? p.seqused_k[b * p.seqused_stride] : p.S;   /* this batch's keys */
     int64_t lo_min, hi_min, lo_max, hi_max;
-    af_mma_key_range(&p, wraps ? 0 : r0 % p.L, &lo_min, &hi_min);
-    af_mma_key_range(&p, wraps ? p.L - 1 : (r_end - 1) % p.L, &lo_max, &hi_max);
+    af_mma_key_range(&p, S, wraps ? 0 : r0 % p.L, &lo_min, &hi_min);
+    af_mma_key_range(&p, S, wraps ? p.L - 1 : (r_end - 1) % p.L, &lo_max, &hi_max);
     const int64_t tiles = (hi_max + AF_MMA_BC - 1) / AF_MMA_BC, t_first = lo_min / AF_MMA_BC;
     int64_t t_begin = (int64_t)AF_BLOCK_IDX_Z * p.tiles_per_split;
     const int64_t t_end = t_begin + p.tiles_per_split < tiles ? t_begin + p.tiles_per_split : tiles;
@@ -347,9 +365,6 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16) 
     const int tile_bytes = AF_MMA_BC * hd * 2;
     char *smem_k = smem_q + tile_bytes;
     char *smem_v = smem_k + (p.double_buffer ? 2 : 1) * tile_bytes;
-    const char *k_base = p.k + 2 * (b * p.k_stride[0] + hk * p.k_stride[1]);
-    const char *v_base = p.v + 2 * (b * p.v_stride[0] + hk * p.v_stride[1]);
-    const int64_t k_row_bytes = 2 * p.k_stride[2], v_row_bytes = 2 * p.v_stride[2];
 
     float o[AF_MMA_HD_MAX / 8][4];
     AF_MMA_UNROLL
@@ -360,8 +375,8 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16) 
     if (t_begin < t_end) {   /* Q, then the first tile: two groups */
         af_mma_load_q(smem_q, &p, b, hk, r0, hd);
         af_cp_async_commit();
-        af_mma_load_tile(smem_k, k_base, k_row_bytes, t_begin * AF_MMA_BC, p.S, p.E, hd);
-        af_mma_load_tile(smem_v, v_base, v_row_bytes, t_begin * AF_MMA_BC, p.S, p.Ev, hd);
+        af_mma_load_tile(smem_k, &p, p.k, p.k_stride, b, hk, t_begin * AF_MMA_BC, S, p.E, hd);
+        af_mma_load_tile(smem_v, &p, p.v, p.v_stride, b, hk, t_begin * AF_MMA_BC, S, p.Ev, hd);
         af_cp_async_commit();
         if (q_in_regs) {   /* Q's fragments, while the first tile is in flight */
             af_cp_async_wait_1();
@@ -377,9 +392,10 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16) 
         const int buf = p.double_buffer ? (int)((tile - t_begin) & 1) : 0;   /* t_begin: the first tile loaded */
         if (p.double_buffer) {   /* the next tile streams in while this one is computed */
             if (tile + 1 < t_end) {
-                af_mma_load_tile(smem_k + (buf ^ 1) * tile_bytes, k_base, k_row_bytes, key0 + AF_MMA_BC, p.S, p.E, hd);
-                af_mma_load_tile(smem_v + (buf ^ 1) * tile_bytes, v_base, v_row_bytes, key0 + AF_MMA_BC, p.S, p.Ev,
-                                 hd);
+                af_mma_load_tile(smem_k + (buf ^ 1) * tile_bytes, &p, p.k, p.k_stride, b, hk, key0 + AF_MMA_BC, S,
+                                 p.E, hd);
+                af_mma_load_tile(smem_v + (buf ^ 1) * tile_bytes, &p, p.v, p.v_stride, b, hk, key0 + AF_MMA_BC, S,
+                                 p.Ev, hd);
             }
             af_cp_async_commit();
             af_cp_async_wait_1();
@@ -409,14 +425,14 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16) 
                 for (int c = 0; c < 4; c++)
                     s[n][c] = p.softcap_on ? p.softcap_log2 * tanhf(s[n][c] * p.scale_over_cap)
                                            : s[n][c] * p.scale_log2;
-            if (p.mask || key0 + AF_MMA_BC > hi_min || key0 < lo_max) af_mma_apply_mask(s, &p, b, hk, r0, key0, bf16);
+            if (p.mask || key0 + AF_MMA_BC > hi_min || key0 < lo_max) af_mma_apply_mask(s, &p, b, hk, r0, key0, S, bf16);
             af_mma_softmax(s, o, m, l, hd, p.Ev);
             af_mma_pv(o, s, v_tile, hd, p.Ev, bf16);
         }
         af_syncthreads();   /* every warp is done with this buffer before it is refilled */
         if (!p.double_buffer && tile + 1 < t_end) {
-            af_mma_load_tile(smem_k, k_base, k_row_bytes, key0 + AF_MMA_BC, p.S, p.E, hd);
-            af_mma_load_tile(smem_v, v_base, v_row_bytes, key0 + AF_MMA_BC, p.S, p.Ev, hd);
+            af_mma_load_tile(smem_k, &p, p.k, p.k_stride, b, hk, key0 + AF_MMA_BC, S, p.E, hd);
+            af_mma_load_tile(smem_v, &p, p.v, p.v_stride, b, hk, key0 + AF_MMA_BC, S, p.Ev, hd);
             af_cp_async_commit();
         }
     }

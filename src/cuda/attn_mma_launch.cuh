@@ -144,6 +144,12 @@ cudaError_t af_cuda_mma_forward(const af_problem *p, const af_cuda_device *dev, 
     prm.sink = p->sink;
     prm.sink_dtype = (int)p->sink_dtype;
     prm.sink_stride = p->sink_stride;
+    prm.seqused_k = p->seqused_k;
+    prm.seqused_stride = p->seqused_k_stride;
+    prm.page_table = p->page_table;
+    prm.page_table_stride[0] = p->page_table_stride[0];
+    prm.page_table_stride[1] = p->page_table_stride[1];
+    prm.page_size = p->page_size;
     prm.E = (int)p->E;
     prm.Ev = (int)p->Ev;
     prm.out_pairs = p->out_stride[3] == 1 && (uintptr_t)p->out % 4 == 0 && p->out_stride[0] % 2 == 0 &&

@@ -369,6 +369,21 @@ static void flash_chosen_cases_match_the_reference(void **state) {
     decode.softcap = 0.0;
     decode.sink_offset = 3.0;
     expect_flash_case(&decode);
+    /* a paged cache the tensor cores read in place (strides multiples of 8), pages shared, seqused_k below capacity;
+     * f16 decode, then 3 rows with causal and a window */
+    flash_case paged = flash_case_default(3, 8, 2, 1, 0, 64, 64);
+    const int64_t stored[3] = {130, 41, 77};
+    for (int b = 0; b < 3; b++) paged.S_stored[b] = stored[b], paged.Sk[b] = stored[b] - 10 * b;
+    paged.dtype = AF_F16;
+    paged.kv = KV_PAGED;
+    paged.seqused = true;
+    paged.page_size = 16;
+    paged.shared_page = true;
+    expect_flash_case(&paged);
+    for (int b = 0; b < 3; b++) paged.Lq[b] = 3;
+    paged.causal = paged.has_window = true;
+    paged.left = 40, paged.right = 0;
+    expect_flash_case(&paged);
 }
 
 /* A CUDA call's int32 arrays are device memory: af_flash_attn reads copies of them to check them (after a
