@@ -8,7 +8,7 @@
  *   - key tiles outside the block's rows' key ranges (causality, a sliding window) are never loaded;
  *   - af_flash_attn's softcap on the scaled score, and its learned sink joined to the row's max and sum at the end;
  *   - af_flash_attn's sequences: varlen rows and keys found through cu_seqlens (blocks past a sequence's rows do
- *     nothing), seqused_k, paged K/V rows through the page table (key_range.cuh).
+ *     nothing), seqused_k, paged K/V rows through the page table (problem.h's helpers, on the device).
  * Matches src/sdpa/reference.c: masked keys contribute nothing (even against Inf/NaN values), a NaN score makes the
  * row NaN, a row that sees no key gets out = 0 and lse = -inf (the sink's logit when there is one). */
 #ifndef AF_CUDA_ATTN_SIMT_CUH
@@ -17,7 +17,6 @@
 #include <stdint.h>
 
 #include "cuda/kernels.h"
-#include "cuda/key_range.cuh"
 #include "cuda/scalar.cuh"
 
 #define AF_SIMT_WARPS 4                            /* query rows per block */
@@ -54,7 +53,7 @@ static inline size_t af_simt_smem_bytes(int64_t E) {
 
 /* The keys [*lo, *hi) query row i of sequence `s` may see. */
 AF_DEVICE void af_simt_key_range(const af_problem *p, const af_sequence *s, int64_t i, int64_t *lo, int64_t *hi) {
-    af_cuda_key_range((int)p->causal, p->has_window, p->window_left, p->window_right, s->L, s->S, i, lo, hi);
+    af_key_range(p, s->L, s->S, i, lo, hi);
 }
 
 /* Lane j's score of key key0 + j in log2 units: scale·q·k (softcapped), then the key range / mask as -inf or
@@ -86,7 +85,7 @@ AF_DEVICE float af_simt_dot(const af_simt_params *prm, float *q_smem, float *k_s
             const int64_t j = key0 + t / AF_SIMT_K_CHUNK, e = e0 + t % AF_SIMT_K_CHUNK;
             k_smem[t / AF_SIMT_K_CHUNK * AF_SIMT_K_PITCH + t % AF_SIMT_K_CHUNK] =
                 j < keys && e < p->E
-                    ? af_load_scalar(p->k, p->dtype, af_cuda_kv_row(p, p->k_stride, b, hk, seq, j) + e * p->k_stride[3])
+                    ? af_load_scalar(p->k, p->dtype, af_kv_row_offset(p, p->k_stride, b, hk, seq, j) + e * p->k_stride[3])
                     : 0.0f;
         }
         af_syncthreads();
@@ -118,7 +117,7 @@ AF_DEVICE void af_simt_block(const af_simt_params prm, int64_t block, const int 
     const int lane = af_lane(), warp = af_warp();
     const int64_t first_row = block % prm.row_blocks * AF_SIMT_WARPS, bh = block / prm.row_blocks;
     const int64_t hk = bh % p->Hkv, b = bh / p->Hkv, row = first_row + warp;
-    const af_sequence seq = af_cuda_sequence(p, b);   /* varlen: blocks past its rows have nothing to do */
+    const af_sequence seq = af_sequence_of(p, b);   /* varlen: blocks past its rows have nothing to do */
     const int64_t rows = p->group * seq.L;   /* per (batch, kv head): row r is head hk·group + r / L, query r % L */
     const int active = row < rows;
     const int64_t h = hk * p->group + (active ? row / seq.L : 0), i = active ? row % seq.L : 0;
@@ -172,7 +171,7 @@ AF_DEVICE void af_simt_block(const af_simt_params prm, int64_t block, const int 
             for (int t = AF_THREAD_IDX; t < AF_SIMT_KEYS * AF_SIMT_V_CHUNK; t += AF_SIMT_THREADS) {
                 const int64_t j = key0 + t / AF_SIMT_V_CHUNK, col = c0 + t % AF_SIMT_V_CHUNK;
                 v_smem[t] = j < keys && col < p->Ev
-                                ? af_load_scalar(p->v, p->dtype, af_cuda_kv_row(p, p->v_stride, b, hk, &seq, j) +
+                                ? af_load_scalar(p->v, p->dtype, af_kv_row_offset(p, p->v_stride, b, hk, &seq, j) +
                                                                      col * p->v_stride[3])
                                 : 0.0f;
             }

@@ -11,6 +11,13 @@
 
 typedef enum { AF_CAUSAL_NONE = 0, AF_CAUSAL_TOP_LEFT, AF_CAUSAL_BOTTOM_RIGHT } af_causal;
 
+/* The helpers below are also the CUDA kernels' (src/cuda/): callable from device code when nvcc compiles them. */
+#if defined(__CUDACC__)
+#define AF_HOST_DEVICE __host__ __device__
+#else
+#define AF_HOST_DEVICE
+#endif
+
 typedef struct {
     af_dtype dtype;                 /* of q */
     af_dtype kv_dtype;              /* of k and v: dtype, or float8 (af_flash_attn's quantised K/V) */
@@ -59,7 +66,7 @@ static inline float af_descale_at(const float *d, const int64_t *stride, int64_t
 /* Sequence b: its first query row and key (in the packed varlen tensors, else 0), query rows and keys. */
 typedef struct { int64_t q0, L, k0, S; } af_sequence;
 
-static inline af_sequence af_sequence_of(const af_problem *p, int64_t b) {
+AF_HOST_DEVICE static inline af_sequence af_sequence_of(const af_problem *p, int64_t b) {
     af_sequence s = {0, p->L, 0, p->S};
     if (p->cu_seqlens_q) {
         s.q0 = p->cu_seqlens_q[b * p->cu_seqlens_q_stride];
@@ -75,7 +82,7 @@ static inline af_sequence af_sequence_of(const af_problem *p, int64_t b) {
 
 /* Element offset of key (or value, with its strides) row j of sequence b, kv head hk: the one place paged and
  * varlen K/V are addressed. */
-static inline int64_t af_kv_row_offset(const af_problem *p, const int64_t *stride, int64_t b, int64_t hk,
+AF_HOST_DEVICE static inline int64_t af_kv_row_offset(const af_problem *p, const int64_t *stride, int64_t b, int64_t hk,
                                        const af_sequence *s, int64_t j) {
     if (p->page_table) {
         const int64_t page = p->page_table[b * p->page_table_stride[0] + j / p->page_size * p->page_table_stride[1]];
@@ -86,7 +93,7 @@ static inline int64_t af_kv_row_offset(const af_problem *p, const int64_t *strid
 
 /* The keys [*lo, *hi) row i of a sequence with L query rows and S keys may see (before any mask): causal
  * alignment and the window, clamped to [0, S]. Saturating: left / right may be any int64. */
-static inline void af_key_range(const af_problem *p, int64_t L, int64_t S, int64_t i, int64_t *lo, int64_t *hi) {
+AF_HOST_DEVICE static inline void af_key_range(const af_problem *p, int64_t L, int64_t S, int64_t i, int64_t *lo, int64_t *hi) {
     *lo = 0;
     *hi = S;
     if (p->causal == AF_CAUSAL_TOP_LEFT) *hi = i + 1 < S ? i + 1 : S;
