@@ -24,7 +24,9 @@
 #include "kernel/ukernel.h"
 
 #define MIN_FLOPS_PER_THREAD 4e6   /* ~40 us of one core: a worker's wake-up and hand-off cost far less */
-#define SPLIT_KEYS 512          /* keys per split-KV chunk: fixed by shape, so results never depend on threads */
+#define SPLIT_KEYS 512          /* fewest keys per split-KV chunk; chunks are fixed by shape: results never depend on threads */
+#define SPLIT_KEYS_MAX 2048     /* most: each chunk starts on a tile nothing prefetched (docs/BENCHMARKS.md, third round) */
+#define SPLIT_ITEMS 128         /* chunks as long as leaves this many work items: two for each of 64 threads */
 #define SPLIT_MAX_ROWS 64       /* split the keys only when one (batch, kv head) has at most this many rows */
 #define DIRECT_MAX_ROWS 16      /* blocks this small read K/V in place (scores_direct/values_direct): nothing to
                                    amortise a K^T pack over */
@@ -64,6 +66,7 @@ typedef struct {
     float *partials;            /* splits > 1: per (batch, kv head, row block, split), rows × (ev_pad + 2) floats:
                                    O, then m and l */
     bool prefetch;              /* direct items: prefetch the next tile's K/V rows (prefetch_cursor) */
+    bool prefetch_v_now;        /* ... one-head items over contiguous rows: this tile's V, then half the next K (run_item) */
     size_t prefetch_key_bytes;  /* bytes of one key's K rows of an item's heads, gaps included */
     int heads_per_item;         /* kv heads per work item: 1, or all of them for direct items over interleaved heads */
     size_t off_qp, off_kt, off_v, off_rows, off_cache;   /* scratch layout, bytes */
@@ -333,15 +336,17 @@ static void softmax_tile(const flash_plan *fp, const work_item *w, const row_sta
  * direct kernels as lines to prefetch while they compute on this tile (af_prefetch). */
 typedef struct {
     const work_item *item;   /* on its first kv head */
-    int64_t j, j_end;        /* keys of the next tile not yet handed out */
+    bool values;             /* V rows, else K rows */
+    int64_t j, j_end;        /* keys of the tile not yet handed out */
     size_t done;             /* lines of key j's run already handed out */
 } prefetch_cursor;
 
 /* Up to `want` lines of the cursor's current run: the rows of keys [j, j + run) of the item's heads, one span from
  * the first row of its first head to the end of the last row of its last head. */
-static af_prefetch next_prefetch(const flash_plan *fp, bool values, prefetch_cursor *c, size_t want) {
+static af_prefetch next_prefetch(const flash_plan *fp, prefetch_cursor *c, size_t want) {
     if (!fp->prefetch || c->j >= c->j_end || want == 0) return (af_prefetch){NULL, 0};
     const af_problem *p = fp->p;
+    const bool values = c->values;
     const int64_t *st = values ? p->v_stride : p->k_stride;
     const int run = run_length(fp, c->j, (int)(c->j_end - c->j));   /* at most a tile's keys */
     const char *first = values ? value_row(fp, c->item, c->j) : key_row(fp, c->item, c->j);
@@ -369,21 +374,28 @@ static void tile_rows(const flash_plan *fp, const work_item *item, int64_t j0, i
     }
 }
 
+/* What the direct kernels prefetch while they compute on a tile: up to `lines` lines from each cursor, the first
+ * during the scores, the second during the values. */
+typedef struct {
+    prefetch_cursor *cursor[2];
+    size_t lines[2];
+} tile_prefetch;
+
 /* The direct kernels on one tile of kv head `h` of the item (its rows at k_rows/v_rows plus h head strides), K and V
- * read where they lie; meanwhile they prefetch pf_lines lines of the next tile's K (scores) and V (values). */
+ * read where they lie, prefetching as `pf` says meanwhile. */
 static void direct_tile(const flash_plan *fp, const work_item *w, int h, const row_state *rs, int64_t r0, int skip,
                         int end, int64_t j0, int cols, bool edge, const char *const *k_rows, const char *const *v_rows,
-                        prefetch_cursor *next_k, prefetch_cursor *next_v, size_t pf_lines) {
+                        const tile_prefetch *pf) {
     const af_problem *p = fp->p;
     const int n = end - skip;
     float *Sn = rs->S + (size_t)skip * fp->keys_pad, *On = rs->O + (size_t)skip * fp->ev_pad;
     const float *qn = rs->qb + (size_t)skip * fp->E;
     fp->uk->scores_direct(n, cols, fp->E, qn, fp->E, k_rows, (size_t)(h * p->k_stride[1]) * fp->elem, p->kv_dtype, Sn,
-                          fp->keys_pad, next_prefetch(fp, false, next_k, pf_lines));
+                          fp->keys_pad, next_prefetch(fp, pf->cursor[0], pf->lines[0]));
     softmax_tile(fp, w, rs, r0, skip, end, j0, cols, edge);
     if (fp->Ev == 0) return;
     fp->uk->values_direct(n, fp->Ev, cols, Sn, fp->keys_pad, v_rows, (size_t)(h * p->v_stride[1]) * fp->elem,
-                          p->kv_dtype, On, fp->ev_pad, next_prefetch(fp, true, next_v, pf_lines));
+                          p->kv_dtype, On, fp->ev_pad, next_prefetch(fp, pf->cursor[1], pf->lines[1]));
 }
 
 /* Index of the (batch, kv head, row block, split) among all of them: where split-KV keeps its partial result. */
@@ -463,14 +475,20 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
         if (fp->direct) {
             /* The next tile's K/V, all heads of the item, prefetched in shares over this tile's heads. */
             const int64_t next = j0 + cols, next_n = k_hi - next < fp->block_keys ? k_hi - next : fp->block_keys;
-            prefetch_cursor next_k = {&w, next, next + next_n, 0}, next_v = next_k;
+            prefetch_cursor next_k = {&w, false, next, next + next_n, 0}, next_v = {&w, true, next, next + next_n, 0};
+            prefetch_cursor this_v = {&w, true, j0, j0 + cols, 0};
             const size_t pf_lines = (size_t)next_n * fp->prefetch_key_bytes / 64 / (size_t)heads + 2;
+            tile_prefetch pf = {{&next_k, &next_v}, {pf_lines, pf_lines}};
+            /* One head over contiguous rows: the hardware streams K's rows but not V's column strips, so this tile's V
+             * during the scores, and the first half of the next tile's K during the values (docs/BENCHMARKS.md,
+             * "Decode, third round"). */
+            if (fp->prefetch_v_now) pf = (tile_prefetch){{&this_v, &next_k}, {SIZE_MAX, pf_lines / 2}};
             const char **k_rows = (const char **)(base + fp->off_rows), **v_rows = k_rows + fp->block_keys;
             tile_rows(fp, &w, j0, cols, k_rows, v_rows);
             for (int h = 0; h < heads; h++) {
                 const work_item wh = with_head(&w, w.hk + h);
                 const row_state rh = state_of(fp, base, h);
-                direct_tile(fp, &wh, h, &rh, r0, skip, end, j0, cols, edge, k_rows, v_rows, &next_k, &next_v, pf_lines);
+                direct_tile(fp, &wh, h, &rh, r0, skip, end, j0, cols, edge, k_rows, v_rows, &pf);
             }
             continue;
         }
@@ -614,6 +632,8 @@ af_status af_flash_forward(const af_problem *p) {
     const int64_t span_v = (fp.heads_per_item - 1) * p->v_stride[1] + p->Ev;
     fp.prefetch = fp.direct && p->k_stride[2] <= 2 * span_k && p->v_stride[2] <= 2 * span_v;
     fp.prefetch_key_bytes = (size_t)(p->k_stride[2] > span_k ? p->k_stride[2] : span_k) * fp.elem;
+    fp.prefetch_v_now = fp.prefetch && fp.elem <= 2 && fp.heads_per_item == 1 && !p->page_table && p->k_stride[2] == p->E &&
+                        p->v_stride[2] == p->Ev;
     /* A multi-head direct item keeps its tile and the next one (being prefetched) in L2: fewer keys per tile when
      * all heads' rows are wide (many heads, f32), so that the prefetch does not evict what this tile still reads. */
     if (fp.heads_per_item > 1) {
@@ -629,7 +649,10 @@ af_status af_flash_forward(const af_problem *p) {
     fp.splits = 1;
     fp.split_keys = p->S > 0 ? p->S : 1;
     if (rows_total <= SPLIT_MAX_ROWS && p->S > 2 * SPLIT_KEYS) {   /* decode: spread the keys over the threads */
-        fp.split_keys = round_up(SPLIT_KEYS, (size_t)fp.block_keys);
+        const int64_t per_chunk = p->B * ceil_div(p->Hkv, fp.heads_per_item) * fp.row_blocks;   /* items per chunk */
+        int64_t keys = ceil_div(p->S, per_chunk >= SPLIT_ITEMS ? 1 : ceil_div(SPLIT_ITEMS, per_chunk > 0 ? per_chunk : 1));
+        keys = keys < SPLIT_KEYS ? SPLIT_KEYS : keys > SPLIT_KEYS_MAX ? SPLIT_KEYS_MAX : keys;
+        fp.split_keys = round_up((size_t)keys, (size_t)fp.block_keys);
         fp.splits = ceil_div(p->S, fp.split_keys);
     }
     fp.pre_scale = p->mask != NULL || !(p->scale > 0.0) || p->softcap > 0.0;
