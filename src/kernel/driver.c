@@ -374,28 +374,21 @@ static void tile_rows(const flash_plan *fp, const work_item *item, int64_t j0, i
     }
 }
 
-/* What the direct kernels prefetch while they compute on a tile: up to `lines` lines from each cursor, the first
- * during the scores, the second during the values. */
-typedef struct {
-    prefetch_cursor *cursor[2];
-    size_t lines[2];
-} tile_prefetch;
-
 /* The direct kernels on one tile of kv head `h` of the item (its rows at k_rows/v_rows plus h head strides), K and V
- * read where they lie, prefetching as `pf` says meanwhile. */
+ * read where they lie; meanwhile the scores prefetch pf_scores, the values pf_values. */
 static void direct_tile(const flash_plan *fp, const work_item *w, int h, const row_state *rs, int64_t r0, int skip,
                         int end, int64_t j0, int cols, bool edge, const char *const *k_rows, const char *const *v_rows,
-                        const tile_prefetch *pf) {
+                        af_prefetch pf_scores, af_prefetch pf_values) {
     const af_problem *p = fp->p;
     const int n = end - skip;
     float *Sn = rs->S + (size_t)skip * fp->keys_pad, *On = rs->O + (size_t)skip * fp->ev_pad;
     const float *qn = rs->qb + (size_t)skip * fp->E;
     fp->uk->scores_direct(n, cols, fp->E, qn, fp->E, k_rows, (size_t)(h * p->k_stride[1]) * fp->elem, p->kv_dtype, Sn,
-                          fp->keys_pad, next_prefetch(fp, pf->cursor[0], pf->lines[0]));
+                          fp->keys_pad, pf_scores);
     softmax_tile(fp, w, rs, r0, skip, end, j0, cols, edge);
     if (fp->Ev == 0) return;
     fp->uk->values_direct(n, fp->Ev, cols, Sn, fp->keys_pad, v_rows, (size_t)(h * p->v_stride[1]) * fp->elem,
-                          p->kv_dtype, On, fp->ev_pad, next_prefetch(fp, pf->cursor[1], pf->lines[1]));
+                          p->kv_dtype, On, fp->ev_pad, pf_values);
 }
 
 /* Index of the (batch, kv head, row block, split) among all of them: where split-KV keeps its partial result. */
@@ -473,22 +466,27 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
         if (end == skip) continue;
         const bool edge = j0 < last_lo || j0 + cols > first_hi;
         if (fp->direct) {
-            /* The next tile's K/V, all heads of the item, prefetched in shares over this tile's heads. */
             const int64_t next = j0 + cols, next_n = k_hi - next < fp->block_keys ? k_hi - next : fp->block_keys;
             prefetch_cursor next_k = {&w, false, next, next + next_n, 0}, next_v = {&w, true, next, next + next_n, 0};
             prefetch_cursor this_v = {&w, true, j0, j0 + cols, 0};
             const size_t pf_lines = (size_t)next_n * fp->prefetch_key_bytes / 64 / (size_t)heads + 2;
-            tile_prefetch pf = {{&next_k, &next_v}, {pf_lines, pf_lines}};
-            /* One head over contiguous rows: the hardware streams K's rows but not V's column strips, so this tile's V
-             * during the scores, and the first half of the next tile's K during the values (docs/BENCHMARKS.md,
-             * "Decode, third round"). */
-            if (fp->prefetch_v_now) pf = (tile_prefetch){{&this_v, &next_k}, {SIZE_MAX, pf_lines / 2}};
             const char **k_rows = (const char **)(base + fp->off_rows), **v_rows = k_rows + fp->block_keys;
             tile_rows(fp, &w, j0, cols, k_rows, v_rows);
             for (int h = 0; h < heads; h++) {
                 const work_item wh = with_head(&w, w.hk + h);
                 const row_state rh = state_of(fp, base, h);
-                direct_tile(fp, &wh, h, &rh, r0, skip, end, j0, cols, edge, k_rows, v_rows, &pf);
+                af_prefetch pf_scores, pf_values;
+                if (fp->prefetch_v_now) {
+                    /* One head over contiguous rows: the hardware streams K's rows but not V's column strips, so this
+                     * tile's V during the scores, and the first half of the next tile's K during the values
+                     * (docs/BENCHMARKS.md, "Decode, third round"). */
+                    pf_scores = next_prefetch(fp, &this_v, SIZE_MAX);
+                    pf_values = next_prefetch(fp, &next_k, pf_lines / 2);
+                } else {   /* the next tile's K/V, all heads of the item, in shares over this tile's heads */
+                    pf_scores = next_prefetch(fp, &next_k, pf_lines);
+                    pf_values = next_prefetch(fp, &next_v, pf_lines);
+                }
+                direct_tile(fp, &wh, h, &rh, r0, skip, end, j0, cols, edge, k_rows, v_rows, pf_scores, pf_values);
             }
             continue;
         }
