@@ -67,6 +67,7 @@ typedef struct {
                                    O, then m and l */
     bool prefetch;              /* direct items: prefetch the next tile's K/V rows (prefetch_cursor) */
     bool prefetch_v_now;        /* ... one-head items over contiguous rows: this tile's V, then half the next K (run_item) */
+    bool prefetch_phased;       /* ... multi-head f32 items: all heads' scores (this V), then all values (next K) */
     size_t prefetch_key_bytes;  /* bytes of one key's K rows of an item's heads, gaps included */
     int heads_per_item;         /* kv heads per work item: 1, or all of them for direct items over interleaved heads */
     size_t off_qp, off_kt, off_v, off_rows, off_cache;   /* scratch layout, bytes */
@@ -375,20 +376,24 @@ static void tile_rows(const flash_plan *fp, const work_item *item, int64_t j0, i
 }
 
 /* The direct kernels on one tile of kv head `h` of the item (its rows at k_rows/v_rows plus h head strides), K and V
- * read where they lie; meanwhile the scores prefetch pf_scores, the values pf_values. */
-static void direct_tile(const flash_plan *fp, const work_item *w, int h, const row_state *rs, int64_t r0, int skip,
-                        int end, int64_t j0, int cols, bool edge, const char *const *k_rows, const char *const *v_rows,
-                        af_prefetch pf_scores, af_prefetch pf_values) {
+ * read where they lie, in two halves: the scores (prefetching pf meanwhile), then the softmax step and the values
+ * (prefetching pf). */
+static void direct_scores(const flash_plan *fp, int h, const row_state *rs, int skip, int end, int cols,
+                          const char *const *k_rows, af_prefetch pf) {
     const af_problem *p = fp->p;
-    const int n = end - skip;
-    float *Sn = rs->S + (size_t)skip * fp->keys_pad, *On = rs->O + (size_t)skip * fp->ev_pad;
-    const float *qn = rs->qb + (size_t)skip * fp->E;
-    fp->uk->scores_direct(n, cols, fp->E, qn, fp->E, k_rows, (size_t)(h * p->k_stride[1]) * fp->elem, p->kv_dtype, Sn,
-                          fp->keys_pad, pf_scores);
+    fp->uk->scores_direct(end - skip, cols, fp->E, rs->qb + (size_t)skip * fp->E, fp->E, k_rows,
+                          (size_t)(h * p->k_stride[1]) * fp->elem, p->kv_dtype, rs->S + (size_t)skip * fp->keys_pad,
+                          fp->keys_pad, pf);
+}
+
+static void direct_values(const flash_plan *fp, const work_item *w, int h, const row_state *rs, int64_t r0, int skip,
+                          int end, int64_t j0, int cols, bool edge, const char *const *v_rows, af_prefetch pf) {
+    const af_problem *p = fp->p;
     softmax_tile(fp, w, rs, r0, skip, end, j0, cols, edge);
     if (fp->Ev == 0) return;
-    fp->uk->values_direct(n, fp->Ev, cols, Sn, fp->keys_pad, v_rows, (size_t)(h * p->v_stride[1]) * fp->elem,
-                          p->kv_dtype, On, fp->ev_pad, pf_values);
+    fp->uk->values_direct(end - skip, fp->Ev, cols, rs->S + (size_t)skip * fp->keys_pad, fp->keys_pad, v_rows,
+                          (size_t)(h * p->v_stride[1]) * fp->elem, p->kv_dtype, rs->O + (size_t)skip * fp->ev_pad,
+                          fp->ev_pad, pf);
 }
 
 /* Index of the (batch, kv head, row block, split) among all of them: where split-KV keeps its partial result. */
@@ -472,6 +477,22 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
             const size_t pf_lines = (size_t)next_n * fp->prefetch_key_bytes / 64 / (size_t)heads + 2;
             const char **k_rows = (const char **)(base + fp->off_rows), **v_rows = k_rows + fp->block_keys;
             tile_rows(fp, &w, j0, cols, k_rows, v_rows);
+            if (fp->prefetch_phased) {
+                /* Interleaved f32 heads: every head's scores first, prefetching this tile's V (all heads, in memory
+                 * order) in shares; then every head's values, prefetching the next tile's K in shares. */
+                const size_t v_lines = (size_t)cols * fp->prefetch_key_bytes / 64 / (size_t)heads + 2;
+                for (int h = 0; h < heads; h++) {
+                    const row_state rh = state_of(fp, base, h);
+                    direct_scores(fp, h, &rh, skip, end, cols, k_rows, next_prefetch(fp, &this_v, v_lines));
+                }
+                for (int h = 0; h < heads; h++) {
+                    const work_item wh = with_head(&w, w.hk + h);
+                    const row_state rh = state_of(fp, base, h);
+                    direct_values(fp, &wh, h, &rh, r0, skip, end, j0, cols, edge, v_rows,
+                                  next_prefetch(fp, &next_k, pf_lines));
+                }
+                continue;
+            }
             for (int h = 0; h < heads; h++) {
                 const work_item wh = with_head(&w, w.hk + h);
                 const row_state rh = state_of(fp, base, h);
@@ -486,7 +507,8 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
                     pf_scores = next_prefetch(fp, &next_k, pf_lines);
                     pf_values = next_prefetch(fp, &next_v, pf_lines);
                 }
-                direct_tile(fp, &wh, h, &rh, r0, skip, end, j0, cols, edge, k_rows, v_rows, pf_scores, pf_values);
+                direct_scores(fp, h, &rh, skip, end, cols, k_rows, pf_scores);
+                direct_values(fp, &wh, h, &rh, r0, skip, end, j0, cols, edge, v_rows, pf_values);
             }
             continue;
         }
@@ -632,6 +654,7 @@ af_status af_flash_forward(const af_problem *p) {
     fp.prefetch_key_bytes = (size_t)(p->k_stride[2] > span_k ? p->k_stride[2] : span_k) * fp.elem;
     fp.prefetch_v_now = fp.prefetch && fp.elem <= 2 && fp.heads_per_item == 1 && !p->page_table && p->k_stride[2] == p->E &&
                         p->v_stride[2] == p->Ev;
+    fp.prefetch_phased = fp.prefetch && fp.elem >= 4 && fp.heads_per_item > 1;
     /* A multi-head direct item keeps its tile and the next one (being prefetched) in L2: fewer keys per tile when
      * all heads' rows are wide (many heads, f32), so that the prefetch does not evict what this tile still reads. */
     if (fp.heads_per_item > 1) {
