@@ -200,6 +200,25 @@ static void expect_case(const sdpa_case *c) {
 
 /* ------------------------------------------------------------------ af_flash_attn: one case end to end */
 
+/* Every input tensor an af_flash_attn call names, moved to the device, and `args` pointed at the copies (absent ones
+ * stay absent); flash_inputs_free releases them. */
+enum { FLASH_INPUTS = 8 };
+static void flash_inputs_to_device(const flash_tensors *t, af_flash_args *args, device_tensor in[FLASH_INPUTS]) {
+    const test_tensor *host[FLASH_INPUTS] = {&t->q, &t->k, &t->v, &t->sink, &t->cu_q, &t->cu_k, &t->seqused_k, &t->page_table};
+    const af_tensor **arg[FLASH_INPUTS] = {&args->query, &args->key, &args->value, &args->learnable_sink, &args->cu_seqlens_q,
+                                           &args->cu_seqlens_k, &args->seqused_k, &args->page_table};
+    memset(in, 0, sizeof(device_tensor) * FLASH_INPUTS);
+    for (int i = 0; i < FLASH_INPUTS; i++)
+        if (*arg[i]) {
+            to_device(&in[i], host[i]);
+            *arg[i] = &in[i].view;
+        }
+}
+
+static void flash_inputs_free(device_tensor in[FLASH_INPUTS]) {
+    for (int i = 0; i < FLASH_INPUTS; i++) device_free(&in[i]);
+}
+
 /* An af_flash_attn case (fixed, varlen or paged; not float8, which CUDA refuses) on the device, checked against the
  * double reference with flash_case_matches' bound (softcap-aware); false with `why` on a mismatch. */
 static bool run_flash_case(const flash_case *c, char *why, size_t size) {
@@ -210,27 +229,17 @@ static bool run_flash_case(const flash_case *c, char *why, size_t size) {
     }
     tt_fill_bytes(&t.out, TT_SENTINEL_BYTE);
     tt_fill_bytes(&t.lse, TT_SENTINEL_BYTE);
-    /* every tensor the call names, moved to the device (absent ones stay absent) */
-    const test_tensor *host[] = {&t.q, &t.k, &t.v, &t.sink, &t.cu_q, &t.cu_k, &t.seqused_k, &t.page_table};
     af_flash_args args = t.args;
-    const af_tensor **arg[] = {&args.query, &args.key, &args.value, &args.learnable_sink, &args.cu_seqlens_q,
-                               &args.cu_seqlens_k, &args.seqused_k, &args.page_table};
-    enum { N = sizeof host / sizeof host[0] };
-    device_tensor in[N], out, lse;
-    memset(in, 0, sizeof in);
+    device_tensor in[FLASH_INPUTS], out, lse;
     memset(&lse, 0, sizeof lse);
-    for (int i = 0; i < N; i++)
-        if (*arg[i]) {
-            to_device(&in[i], host[i]);
-            *arg[i] = &in[i].view;
-        }
+    flash_inputs_to_device(&t, &args, in);
     to_device(&out, &t.out);
     if (c->with_lse) to_device(&lse, &t.lse);
     test_tensor *host_lse = c->with_lse ? &t.lse : NULL;
     const af_status st = af_flash_attn(&args, &out.view, c->with_lse ? &lse.view : NULL);
     const bool ok = call_finished(st, "af_flash_attn", args.stream, &t.out, &out, host_lse, &lse, why, size) &&
                     flash_case_matches(&t, why, size) && outside_untouched(&t.out, host_lse, why, size);
-    for (int i = 0; i < N; i++) device_free(&in[i]);
+    flash_inputs_free(in);
     device_free(&out);
     device_free(&lse);
     flash_case_free(&t);
@@ -412,25 +421,16 @@ static void flash_index_arrays_on_cuda_are_checked(void **state) {
         }
         tt_fill_bytes(&t.out, TT_SENTINEL_BYTE);
         unsigned char *before = tt_snapshot(&t.out);
-        const test_tensor *host[] = {&t.q, &t.k, &t.v, &t.cu_q, &t.cu_k, &t.seqused_k, &t.page_table};
         af_flash_args args = t.args;
-        const af_tensor **arg[] = {&args.query, &args.key, &args.value, &args.cu_seqlens_q, &args.cu_seqlens_k,
-                                   &args.seqused_k, &args.page_table};
-        enum { N = sizeof host / sizeof host[0] };
-        device_tensor in[N], out;
-        memset(in, 0, sizeof in);
-        for (int i = 0; i < N; i++)
-            if (*arg[i]) {
-                to_device(&in[i], host[i]);
-                *arg[i] = &in[i].view;
-            }
+        device_tensor in[FLASH_INPUTS], out;
+        flash_inputs_to_device(&t, &args, in);
         to_device(&out, &t.out);
         assert_int_equal(af_flash_attn(&args, &out.view, NULL), AF_ERR_INVALID_ARGUMENT);
         if (!strstr(af_last_error(), want)) fail_msg("expected \"%s\" in: %s", want, af_last_error());
         to_host(&t.out, &out);
         assert_true(tt_same_as(&t.out, before));   /* nothing written */
         free(before);
-        for (int i = 0; i < N; i++) device_free(&in[i]);
+        flash_inputs_free(in);
         device_free(&out);
         flash_case_free(&t);
     }
