@@ -25,7 +25,6 @@
 #include <stdint.h>
 
 #include "cuda/kernels.h"
-#include "cuda/key_range.cuh"
 #include "cuda/scalar.cuh"
 
 #define AF_MMA_WARPS 4
@@ -96,9 +95,9 @@ AF_DEVICE int af_mma_chunk_bytes(int cols, int chunk) {
     return n >= 8 ? 16 : n > 0 ? 2 * n : 0;
 }
 
-/* The keys [*lo, *hi) query row i may see among the batch's S keys (key_range.cuh). */
+/* The keys [*lo, *hi) query row i may see among the batch's S keys (problem.h's af_key_range_of). */
 AF_DEVICE void af_mma_key_range(const af_mma_params *p, int64_t S, int64_t i, int64_t *lo, int64_t *hi) {
-    af_cuda_key_range(p->causal, p->has_window, p->window_left, p->window_right, p->L, S, i, lo, hi);
+    af_key_range_of(p->causal, p->has_window, p->window_left, p->window_right, p->L, S, i, lo, hi);
 }
 
 /* Where K or V (data, strides) row `key` of (batch b, kv head hk) starts: through the page table when paged. */

@@ -92,21 +92,29 @@ AF_HOST_DEVICE static inline int64_t af_kv_row_offset(const af_problem *p, const
 }
 
 /* The keys [*lo, *hi) row i of a sequence with L query rows and S keys may see (before any mask): causal
- * alignment and the window, clamped to [0, S]. Saturating: left / right may be any int64. */
-AF_HOST_DEVICE static inline void af_key_range(const af_problem *p, int64_t L, int64_t S, int64_t i, int64_t *lo, int64_t *hi) {
+ * alignment and the window (left / right -1: unbounded), clamped to [0, S]. Saturating: left / right may be any
+ * int64. Both ends are non-decreasing in i, so a block of rows sees keys from its first row's lo to its last row's
+ * hi. This form takes the fields one by one, for kernels whose parameters are not an af_problem (the CUDA
+ * tensor-core kernel); af_key_range takes them from one. */
+AF_HOST_DEVICE static inline void af_key_range_of(int causal, bool has_window, int64_t left, int64_t right, int64_t L,
+                                                  int64_t S, int64_t i, int64_t *lo, int64_t *hi) {
     *lo = 0;
     *hi = S;
-    if (p->causal == AF_CAUSAL_TOP_LEFT) *hi = i + 1 < S ? i + 1 : S;
-    if (p->causal == AF_CAUSAL_BOTTOM_RIGHT) *hi = L - i <= S ? i + 1 + (S - L) : 0;   /* keys j <= i + S - L */
-    if (!p->has_window) return;
+    if (causal == AF_CAUSAL_TOP_LEFT) *hi = i + 1 < S ? i + 1 : S;
+    if (causal == AF_CAUSAL_BOTTOM_RIGHT) *hi = L - i <= S ? i + 1 + (S - L) : 0;   /* keys j <= i + S - L */
+    if (!has_window) return;
     const int64_t diagonal = i + (S - L);   /* the key aligned with row i: i < L, so in (-L, S) */
-    if (p->window_left >= 0 && diagonal > p->window_left) *lo = diagonal - p->window_left;
-    if (p->window_right >= 0) {
+    if (left >= 0 && diagonal > left) *lo = diagonal - left;
+    if (right >= 0) {
         /* S - diagonal > 0: no overflow */
-        const int64_t end = p->window_right < S - diagonal ? diagonal + p->window_right + 1 : S;
+        const int64_t end = right < S - diagonal ? diagonal + right + 1 : S;
         if (end < *hi) *hi = end < 0 ? 0 : end;
     }
     if (*hi < *lo) *hi = *lo;
+}
+
+AF_HOST_DEVICE static inline void af_key_range(const af_problem *p, int64_t L, int64_t S, int64_t i, int64_t *lo, int64_t *hi) {
+    af_key_range_of(p->causal, p->has_window, p->window_left, p->window_right, L, S, i, lo, hi);
 }
 
 /* The key limit of query row i: keys j < af_visible_keys(p, i) are visible (before any mask). */
