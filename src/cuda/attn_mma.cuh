@@ -12,8 +12,9 @@
  *   - tiles outside every row's key range (causal, af_flash_attn's sliding window) are never loaded, masks are
  *     applied only on tiles that need them; af_flash_attn's softcap on the scaled S, its learned sink joined to the
  *     row's max and sum in the epilogue (or in the combine, under split-KV);
- *   - af_flash_attn's seqused_k (each batch's own key count) and paged K/V (each tile row found through the page
- *     table), for fixed-length queries;
+ *   - af_flash_attn's sequences: varlen rows and keys through cu_seqlens (the grid covers the longest sequence;
+ *     CTAs past a sequence's rows return), seqused_k (each batch's own key count) and paged K/V (each tile row
+ *     found through the page table);
  *   - split-KV (blockIdx.z): each split writes its normalised f32 partial O and LSE; attn_combine.cuh merges them.
  * Head-dim variants are compile-time constants: AF_MMA_KERNEL stamps out one kernel per (head dim, dtype), and
  * af_mma_body's register arrays are indexed only by constants once it is inlined with that head dim.
@@ -65,6 +66,10 @@ typedef struct {
     int64_t sink_stride;
     const int32_t *seqused_k;      /* NULL, or batch b's keys at seqused_k[b·seqused_stride] (<= S) */
     int64_t seqused_stride;
+    const int32_t *cu_seqlens_q, *cu_seqlens_k;   /* varlen (NULL otherwise): sequence b's rows and keys start at
+                                                     entry b of the packed tensors (batch strides 0); L and S bound
+                                                     every sequence's lengths */
+    int64_t cu_seqlens_q_stride, cu_seqlens_k_stride;
     const int32_t *page_table;     /* NULL, or key j of batch b in page page_table[b·pt0 + j / page_size·pt1], row
                                       j % page_size: k_stride[0] / v_stride[0] then step pages */
     int64_t page_table_stride[2], page_size;
@@ -95,19 +100,27 @@ AF_DEVICE int af_mma_chunk_bytes(int cols, int chunk) {
     return n >= 8 ? 16 : n > 0 ? 2 * n : 0;
 }
 
-/* The keys [*lo, *hi) query row i may see among the batch's S keys (problem.h's af_key_range_of). */
-AF_DEVICE void af_mma_key_range(const af_mma_params *p, int64_t S, int64_t i, int64_t *lo, int64_t *hi) {
-    af_key_range_of(p->causal, p->has_window, p->window_left, p->window_right, p->L, S, i, lo, hi);
+/* Batch b's sequence: its first query row and key in the packed tensors (varlen, else 0), its query rows and keys
+ * (problem.h's af_sequence_at). */
+AF_DEVICE af_sequence af_mma_sequence(const af_mma_params *p, int64_t b) {
+    return af_sequence_at(p->cu_seqlens_q, p->cu_seqlens_q_stride, p->cu_seqlens_k, p->cu_seqlens_k_stride,
+                          p->seqused_k, p->seqused_stride, p->L, p->S, b);
 }
 
-/* Where K or V (data, strides) row `key` of (batch b, kv head hk) starts: through the page table when paged. */
+/* The keys [*lo, *hi) query row i of sequence `sq` may see (problem.h's af_key_range_of). */
+AF_DEVICE void af_mma_key_range(const af_mma_params *p, const af_sequence *sq, int64_t i, int64_t *lo, int64_t *hi) {
+    af_key_range_of(p->causal, p->has_window, p->window_left, p->window_right, sq->L, sq->S, i, lo, hi);
+}
+
+/* Where K or V (data, strides) row `key` of (batch b, kv head hk) starts: through the page table when paged (as
+ * problem.h's af_kv_row_offset). */
 AF_DEVICE const char *af_mma_kv_row(const af_mma_params *p, const char *data, const int64_t *stride, int64_t b,
-                                    int64_t hk, int64_t key) {
+                                    int64_t hk, const af_sequence *sq, int64_t key) {
     if (p->page_table) {
         const int64_t page = p->page_table[b * p->page_table_stride[0] + key / p->page_size * p->page_table_stride[1]];
         return data + 2 * (page * stride[0] + hk * stride[1] + key % p->page_size * stride[2]);
     }
-    return data + 2 * (b * stride[0] + hk * stride[1] + key * stride[2]);
+    return data + 2 * (b * stride[0] + hk * stride[1] + (sq->k0 + key) * stride[2]);
 }
 
 AF_DEVICE void af_mma_op(float d[4], const uint32_t a[4], const uint32_t b[2], const int bf16) {
@@ -120,27 +133,29 @@ AF_DEVICE uint32_t af_mma_pack(float lo, float hi, const int bf16) {
 }
 
 /* One tile of AF_MMA_BC K or V rows (data, strides) of (batch b, kv head hk) starting at key0 into shared memory:
- * rows at or past `S` and columns past `bytes` of each chunk are zero-filled. */
+ * rows at or past the sequence's keys and columns past `bytes` of each chunk are zero-filled. */
 AF_DEVICE void af_mma_load_tile(char *dst, const af_mma_params *p, const char *data, const int64_t *stride,
-                                int64_t b, int64_t hk, int64_t key0, int64_t S, int cols, const int hd) {
+                                int64_t b, int64_t hk, const af_sequence *sq, int64_t key0, int cols, const int hd) {
     const int chunks = hd / 8, chunk = AF_THREAD_IDX % chunks, bytes = af_mma_chunk_bytes(cols, chunk);
     for (int row = AF_THREAD_IDX / chunks; row < AF_MMA_BC; row += AF_MMA_THREADS / chunks) {
         const int64_t key = key0 + row;
-        const int ok = key < S && bytes > 0;
+        const int ok = key < sq->S && bytes > 0;
         af_cp_async_16(dst + af_mma_swizzle(row, chunk, hd),
-                       ok ? af_mma_kv_row(p, data, stride, b, hk, key) + chunk * 16 : data, ok ? bytes : 0);
+                       ok ? af_mma_kv_row(p, data, stride, b, hk, sq, key) + chunk * 16 : data, ok ? bytes : 0);
     }
 }
 
-/* The CTA's AF_MMA_BR packed query rows (from r0) into shared memory; rows past p->rows are zero. */
-AF_DEVICE void af_mma_load_q(char *dst, const af_mma_params *p, int64_t b, int64_t hk, int64_t r0, const int hd) {
+/* The CTA's AF_MMA_BR packed query rows (from r0) of sequence `sq` into shared memory; rows past its group·L are
+ * zero. */
+AF_DEVICE void af_mma_load_q(char *dst, const af_mma_params *p, int64_t b, int64_t hk, const af_sequence *sq,
+                             int64_t r0, const int hd) {
     const int chunks = hd / 8, chunk = AF_THREAD_IDX % chunks, bytes = af_mma_chunk_bytes(p->E, chunk);
     for (int row = AF_THREAD_IDX / chunks; row < AF_MMA_BR; row += AF_MMA_THREADS / chunks) {
         const int64_t r = r0 + row;
         const char *src = p->q;
         int n = 0;
-        if (r < p->rows && bytes > 0) {
-            const int64_t h = hk * p->group + r / p->L, i = r % p->L;
+        if (r < p->group * sq->L && bytes > 0) {
+            const int64_t h = hk * p->group + r / sq->L, i = sq->q0 + r % sq->L;
             src = p->q + 2 * (b * p->q_stride[0] + h * p->q_stride[1] + i * p->q_stride[2]) + chunk * 16;
             n = bytes;
         }
@@ -167,16 +182,18 @@ AF_DEVICE void af_mma_qk_slice(float s[][4], const uint32_t qa[4], const char *k
  * this lane's rows g and g+8 (packed rows r0 + 16·warp + g + 8·half): -inf, or additive terms (the mask in the inputs' dtype). The rows' key
  * limits and mask rows are found here, on the tiles that need them, to keep registers free in the main loop. */
 AF_DEVICE void af_mma_apply_mask(float s[][4], const af_mma_params *p, int64_t b, int64_t hk, int64_t r0,
-                                 int64_t key0, int64_t S, const int bf16) {
+                                 int64_t key0, const int bf16) {
     const int lane = af_lane(), g = lane >> 2, t = lane & 3;
+    const af_sequence seq = af_mma_sequence(p, b), *sq = &seq;   /* read again: fewer registers live in the loop */
     AF_MMA_UNROLL
     for (int half = 0; half < 2; half++) {
         const int64_t r = r0 + 16 * af_warp() + g + 8 * half;
-        const int64_t h = hk * p->group + r / p->L, i = r % p->L;
-        int64_t lo = 0, hi = S;
-        if (r < p->rows) af_mma_key_range(p, S, i, &lo, &hi);
+        const int64_t h = hk * p->group + r / sq->L, i = r % sq->L;   /* the mask (af_sdpa only) is never varlen */
+        int64_t lo = 0, hi = sq->S;
+        const int live = r < p->group * sq->L;
+        if (live) af_mma_key_range(p, sq, i, &lo, &hi);
         const char *mask_row = NULL;
-        if (p->mask && r < p->rows)
+        if (p->mask && live)
             mask_row = p->mask + (p->mask_kind == AF_MMA_MASK_BOOL ? 1 : 2) *
                                      (b * p->mask_stride[0] + h * p->mask_stride[1] + i * p->mask_stride[2]);
         AF_MMA_UNROLL
@@ -295,10 +312,11 @@ AF_DEVICE void af_mma_join_sink(const af_mma_params *p, int64_t h, float o[][4],
     if (sink != sink) *l = sink;
 }
 
-/* O / l and the LSE of this lane's two rows: to out/lse, or to the split's partials. */
+/* O / l and the LSE of this lane's two rows: to out/lse, or to the split's partials (never varlen). */
 AF_DEVICE void af_mma_epilogue(const af_mma_params *p, float o[][4], float m[2], float l[2], int64_t b,
                                int64_t hk, int64_t r0, const int hd, const int bf16) {
     const int lane = af_lane(), g = lane >> 2, t = lane & 3;
+    const af_sequence seq = af_mma_sequence(p, b), *sq = &seq;
     AF_MMA_UNROLL
     for (int half = 0; half < 2; half++) {
         l[half] += af_shfl_xor(l[half], 1);
@@ -307,8 +325,8 @@ AF_DEVICE void af_mma_epilogue(const af_mma_params *p, float o[][4], float m[2],
     AF_MMA_UNROLL
     for (int half = 0; half < 2; half++) {
         const int64_t r = r0 + 16 * af_warp() + g + 8 * half;
-        if (r >= p->rows) continue;
-        const int64_t h = hk * p->group + r / p->L, i = r % p->L;
+        if (r >= p->group * sq->L) continue;
+        const int64_t h = hk * p->group + r / sq->L, i = sq->q0 + r % sq->L;
         if (p->sink && !p->part_o) af_mma_join_sink(p, h, o, &m[half], &l[half], half, hd);   /* split: the combine's */
         const int seen = l[half] > 0.0f || l[half] != l[half];   /* a row that saw no key: out = 0, lse = -inf */
         const float inv = seen ? 1.0f / l[half] : 0.0f;
@@ -344,17 +362,19 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16) 
     if (bhk >= p.heads) return;   /* the fold of B·Hkv into grid x has a ragged end */
     const int64_t b = bhk / p.Hkv, hk = bhk % p.Hkv;
     const int64_t r0 = (int64_t)(AF_BLOCK_IDX_X % p.row_blocks) * AF_MMA_BR;
-    const int warp_live = r0 + 16 * warp < p.rows;
+    const af_sequence sq = af_mma_sequence(&p, b);   /* varlen: the grid covers the longest sequence's rows */
+    const int64_t rows = p.group * sq.L;
+    if (r0 >= rows) return;   /* past this sequence's rows: nothing to compute or store (no split-KV for varlen) */
+    const int warp_live = r0 + 16 * warp < rows;
 
     /* The keys this CTA's rows see: both ends of a row's range grow with the query index, and a block that wraps
      * from one head of the group to the next holds both query 0 and query L-1. Tiles between lo_max and hi_min
      * need no mask (every row of the block sees all their keys). */
-    const int64_t r_end = r0 + AF_MMA_BR < p.rows ? r0 + AF_MMA_BR : p.rows;
-    const int wraps = (r_end - 1) / p.L != r0 / p.L;
-    const int64_t S = p.seqused_k ? p.seqused_k[b * p.seqused_stride] : p.S;   /* this batch's keys */
+    const int64_t r_end = r0 + AF_MMA_BR < rows ? r0 + AF_MMA_BR : rows;
+    const int wraps = (r_end - 1) / sq.L != r0 / sq.L;
     int64_t lo_min, hi_min, lo_max, hi_max;
-    af_mma_key_range(&p, S, wraps ? 0 : r0 % p.L, &lo_min, &hi_min);
-    af_mma_key_range(&p, S, wraps ? p.L - 1 : (r_end - 1) % p.L, &lo_max, &hi_max);
+    af_mma_key_range(&p, &sq, wraps ? 0 : r0 % sq.L, &lo_min, &hi_min);
+    af_mma_key_range(&p, &sq, wraps ? sq.L - 1 : (r_end - 1) % sq.L, &lo_max, &hi_max);
     const int64_t tiles = (hi_max + AF_MMA_BC - 1) / AF_MMA_BC, t_first = lo_min / AF_MMA_BC;
     int64_t t_begin = (int64_t)AF_BLOCK_IDX_Z * p.tiles_per_split;
     const int64_t t_end = t_begin + p.tiles_per_split < tiles ? t_begin + p.tiles_per_split : tiles;
@@ -372,10 +392,10 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16) 
     uint32_t qf[AF_MMA_HD_MAX / 16][4];   /* used up to AF_MMA_Q_REGS_MAX_HD */
 
     if (t_begin < t_end) {   /* Q, then the first tile: two groups */
-        af_mma_load_q(smem_q, &p, b, hk, r0, hd);
+        af_mma_load_q(smem_q, &p, b, hk, &sq, r0, hd);
         af_cp_async_commit();
-        af_mma_load_tile(smem_k, &p, p.k, p.k_stride, b, hk, t_begin * AF_MMA_BC, S, p.E, hd);
-        af_mma_load_tile(smem_v, &p, p.v, p.v_stride, b, hk, t_begin * AF_MMA_BC, S, p.Ev, hd);
+        af_mma_load_tile(smem_k, &p, p.k, p.k_stride, b, hk, &sq, t_begin * AF_MMA_BC, p.E, hd);
+        af_mma_load_tile(smem_v, &p, p.v, p.v_stride, b, hk, &sq, t_begin * AF_MMA_BC, p.Ev, hd);
         af_cp_async_commit();
         if (q_in_regs) {   /* Q's fragments, while the first tile is in flight */
             af_cp_async_wait_1();
@@ -391,10 +411,10 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16) 
         const int buf = p.double_buffer ? (int)((tile - t_begin) & 1) : 0;   /* t_begin: the first tile loaded */
         if (p.double_buffer) {   /* the next tile streams in while this one is computed */
             if (tile + 1 < t_end) {
-                af_mma_load_tile(smem_k + (buf ^ 1) * tile_bytes, &p, p.k, p.k_stride, b, hk, key0 + AF_MMA_BC, S,
-                                 p.E, hd);
-                af_mma_load_tile(smem_v + (buf ^ 1) * tile_bytes, &p, p.v, p.v_stride, b, hk, key0 + AF_MMA_BC, S,
-                                 p.Ev, hd);
+                af_mma_load_tile(smem_k + (buf ^ 1) * tile_bytes, &p, p.k, p.k_stride, b, hk, &sq,
+                                 key0 + AF_MMA_BC, p.E, hd);
+                af_mma_load_tile(smem_v + (buf ^ 1) * tile_bytes, &p, p.v, p.v_stride, b, hk, &sq,
+                                 key0 + AF_MMA_BC, p.Ev, hd);
             }
             af_cp_async_commit();
             af_cp_async_wait_1();
@@ -424,14 +444,14 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16) 
                 for (int c = 0; c < 4; c++)
                     s[n][c] = p.softcap_on ? p.softcap_log2 * tanhf(s[n][c] * p.scale_over_cap)
                                            : s[n][c] * p.scale_log2;
-            if (p.mask || key0 + AF_MMA_BC > hi_min || key0 < lo_max) af_mma_apply_mask(s, &p, b, hk, r0, key0, S, bf16);
+            if (p.mask || key0 + AF_MMA_BC > hi_min || key0 < lo_max) af_mma_apply_mask(s, &p, b, hk, r0, key0, bf16);
             af_mma_softmax(s, o, m, l, hd, p.Ev);
             af_mma_pv(o, s, v_tile, hd, p.Ev, bf16);
         }
         af_syncthreads();   /* every warp is done with this buffer before it is refilled */
         if (!p.double_buffer && tile + 1 < t_end) {
-            af_mma_load_tile(smem_k, &p, p.k, p.k_stride, b, hk, key0 + AF_MMA_BC, S, p.E, hd);
-            af_mma_load_tile(smem_v, &p, p.v, p.v_stride, b, hk, key0 + AF_MMA_BC, S, p.Ev, hd);
+            af_mma_load_tile(smem_k, &p, p.k, p.k_stride, b, hk, &sq, key0 + AF_MMA_BC, p.E, hd);
+            af_mma_load_tile(smem_v, &p, p.v, p.v_stride, b, hk, &sq, key0 + AF_MMA_BC, p.Ev, hd);
             af_cp_async_commit();
         }
     }

@@ -62,7 +62,9 @@ static void af_mma_make_plan(const af_problem *p, const af_cuda_device *dev, af_
     plan->row_blocks = (p->group * p->L + AF_MMA_BR - 1) / AF_MMA_BR;
     plan->heads = p->B * p->Hkv;
     plan->tiles = (p->S + AF_MMA_BC - 1) / AF_MMA_BC;
-    const int64_t requested = af_mma_split_count(plan->row_blocks * plan->heads, plan->tiles, dev->sm_count);
+    /* varlen: no split-KV (its combine would read the partials of rows past a short sequence's end) */
+    const bool varlen = p->cu_seqlens_q || p->cu_seqlens_k;
+    const int64_t requested = varlen ? 1 : af_mma_split_count(plan->row_blocks * plan->heads, plan->tiles, dev->sm_count);
     plan->tiles_per_split = requested > 1 ? (plan->tiles + requested - 1) / requested : plan->tiles;
     plan->splits = requested > 1 ? (plan->tiles + plan->tiles_per_split - 1) / plan->tiles_per_split : 1;
     if (plan->tiles_per_split < 1) plan->tiles_per_split = 1;   /* S = 0: no tile at all */
@@ -146,6 +148,10 @@ cudaError_t af_cuda_mma_forward(const af_problem *p, const af_cuda_device *dev, 
     prm.sink_stride = p->sink_stride;
     prm.seqused_k = p->seqused_k;
     prm.seqused_stride = p->seqused_k_stride;
+    prm.cu_seqlens_q = p->cu_seqlens_q;
+    prm.cu_seqlens_k = p->cu_seqlens_k;
+    prm.cu_seqlens_q_stride = p->cu_seqlens_q_stride;
+    prm.cu_seqlens_k_stride = p->cu_seqlens_k_stride;
     prm.page_table = p->page_table;
     prm.page_table_stride[0] = p->page_table_stride[0];
     prm.page_table_stride[1] = p->page_table_stride[1];

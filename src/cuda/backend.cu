@@ -292,8 +292,8 @@ static void note_simt_once(const af_problem *p) {
     int *noted = sequences ? &noted_sequences : p->dtype == AF_F32 ? &noted_f32 : &noted_large;
     if (__atomic_exchange_n(noted, 1, __ATOMIC_RELAXED)) return;
     if (sequences)
-        log_message(AF_LOG_INFO, "variable-length calls (and paged K/V whose strides are not multiples of 8 "
-                    "elements) run on the CUDA cores for now, slower than the tensor-core path");
+        log_message(AF_LOG_INFO, "variable-length or paged tensors whose strides are not multiples of 8 elements (or "
+                    "not 16-byte aligned) run on the CUDA cores, slower than the tensor-core path");
     else if (p->dtype == AF_F32)
         log_message(AF_LOG_INFO, "float32 attention runs on the CUDA cores, several times slower than float16/"
                     "bfloat16 on the tensor cores; cast q/k/v to bfloat16 or float16 for speed");
@@ -306,17 +306,18 @@ typedef enum { PATH_TENSOR_CORES_SM80, PATH_CUDA_CORES } kernel_path;
 
 /* Which kernels run a problem. The seam for generation-specific kernels: a Hopper kernel (wgmma, TMA, warp
  * specialisation) will be chosen here for dev->cc_major == 9; today every GPU from 8.0 on runs the mma.sync kernels. */
-/* A paged pool the tensor-core kernel reads in place: every stride (pages included) a multiple of 8 elements, rows
- * contiguous, 16-byte aligned (it is never copied: the copy of mma_forward knows no pages). */
-static bool paged_fits_tensor_cores(const char *base, const int64_t *stride) {
+/* A paged pool or a varlen tensor the tensor-core kernel reads in place: every stride a multiple of 8 elements, rows
+ * contiguous, 16-byte aligned (they are never copied: the copy of mma_forward knows neither pages nor sequences). */
+static bool fits_tensor_cores_in_place(const char *base, const int64_t *stride) {
     return stride[3] == 1 && stride[0] % 8 == 0 && stride[1] % 8 == 0 && stride[2] % 8 == 0 &&
            (uintptr_t)base % 16 == 0;
 }
 
 static kernel_path choose_path(const af_problem *p, const af_cuda_device *dev) {
     (void)dev;
-    if (p->cu_seqlens_q || p->cu_seqlens_k) return PATH_CUDA_CORES;   /* varlen: the CUDA cores, for now */
-    if (p->page_table && !(paged_fits_tensor_cores(p->k, p->k_stride) && paged_fits_tensor_cores(p->v, p->v_stride)))
+    if ((p->cu_seqlens_q && !fits_tensor_cores_in_place(p->q, p->q_stride)) ||
+        ((p->cu_seqlens_k || p->page_table) &&
+         !(fits_tensor_cores_in_place(p->k, p->k_stride) && fits_tensor_cores_in_place(p->v, p->v_stride))))
         return PATH_CUDA_CORES;
     const bool half = p->dtype == AF_F16 || p->dtype == AF_BF16;
     return half && p->E <= AF_MMA_HD_MAX && p->Ev <= AF_MMA_HD_MAX ? PATH_TENSOR_CORES_SM80 : PATH_CUDA_CORES;

@@ -66,18 +66,27 @@ static inline float af_descale_at(const float *d, const int64_t *stride, int64_t
 /* Sequence b: its first query row and key (in the packed varlen tensors, else 0), query rows and keys. */
 typedef struct { int64_t q0, L, k0, S; } af_sequence;
 
-AF_HOST_DEVICE static inline af_sequence af_sequence_of(const af_problem *p, int64_t b) {
-    af_sequence s = {0, p->L, 0, p->S};
-    if (p->cu_seqlens_q) {
-        s.q0 = p->cu_seqlens_q[b * p->cu_seqlens_q_stride];
-        s.L = p->cu_seqlens_q[(b + 1) * p->cu_seqlens_q_stride] - s.q0;
+/* Sequence b from the index arrays one by one (NULL: absent; L and S: the lengths without them), for kernels whose
+ * parameters are not an af_problem (the CUDA tensor-core kernel); af_sequence_of takes them from one. */
+AF_HOST_DEVICE static inline af_sequence af_sequence_at(const int32_t *cu_q, int64_t cu_q_stride, const int32_t *cu_k,
+                                                        int64_t cu_k_stride, const int32_t *used, int64_t used_stride,
+                                                        int64_t L, int64_t S, int64_t b) {
+    af_sequence s = {0, L, 0, S};
+    if (cu_q) {
+        s.q0 = cu_q[b * cu_q_stride];
+        s.L = cu_q[(b + 1) * cu_q_stride] - s.q0;
     }
-    if (p->cu_seqlens_k) {
-        s.k0 = p->cu_seqlens_k[b * p->cu_seqlens_k_stride];
-        s.S = p->cu_seqlens_k[(b + 1) * p->cu_seqlens_k_stride] - s.k0;
+    if (cu_k) {
+        s.k0 = cu_k[b * cu_k_stride];
+        s.S = cu_k[(b + 1) * cu_k_stride] - s.k0;
     }
-    if (p->seqused_k) s.S = p->seqused_k[b * p->seqused_k_stride];
+    if (used) s.S = used[b * used_stride];
     return s;
+}
+
+AF_HOST_DEVICE static inline af_sequence af_sequence_of(const af_problem *p, int64_t b) {
+    return af_sequence_at(p->cu_seqlens_q, p->cu_seqlens_q_stride, p->cu_seqlens_k, p->cu_seqlens_k_stride,
+                          p->seqused_k, p->seqused_k_stride, p->L, p->S, b);
 }
 
 /* Element offset of key (or value, with its strides) row j of sequence b, kv head hk: the one place paged and

@@ -393,6 +393,24 @@ static void flash_chosen_cases_match_the_reference(void **state) {
     paged.causal = paged.has_window = true;
     paged.left = 40, paged.right = 0;
     expect_flash_case(&paged);
+    /* varlen on the tensor cores: sequence 0's 70 rows (140 packed, three CTAs) over 100 keys, an empty sequence,
+     * then 5 rows whose keys start at 130 of the packed K/V; causal, then a window, then softcap and a sink */
+    flash_case varlen = flash_case_default(3, 4, 2, 0, 0, 64, 64);
+    const int64_t rows[3] = {70, 0, 5}, keys[3] = {100, 30, 131};
+    for (int b = 0; b < 3; b++) varlen.Lq[b] = rows[b], varlen.Sk[b] = varlen.S_stored[b] = keys[b];
+    varlen.dtype = AF_F16;
+    varlen.varlen_q = true;
+    varlen.kv = KV_VARLEN;
+    varlen.causal = true;
+    expect_flash_case(&varlen);
+    varlen.has_window = true;
+    varlen.left = 20, varlen.right = 0;
+    expect_flash_case(&varlen);
+    varlen.dtype = AF_BF16;
+    varlen.causal = varlen.has_window = false;
+    varlen.softcap = 10.0;
+    varlen.sink = true;
+    expect_flash_case(&varlen);
 }
 
 /* A CUDA call's int32 arrays are device memory: af_flash_attn reads copies of them to check them (after a
