@@ -121,7 +121,6 @@ static void descale_without_f8(call *c) { descale(c, 0); }
 static void descale_shape(call *c) { kv_f8(c, AF_F8E4M3); descale(c, 1)->shape[1] = 1; }
 static void descale_dtype(call *c) { kv_f8(c, AF_F8E5M2); descale(c, 2)->dtype = AF_F16; }
 static void descale_on_cuda(call *c) { kv_f8(c, AF_F8E4M3); descale(c, 0)->device = (af_device){AF_DEVICE_CUDA, 0}; }
-static void f8_on_cuda(call *c) { all_on_cuda(c); kv_f8(c, AF_F8E4M3); c->t.args.seqused_k = NULL; }
 static void descale_unaligned(call *c) {
     kv_f8(c, AF_F8E4M3);
     af_tensor *d = descale(c, 1);
@@ -147,7 +146,6 @@ static const rule rules[] = {
     {"kv_on_another_cuda", false, kv_on_cuda_1, INVALID, "key: on cuda:1, but query is on cuda:0"},
     /* the index arrays of a CUDA call are read through the backend (copy_index_arrays): none here */
     {"paged_on_cuda", true, all_on_cuda, AF_ERR_RUNTIME_UNAVAILABLE, "CUDA"},
-    {"f8_on_cuda", false, f8_on_cuda, UNSUPPORTED, "key: dtype float8_e4m3fn on cuda:0; float8 runs on the CPU only"},
     {"cu_q_float", true, cu_q_float, INVALID, "cu_seqlens_q: must be int32, got float32"},
     {"cu_q_shape", true, cu_q_shape, INVALID, "page_table: expected shape (batch_size, max_pages) with batch_size 1"},
     {"cu_q_first", true, cu_q_first, INVALID, "cu_seqlens_q: must start at 0, got 1"},

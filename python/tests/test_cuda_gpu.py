@@ -127,8 +127,16 @@ def test_flash_attn_varlen_and_paged_match_the_cpu():
     torch.testing.assert_close(got.cpu(), want, atol=3e-3, rtol=3e-3)
 
 
-def test_flash_attn_float8_on_cuda_is_refused():
-    q = torch.randn(1, 8, 2, 64, dtype=torch.float16, device="cuda")
-    k = torch.randn(1, 8, 2, 64, device="cuda").to(torch.float8_e4m3fn)
-    with pytest.raises(af.UnsupportedError, match="float8 runs on the CPU only for now"):
-        af.flash_attn_func(q, k, k)
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+def test_flash_attn_float8_kv_matches_the_cpu(kv_dtype):
+    """A float8 K/V cache under an f16 query, with descales, on CUDA (the CUDA cores convert as they read) against the
+    same call on the CPU."""
+    torch.manual_seed(3)
+    q = torch.randn(2, 5, 8, 64, dtype=torch.float16, device="cuda")
+    k, v = (torch.randn(2, 300, 2, 64, device="cuda").to(kv_dtype) for _ in range(2))
+    descales = {name: torch.rand(2, 2, device="cuda") + 0.5 for name in ("q_descale", "k_descale", "v_descale")}
+    got = af.flash_attn_func(q, k, v, causal=True, **descales)[0]
+    want = af.flash_attn_func(q.cpu(), k.cpu(), v.cpu(), causal=True,
+                              **{name: d.cpu() for name, d in descales.items()})[0]
+    assert got.dtype == torch.float16
+    torch.testing.assert_close(got.cpu(), want, atol=3e-3, rtol=3e-3)

@@ -8,7 +8,9 @@
  *   - key tiles outside the block's rows' key ranges (causality, a sliding window) are never loaded;
  *   - af_flash_attn's softcap on the scaled score, and its learned sink joined to the row's max and sum at the end;
  *   - af_flash_attn's sequences: varlen rows and keys found through cu_seqlens (blocks past a sequence's rows do
- *     nothing), seqused_k, paged K/V rows through the page table (problem.h's helpers, on the device).
+ *     nothing), seqused_k, paged K/V rows through the page table (problem.h's helpers, on the device);
+ *   - af_flash_attn's float8: K/V (or q/k/v) converted as staged, the (batch, kv head)'s q/k descales on the dot
+ *     product and its v descale on the output, as the CPU path.
  * Matches src/sdpa/reference.c: masked keys contribute nothing (even against Inf/NaN values), a NaN score makes the
  * row NaN, a row that sees no key gets out = 0 and lse = -inf (the sink's logit when there is one). */
 #ifndef AF_CUDA_ATTN_SIMT_CUH
@@ -85,7 +87,7 @@ AF_DEVICE float af_simt_dot(const af_simt_params *prm, float *q_smem, float *k_s
             const int64_t j = key0 + t / AF_SIMT_K_CHUNK, e = e0 + t % AF_SIMT_K_CHUNK;
             k_smem[t / AF_SIMT_K_CHUNK * AF_SIMT_K_PITCH + t % AF_SIMT_K_CHUNK] =
                 j < keys && e < p->E
-                    ? af_load_scalar(p->k, p->dtype, af_kv_row_offset(p, p->k_stride, b, hk, seq, j) + e * p->k_stride[3])
+                    ? af_load_scalar(p->k, p->kv_dtype, af_kv_row_offset(p, p->k_stride, b, hk, seq, j) + e * p->k_stride[3])
                     : 0.0f;
         }
         af_syncthreads();
@@ -141,6 +143,9 @@ AF_DEVICE void af_simt_block(const af_simt_params prm, int64_t block, const int 
         q_own[e] = active ? af_load_scalar(p->q, p->dtype, q_row + e * p->q_stride[3]) : 0.0f;
 
     const int64_t mask_row = b * p->mask_stride[0] + h * p->mask_stride[1] + i * p->mask_stride[2];
+    /* float8: the dot product in the scale's units (q_descale·k_descale), the output times v_descale */
+    const float qk_descale = af_descale_at(p->q_descale, p->q_descale_stride, b, hk) *
+                             af_descale_at(p->k_descale, p->k_descale_stride, b, hk);
     float acc[32];
     AF_SIMT_UNROLL
     for (int c = 0; c < slots; c++) acc[c] = 0.0f;
@@ -150,7 +155,7 @@ AF_DEVICE void af_simt_block(const af_simt_params prm, int64_t block, const int 
         const int live = key0 < hi && key0 + AF_SIMT_KEYS > lo && hi > lo;   /* this row sees a key of the tile */
         const float dot = af_simt_dot(&prm, q_own, k_smem, b, hk, &seq, key0, keys, live);
         if (live) {
-            const float s = af_simt_score(&prm, dot, key0 + lane, lo, hi, mask_row);
+            const float s = af_simt_score(&prm, dot * qk_descale, key0 + lane, lo, hi, mask_row);
             float tile_max = s, tile_sum;
             for (int o = 16; o > 0; o >>= 1) tile_max = fmaxf(tile_max, af_shfl_xor(tile_max, o));   /* NaN-free */
             const float m_new = fmaxf(m, tile_max);
@@ -171,7 +176,7 @@ AF_DEVICE void af_simt_block(const af_simt_params prm, int64_t block, const int 
             for (int t = AF_THREAD_IDX; t < AF_SIMT_KEYS * AF_SIMT_V_CHUNK; t += AF_SIMT_THREADS) {
                 const int64_t j = key0 + t / AF_SIMT_V_CHUNK, col = c0 + t % AF_SIMT_V_CHUNK;
                 v_smem[t] = j < keys && col < p->Ev
-                                ? af_load_scalar(p->v, p->dtype, af_kv_row_offset(p, p->v_stride, b, hk, &seq, j) +
+                                ? af_load_scalar(p->v, p->kv_dtype, af_kv_row_offset(p, p->v_stride, b, hk, &seq, j) +
                                                                      col * p->v_stride[3])
                                 : 0.0f;
             }
@@ -205,7 +210,7 @@ AF_DEVICE void af_simt_block(const af_simt_params prm, int64_t block, const int 
         if (sink != sink) l = sink;
     }
     const int seen = l > 0.0f || l != l;   /* a row that saw no key (nor a sink): out = 0, lse = -inf */
-    const float inv = seen ? 1.0f / l : 0.0f;
+    const float inv = seen ? af_descale_at(p->v_descale, p->v_descale_stride, b, hk) / l : 0.0f;
     const int64_t out_row = b * p->out_stride[0] + h * p->out_stride[1] + (seq.q0 + i) * p->out_stride[2];
     AF_SIMT_UNROLL
     for (int c = 0; c < slots; c++) {

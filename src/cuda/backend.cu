@@ -169,6 +169,9 @@ static int check_pointers(const af_problem *p, int device, char *err, size_t siz
     if ((status = check_pointer("cu_seqlens_k", p->cu_seqlens_k, p->B + 1, device, err, size)) != AF_OK) return status;
     if ((status = check_pointer("seqused_k", p->seqused_k, p->B, device, err, size)) != AF_OK) return status;
     if ((status = check_pointer("page_table", p->page_table, p->B, device, err, size)) != AF_OK) return status;
+    if ((status = check_pointer("q_descale", p->q_descale, p->B * p->Hkv, device, err, size)) != AF_OK) return status;
+    if ((status = check_pointer("k_descale", p->k_descale, p->B * p->Hkv, device, err, size)) != AF_OK) return status;
+    if ((status = check_pointer("v_descale", p->v_descale, p->B * p->Hkv, device, err, size)) != AF_OK) return status;
     return check_pointer("attn_mask", p->mask, rows * p->S, device, err, size);
 }
 
@@ -286,12 +289,16 @@ static int mma_forward(const af_problem *p, const af_cuda_device *dev, cudaStrea
 
 /* Once per process: the CUDA-core path is correct but far from the tensor cores' speed. */
 static void note_simt_once(const af_problem *p) {
-    static int noted_f32, noted_large, noted_sequences;
-    const bool half = p->dtype == AF_F16 || p->dtype == AF_BF16;
+    static int noted_f32, noted_large, noted_sequences, noted_f8;
+    const bool f8 = p->kv_dtype == AF_F8E4M3 || p->kv_dtype == AF_F8E5M2;
+    const bool half = (p->dtype == AF_F16 || p->dtype == AF_BF16) && !f8;
     const bool sequences = half && (p->cu_seqlens_q || p->cu_seqlens_k || p->page_table);
-    int *noted = sequences ? &noted_sequences : p->dtype == AF_F32 ? &noted_f32 : &noted_large;
+    int *noted = f8 ? &noted_f8 : sequences ? &noted_sequences : p->dtype == AF_F32 ? &noted_f32 : &noted_large;
     if (__atomic_exchange_n(noted, 1, __ATOMIC_RELAXED)) return;
-    if (sequences)
+    if (f8)
+        log_message(AF_LOG_INFO, "float8 K/V run on the CUDA cores (converted as they are read), slower than float16/"
+                    "bfloat16 on the tensor cores");
+    else if (sequences)
         log_message(AF_LOG_INFO, "variable-length or paged tensors whose strides are not multiples of 8 elements (or "
                     "not 16-byte aligned) run on the CUDA cores, slower than the tensor-core path");
     else if (p->dtype == AF_F32)
@@ -319,7 +326,7 @@ static kernel_path choose_path(const af_problem *p, const af_cuda_device *dev) {
         ((p->cu_seqlens_k || p->page_table) &&
          !(fits_tensor_cores_in_place(p->k, p->k_stride) && fits_tensor_cores_in_place(p->v, p->v_stride))))
         return PATH_CUDA_CORES;
-    const bool half = p->dtype == AF_F16 || p->dtype == AF_BF16;
+    const bool half = (p->dtype == AF_F16 || p->dtype == AF_BF16) && p->kv_dtype == p->dtype;   /* not float8 K/V */
     return half && p->E <= AF_MMA_HD_MAX && p->Ev <= AF_MMA_HD_MAX ? PATH_TENSOR_CORES_SM80 : PATH_CUDA_CORES;
 }
 
@@ -345,10 +352,6 @@ static int forward_on_device(int device, void *context, char *err, size_t size) 
 }
 
 static int forward(const af_problem *p, int device, void *stream, char *err, size_t size) {
-    /* libattnforge refuses these on CUDA before they get here (flash_args.c); a backend never misreads them */
-    if (p->kv_dtype != p->dtype || p->dtype == AF_F8E4M3 || p->dtype == AF_F8E5M2 || p->q_descale || p->k_descale ||
-        p->v_descale)
-        return fail(err, size, AF_ERR_UNSUPPORTED, "float8 runs on the CPU only for now");
     if (p->B == 0 || p->Hq == 0 || p->L == 0) return AF_OK;   /* no output row: nothing to enqueue */
     forward_call call;
     call.p = p;

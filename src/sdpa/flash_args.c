@@ -95,10 +95,8 @@ static af_status check_cu_seqlens(const af_tensor *cu, const char *name, int64_t
     return AF_OK;
 }
 
-static bool is_float8(af_dtype d) { return d == AF_F8E4M3 || d == AF_F8E5M2; }
-
-/* Devices first: every tensor on the query's device; on CUDA, float8 and its descales are refused (the int32 arrays
- * are device memory there: their checks read host copies, copy_index_arrays). */
+/* Devices first: every tensor on the query's device (on CUDA the int32 arrays are device memory: their checks read
+ * host copies, copy_index_arrays). */
 static af_status check_devices(const flash_view *views) {
     const af_device d = views[V_Q].t->device;
     for (int i = 0; i < V_COUNT; i++) {
@@ -111,15 +109,6 @@ static af_status check_devices(const flash_view *views) {
                            "must be on one device", views[i].name, t->device.type == AF_DEVICE_CUDA ? "cuda" : "cpu",
                            t->device.index, d.type == AF_DEVICE_CUDA ? "cuda" : "cpu", d.index);
     }
-    if (d.type != AF_DEVICE_CUDA) return AF_OK;
-    for (int i = V_Q_DESCALE; i <= V_V_DESCALE; i++)
-        if (views[i].t)
-            return af_fail(AF_ERR_UNSUPPORTED, "%s: on cuda:%d; float8 calls of af_flash_attn run on the CPU only "
-                           "for now", views[i].name, d.index);
-    for (int i = V_Q; i <= V_V; i++)
-        if (is_float8(views[i].t->dtype))
-            return af_fail(AF_ERR_UNSUPPORTED, "%s: dtype %s on cuda:%d; float8 runs on the CPU only for now",
-                           views[i].name, af_dtype_name(views[i].t->dtype), d.index);
     return AF_OK;
 }
 

@@ -59,7 +59,7 @@ typedef struct {
 } af_problem;
 
 /* The descale of (batch b, kv head hk): 1 when absent. */
-static inline float af_descale_at(const float *d, const int64_t *stride, int64_t b, int64_t hk) {
+AF_HOST_DEVICE static inline float af_descale_at(const float *d, const int64_t *stride, int64_t b, int64_t hk) {
     return d ? d[b * stride[0] + hk * stride[1]] : 1.0f;
 }
 

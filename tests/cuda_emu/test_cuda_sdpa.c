@@ -202,11 +202,15 @@ static void expect_case(const sdpa_case *c) {
 
 /* Every input tensor an af_flash_attn call names, moved to the device, and `args` pointed at the copies (absent ones
  * stay absent); flash_inputs_free releases them. */
-enum { FLASH_INPUTS = 8 };
+enum { FLASH_INPUTS = 11 };
 static void flash_inputs_to_device(const flash_tensors *t, af_flash_args *args, device_tensor in[FLASH_INPUTS]) {
-    const test_tensor *host[FLASH_INPUTS] = {&t->q, &t->k, &t->v, &t->sink, &t->cu_q, &t->cu_k, &t->seqused_k, &t->page_table};
-    const af_tensor **arg[FLASH_INPUTS] = {&args->query, &args->key, &args->value, &args->learnable_sink, &args->cu_seqlens_q,
-                                           &args->cu_seqlens_k, &args->seqused_k, &args->page_table};
+    const test_tensor *host[FLASH_INPUTS] = {&t->q,    &t->k,         &t->v,          &t->sink,
+                                             &t->cu_q, &t->cu_k,      &t->seqused_k,  &t->page_table,
+                                             &t->q_descale, &t->k_descale, &t->v_descale};
+    const af_tensor **arg[FLASH_INPUTS] = {&args->query,        &args->key,          &args->value,
+                                           &args->learnable_sink, &args->cu_seqlens_q, &args->cu_seqlens_k,
+                                           &args->seqused_k,    &args->page_table,   &args->q_descale,
+                                           &args->k_descale,    &args->v_descale};
     memset(in, 0, sizeof(device_tensor) * FLASH_INPUTS);
     for (int i = 0; i < FLASH_INPUTS; i++)
         if (*arg[i]) {
@@ -219,8 +223,8 @@ static void flash_inputs_free(device_tensor in[FLASH_INPUTS]) {
     for (int i = 0; i < FLASH_INPUTS; i++) device_free(&in[i]);
 }
 
-/* An af_flash_attn case (fixed, varlen or paged; not float8, which CUDA refuses) on the device, checked against the
- * double reference with flash_case_matches' bound (softcap-aware); false with `why` on a mismatch. */
+/* An af_flash_attn case (fixed, varlen or paged; float8 too) on the device, checked against the double reference
+ * with flash_case_matches' bound (softcap- and float8-aware); false with `why` on a mismatch. */
 static bool run_flash_case(const flash_case *c, char *why, size_t size) {
     flash_tensors t;
     if (!flash_case_build(c, &t)) {
@@ -322,17 +326,34 @@ static double flash_work(const flash_case *c) {
 #define FLASH_CUDA_CASES 24
 #endif
 
+/* A random flash case shrunk to the emulation's budget: rows and keys alike; seqused_k stays within the keys stored. */
+static void fit_flash_budget(flash_case *c) {
+    while (flash_work(c) > 1.5e5)
+        for (int b = 0; b < FLASH_MAX_BATCH; b++) {
+            c->Lq[b] = c->Lq[b] * 3 / 4;
+            c->S_stored[b] = c->S_stored[b] * 3 / 4;
+            if (c->Sk[b] > c->S_stored[b]) c->Sk[b] = c->S_stored[b];
+        }
+}
+
 static void flash_random_suite_matches_the_reference(void **state) {
     const int count = case_suite_count(FLASH_CUDA_CASES);
     const uint64_t seed = case_suite_seed(4096);
     for (int i = 0; i < count; i++) {
         flash_case c = flash_case_random(seed, i);
-        while (flash_work(&c) > 1.5e5)   /* rows and keys alike; seqused_k stays within the keys stored */
-            for (int b = 0; b < FLASH_MAX_BATCH; b++) {
-                c.Lq[b] = c.Lq[b] * 3 / 4;
-                c.S_stored[b] = c.S_stored[b] * 3 / 4;
-                if (c.Sk[b] > c.S_stored[b]) c.Sk[b] = c.S_stored[b];
-            }
+        fit_flash_budget(&c);
+        expect_flash_case(&c);
+    }
+}
+
+/* float8 K/V under an f32/f16/bf16 q, or all of q/k/v float8, e4m3fn and e5m2, with and without descales (zero and
+ * huge ones too): the CUDA-core kernel converts as it stages, against the reference's float8 bound. */
+static void flash_float8_suite_matches_the_reference(void **state) {
+    const int count = case_suite_count(FLASH_CUDA_CASES / 2);
+    const uint64_t seed = case_suite_seed(8192);
+    for (int i = 0; i < count; i++) {
+        flash_case c = flash_case_random_fp8(seed, i);
+        fit_flash_budget(&c);
         expect_flash_case(&c);
     }
 }
@@ -568,6 +589,7 @@ int main(void) {
         cmocka_unit_test(strided_inputs_are_copied_with_a_warning),
         cmocka_unit_test(flash_chosen_cases_match_the_reference),
         cmocka_unit_test(flash_random_suite_matches_the_reference),
+        cmocka_unit_test(flash_float8_suite_matches_the_reference),
         cmocka_unit_test(flash_index_arrays_on_cuda_are_checked),
         cmocka_unit_test(tensors_on_another_device_are_named),
         cmocka_unit_test(host_memory_passed_as_cuda_is_named),
