@@ -2,7 +2,8 @@
  * query row; the row's result is O = sum_s w_s·O_s with w_s = exp(LSE_s - LSE), LSE = log sum_s exp(LSE_s).
  * A warp per row: lanes share the splits for the max and the sum of weights (butterflies), then the value
  * columns (lane + 32·c). A row whose every split is -inf (it saw no key) gets out = 0 and lse = -inf. af_flash_attn's
- * learned sink is one more LSE term with no value (FA4): it joins the max and the sum here, once per row. */
+ * learned sink is one more LSE term with no value (FA4): it joins the max and the sum here, once per row. Rows are
+ * the tensor-core kernel's packed rows; under varlen a sequence's rows past its own length are skipped. */
 #ifndef AF_CUDA_ATTN_COMBINE_CUH
 #define AF_CUDA_ATTN_COMBINE_CUH
 #include <math.h>
@@ -24,9 +25,11 @@
 #endif
 
 typedef struct {
-    const float *part_o, *part_lse;   /* [split][row][Ev], [split][row]; row = (b·Hq + h)·L + i */
+    const float *part_o, *part_lse;   /* [split][row][Ev], [split][row]; row = (b·Hkv + hk)·rows + packed row r */
     int splits, Ev, bf16;
-    int64_t total_rows, Hq, L;
+    int64_t total_rows, Hkv, group, rows, L;   /* rows = group·L packed rows per (batch, kv head), L the longest */
+    const int32_t *cu_seqlens_q;      /* varlen (NULL otherwise): sequence b's L_b rows start at entry b */
+    int64_t cu_seqlens_q_stride;
     char *out;                        /* f16/bf16 */
     int64_t out_stride[4];
     float *lse;                       /* NULL or f32 (B, Hq, L) */
@@ -40,10 +43,14 @@ AF_KERNEL(af_combine_kernel, af_combine_params, p, AF_COMBINE_THREADS) {
     const int lane = af_lane();
     const int64_t row = (int64_t)AF_BLOCK_IDX_X * AF_COMBINE_WARPS + af_warp();
     if (row >= p.total_rows) return;   /* the whole warp: no collective follows for it */
+    /* packed row r of (batch b, kv head hk): head hk·group + r / L_b, query r % L_b of the batch's sequence */
+    const int64_t bhk = row / p.rows, r = row % p.rows, b = bhk / p.Hkv, hk = bhk % p.Hkv;
+    const af_sequence sq = af_sequence_at(p.cu_seqlens_q, p.cu_seqlens_q_stride, NULL, 0, NULL, 0, p.L, 0, b);
+    if (r >= p.group * sq.L) return;   /* past a short sequence's rows (varlen): no partial, no output */
+    const int64_t h = hk * p.group + r / sq.L, i = sq.q0 + r % sq.L;
     float lse_max = -INFINITY;
     for (int s = lane; s < p.splits; s += 32) lse_max = fmaxf(lse_max, p.part_lse[s * p.total_rows + row]);
     for (int x = 16; x > 0; x >>= 1) lse_max = fmaxf(lse_max, af_shfl_xor(lse_max, x));
-    const int64_t h = row / p.L % p.Hq;
     const float sink = p.sink ? af_load_scalar(p.sink, (af_dtype)p.sink_dtype, h * p.sink_stride) : -INFINITY;
     lse_max = sink != sink ? sink : fmaxf(lse_max, sink);   /* a NaN sink makes the row NaN */
     float sum = 0.0f;
@@ -66,7 +73,6 @@ AF_KERNEL(af_combine_kernel, af_combine_params, p, AF_COMBINE_THREADS) {
                 if (lane + 32 * c < p.Ev) acc[c] += w * o[lane + 32 * c];
         }
     }
-    const int64_t b = row / (p.Hq * p.L), i = row % p.L;
     char *out_row = p.out + 2 * (b * p.out_stride[0] + h * p.out_stride[1] + i * p.out_stride[2]);
     AF_COMBINE_UNROLL
     for (int c = 0; c < AF_COMBINE_MAX_COLS / 32; c++) {

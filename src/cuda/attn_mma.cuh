@@ -312,7 +312,7 @@ AF_DEVICE void af_mma_join_sink(const af_mma_params *p, int64_t h, float o[][4],
     if (sink != sink) *l = sink;
 }
 
-/* O / l and the LSE of this lane's two rows: to out/lse, or to the split's partials (never varlen). */
+/* O / l and the LSE of this lane's two rows: to out/lse, or to the split's partials. */
 AF_DEVICE void af_mma_epilogue(const af_mma_params *p, float o[][4], float m[2], float l[2], int64_t b,
                                int64_t hk, int64_t r0, const int hd, const int bf16) {
     const int lane = af_lane(), g = lane >> 2, t = lane & 3;
@@ -364,7 +364,7 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16) 
     const int64_t r0 = (int64_t)(AF_BLOCK_IDX_X % p.row_blocks) * AF_MMA_BR;
     const af_sequence sq = af_mma_sequence(&p, b);   /* varlen: the grid covers the longest sequence's rows */
     const int64_t rows = p.group * sq.L;
-    if (r0 >= rows) return;   /* past this sequence's rows: nothing to compute or store (no split-KV for varlen) */
+    if (r0 >= rows) return;   /* past this sequence's rows: nothing to compute or store (the combine skips them) */
     const int warp_live = r0 + 16 * warp < rows;
 
     /* The keys this CTA's rows see: both ends of a row's range grow with the query index, and a block that wraps

@@ -62,9 +62,7 @@ static void af_mma_make_plan(const af_problem *p, const af_cuda_device *dev, af_
     plan->row_blocks = (p->group * p->L + AF_MMA_BR - 1) / AF_MMA_BR;
     plan->heads = p->B * p->Hkv;
     plan->tiles = (p->S + AF_MMA_BC - 1) / AF_MMA_BC;
-    /* varlen: no split-KV (its combine would read the partials of rows past a short sequence's end) */
-    const bool varlen = p->cu_seqlens_q || p->cu_seqlens_k;
-    const int64_t requested = varlen ? 1 : af_mma_split_count(plan->row_blocks * plan->heads, plan->tiles, dev->sm_count);
+    const int64_t requested = af_mma_split_count(plan->row_blocks * plan->heads, plan->tiles, dev->sm_count);
     plan->tiles_per_split = requested > 1 ? (plan->tiles + requested - 1) / requested : plan->tiles;
     plan->splits = requested > 1 ? (plan->tiles + plan->tiles_per_split - 1) / plan->tiles_per_split : 1;
     if (plan->tiles_per_split < 1) plan->tiles_per_split = 1;   /* S = 0: no tile at all */
@@ -184,8 +182,12 @@ cudaError_t af_cuda_mma_forward(const af_problem *p, const af_cuda_device *dev, 
     cp.Ev = (int)p->Ev;
     cp.bf16 = bf16;
     cp.total_rows = prm.total_rows;
-    cp.Hq = p->Hq;
+    cp.Hkv = p->Hkv;
+    cp.group = p->group;
+    cp.rows = p->group * p->L;
     cp.L = p->L;
+    cp.cu_seqlens_q = p->cu_seqlens_q;
+    cp.cu_seqlens_q_stride = p->cu_seqlens_q_stride;
     cp.out = p->out;
     cp.lse = p->lse;
     for (int d = 0; d < 4; d++) cp.out_stride[d] = p->out_stride[d];

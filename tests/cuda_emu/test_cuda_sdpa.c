@@ -432,6 +432,20 @@ static void flash_chosen_cases_match_the_reference(void **state) {
     varlen.softcap = 10.0;
     varlen.sink = true;
     expect_flash_case(&varlen);
+    /* varlen decode (continuous batching): one and three rows over 700 and 300 keys; its 8 CTAs split their keys on
+     * the emulation's 8 multiprocessors, and the combine skips the rows past the short sequence (and joins the sink) */
+    flash_case steps = flash_case_default(2, 8, 4, 0, 0, 64, 64);
+    const int64_t step_rows[2] = {1, 3}, step_keys[2] = {700, 300};
+    for (int b = 0; b < 2; b++) steps.Lq[b] = step_rows[b], steps.Sk[b] = steps.S_stored[b] = step_keys[b];
+    steps.dtype = AF_F16;
+    steps.varlen_q = true;
+    steps.kv = KV_VARLEN;
+    steps.causal = true;
+    expect_flash_case(&steps);
+    steps.sink = true;
+    steps.has_window = true;
+    steps.left = 200, steps.right = 0;
+    expect_flash_case(&steps);
 }
 
 /* A CUDA call's int32 arrays are device memory: af_flash_attn reads copies of them to check them (after a
