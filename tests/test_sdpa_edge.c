@@ -457,13 +457,21 @@ static void value_dim_differs_from_key_dim(void **state) {
     run_dims(65, 17, true);
 }
 
-/* Ev = 0: out has no elements, lse is still every row's. */
+/* Ev = 0: out has no elements, lse is still every row's. A decode over split keys and interleaved heads whose V holds
+ * no data at all (NULL, as a fuzzer passed it): nothing may address V, not even its prefetch (UBSan: no offset on a
+ * null pointer). */
 static void value_dim_zero_still_gives_lse(void **state) {
     (void)state;
     sdpa_case c = case_default(2, 2, 1, 5, 7, 4, 0);
     c.is_causal = true;
     case_tensors t;
     build(&c, &t);
+    expect_rows(&t, all_finite, NULL);
+    case_free(&t);
+    c = case_default(1, 4, 2, 1, 1500, 8, 0);
+    build(&c, &t);
+    t.v.view.data = NULL;
+    rerun_reference(&t);
     expect_rows(&t, all_finite, NULL);
     case_free(&t);
 }

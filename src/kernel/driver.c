@@ -345,7 +345,8 @@ typedef struct {
 /* Up to `want` lines of the cursor's current run: the rows of keys [j, j + run) of the item's heads, one span from
  * the first row of its first head to the end of the last row of its last head. */
 static af_prefetch next_prefetch(const flash_plan *fp, prefetch_cursor *c, size_t want) {
-    if (!fp->prefetch || c->j >= c->j_end || want == 0) return (af_prefetch){NULL, 0};
+    /* Ev = 0: V has no rows to address (its data may be NULL) */
+    if (!fp->prefetch || c->j >= c->j_end || want == 0 || (c->values && fp->Ev == 0)) return (af_prefetch){NULL, 0};
     const af_problem *p = fp->p;
     const bool values = c->values;
     const int64_t *st = values ? p->v_stride : p->k_stride;
