@@ -358,6 +358,17 @@ static void flash_float8_suite_matches_the_reference(void **state) {
     }
 }
 
+/* A causal f16 varlen case, E = Ev = 64: sequence b has rows[b] query rows and keys[b] keys, packed. */
+static flash_case varlen_f16_causal(int64_t B, int64_t Hq, int64_t Hkv, const int64_t *rows, const int64_t *keys) {
+    flash_case c = flash_case_default(B, Hq, Hkv, 0, 0, 64, 64);
+    for (int64_t b = 0; b < B; b++) c.Lq[b] = rows[b], c.Sk[b] = c.S_stored[b] = keys[b];
+    c.dtype = AF_F16;
+    c.varlen_q = true;
+    c.kv = KV_VARLEN;
+    c.causal = true;
+    return c;
+}
+
 static void flash_chosen_cases_match_the_reference(void **state) {
     const af_dtype dtypes[3] = {AF_F32, AF_F16, AF_BF16};
     for (int di = 0; di < 3; di++) {
@@ -416,13 +427,7 @@ static void flash_chosen_cases_match_the_reference(void **state) {
     expect_flash_case(&paged);
     /* varlen on the tensor cores: sequence 0's 70 rows (140 packed, three CTAs) over 100 keys, an empty sequence,
      * then 5 rows whose keys start at 130 of the packed K/V; causal, then a window, then softcap and a sink */
-    flash_case varlen = flash_case_default(3, 4, 2, 0, 0, 64, 64);
-    const int64_t rows[3] = {70, 0, 5}, keys[3] = {100, 30, 131};
-    for (int b = 0; b < 3; b++) varlen.Lq[b] = rows[b], varlen.Sk[b] = varlen.S_stored[b] = keys[b];
-    varlen.dtype = AF_F16;
-    varlen.varlen_q = true;
-    varlen.kv = KV_VARLEN;
-    varlen.causal = true;
+    flash_case varlen = varlen_f16_causal(3, 4, 2, (const int64_t[]){70, 0, 5}, (const int64_t[]){100, 30, 131});
     expect_flash_case(&varlen);
     varlen.has_window = true;
     varlen.left = 20, varlen.right = 0;
@@ -434,13 +439,7 @@ static void flash_chosen_cases_match_the_reference(void **state) {
     expect_flash_case(&varlen);
     /* varlen decode (continuous batching): one and three rows over 700 and 300 keys; its 8 CTAs split their keys on
      * the emulation's 8 multiprocessors, and the combine skips the rows past the short sequence (and joins the sink) */
-    flash_case steps = flash_case_default(2, 8, 4, 0, 0, 64, 64);
-    const int64_t step_rows[2] = {1, 3}, step_keys[2] = {700, 300};
-    for (int b = 0; b < 2; b++) steps.Lq[b] = step_rows[b], steps.Sk[b] = steps.S_stored[b] = step_keys[b];
-    steps.dtype = AF_F16;
-    steps.varlen_q = true;
-    steps.kv = KV_VARLEN;
-    steps.causal = true;
+    flash_case steps = varlen_f16_causal(2, 8, 4, (const int64_t[]){1, 3}, (const int64_t[]){700, 300});
     expect_flash_case(&steps);
     steps.sink = true;
     steps.has_window = true;
