@@ -112,15 +112,11 @@ AF_DEVICE void af_mma_key_range(const af_mma_params *p, const af_sequence *sq, i
     af_key_range_of(p->causal, p->has_window, p->window_left, p->window_right, sq->L, sq->S, i, lo, hi);
 }
 
-/* Where K or V (data, strides) row `key` of (batch b, kv head hk) starts: through the page table when paged (as
- * problem.h's af_kv_row_offset). */
+/* Where K or V (data, strides) row `key` of (batch b, kv head hk) starts: through the page table when paged
+ * (problem.h's af_kv_row_offset_at). */
 AF_DEVICE const char *af_mma_kv_row(const af_mma_params *p, const char *data, const int64_t *stride, int64_t b,
                                     int64_t hk, const af_sequence *sq, int64_t key) {
-    if (p->page_table) {
-        const int64_t page = p->page_table[b * p->page_table_stride[0] + key / p->page_size * p->page_table_stride[1]];
-        return data + 2 * (page * stride[0] + hk * stride[1] + key % p->page_size * stride[2]);
-    }
-    return data + 2 * (b * stride[0] + hk * stride[1] + (sq->k0 + key) * stride[2]);
+    return data + 2 * af_kv_row_offset_at(p->page_table, p->page_table_stride, p->page_size, stride, b, hk, sq->k0, key);
 }
 
 AF_DEVICE void af_mma_op(float d[4], const uint32_t a[4], const uint32_t b[2], const int bf16) {

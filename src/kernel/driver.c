@@ -672,7 +672,7 @@ af_status af_flash_forward(const af_problem *p) {
     fp.split_keys = p->S > 0 ? p->S : 1;
     if (rows_total <= SPLIT_MAX_ROWS && p->S > 2 * SPLIT_KEYS) {   /* decode: spread the keys over the threads */
         const int64_t per_chunk = p->B * ceil_div(p->Hkv, fp.heads_per_item) * fp.row_blocks;   /* items per chunk */
-        int64_t keys = ceil_div(p->S, per_chunk >= SPLIT_ITEMS ? 1 : ceil_div(SPLIT_ITEMS, per_chunk > 0 ? per_chunk : 1));
+        int64_t keys = ceil_div(p->S, ceil_div(SPLIT_ITEMS, per_chunk > 0 ? per_chunk : 1));
         keys = keys < SPLIT_KEYS ? SPLIT_KEYS : keys > SPLIT_KEYS_MAX ? SPLIT_KEYS_MAX : keys;
         fp.split_keys = round_up((size_t)keys, (size_t)fp.block_keys);
         fp.splits = ceil_div(p->S, fp.split_keys);

@@ -89,15 +89,22 @@ AF_HOST_DEVICE static inline af_sequence af_sequence_of(const af_problem *p, int
                           p->seqused_k, p->seqused_k_stride, p->L, p->S, b);
 }
 
-/* Element offset of key (or value, with its strides) row j of sequence b, kv head hk: the one place paged and
- * varlen K/V are addressed. */
+/* Element offset of key (or value, with its strides) row j of a sequence whose keys start at k0, batch b, kv head
+ * hk, from the page table's fields one by one (NULL: not paged): the one place paged and varlen K/V are addressed,
+ * for kernels whose parameters are not an af_problem (the CUDA tensor-core kernel). */
+AF_HOST_DEVICE static inline int64_t af_kv_row_offset_at(const int32_t *page_table, const int64_t *page_table_stride,
+                                                         int64_t page_size, const int64_t *stride, int64_t b,
+                                                         int64_t hk, int64_t k0, int64_t j) {
+    if (page_table) {
+        const int64_t page = page_table[b * page_table_stride[0] + j / page_size * page_table_stride[1]];
+        return page * stride[0] + hk * stride[1] + j % page_size * stride[2];
+    }
+    return b * stride[0] + hk * stride[1] + (k0 + j) * stride[2];
+}
+
 AF_HOST_DEVICE static inline int64_t af_kv_row_offset(const af_problem *p, const int64_t *stride, int64_t b, int64_t hk,
                                        const af_sequence *s, int64_t j) {
-    if (p->page_table) {
-        const int64_t page = p->page_table[b * p->page_table_stride[0] + j / p->page_size * p->page_table_stride[1]];
-        return page * stride[0] + hk * stride[1] + j % p->page_size * stride[2];
-    }
-    return b * stride[0] + hk * stride[1] + (s->k0 + j) * stride[2];
+    return af_kv_row_offset_at(p->page_table, p->page_table_stride, p->page_size, stride, b, hk, s->k0, j);
 }
 
 /* The keys [*lo, *hi) row i of a sequence with L query rows and S keys may see (before any mask): causal
