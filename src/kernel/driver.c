@@ -367,12 +367,20 @@ static af_prefetch next_prefetch(const flash_plan *fp, prefetch_cursor *c, size_
 }
 
 /* The tile's K and V rows of the item's first kv head (rows of a later head are a fixed offset away), so the direct
- * kernels take a tile in one call whatever the pages. */
+ * kernels take a tile in one call whatever the pages. One address computation per page run, the rest a stride
+ * apart: one per key cost 6% of a one-head f16 decode with K/V in cache. */
 static void tile_rows(const flash_plan *fp, const work_item *item, int64_t j0, int cols, const char **k_rows,
                       const char **v_rows) {
-    for (int c = 0; c < cols; c++) {
-        k_rows[c] = key_row(fp, item, j0 + c);
-        v_rows[c] = fp->Ev ? value_row(fp, item, j0 + c) : NULL;
+    const af_problem *p = fp->p;
+    const size_t k_step = (size_t)p->k_stride[2] * fp->elem, v_step = (size_t)p->v_stride[2] * fp->elem;
+    for (int c = 0; c < cols;) {   /* a page run at a time (the whole tile without pages): rows a stride apart */
+        const int run = run_length(fp, j0 + c, cols - c);
+        const char *k = key_row(fp, item, j0 + c);
+        const char *v = fp->Ev ? value_row(fp, item, j0 + c) : NULL;   /* Ev = 0: V's data may be NULL */
+        for (int i = 0; i < run; i++, c++) {
+            k_rows[c] = k + (size_t)i * k_step;
+            v_rows[c] = v ? v + (size_t)i * v_step : NULL;
+        }
     }
 }
 
