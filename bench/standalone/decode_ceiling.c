@@ -1,0 +1,193 @@
+/* What a decode kernel could reach on this machine: a loop that does only the unavoidable work of f16 decode —
+ * every K and V element read once from DRAM, converted once (vcvtph2ps), and G FMAs per element (the GQA group's
+ * query rows) — with no softmax, no reductions and no bookkeeping. It reports the time as a % of a streaming read
+ * pass over the same buffers taken just before each run (median of 11), for three orders of the work:
+ *   - "key by key": key j's K row, then its V row, both as dot products with the query rows (acc += x·q): both
+ *     streams advance together. An upper bound, not an attention kernel: P·V accumulates G·Ev outputs, not 8;
+ *   - "tiles of T": T keys' K rows, then the same T keys' V rows, as dot products (the read order of a
+ *     scores-then-values kernel);
+ *   - "P·V, O in L1": key by key, the V row as P·V does it (O[g][:] += p[g]·v), the G·Ev outputs in L1 since they
+ *     do not fit in 16 ymm registers (G = 4, Ev = 128: 64 vectors).
+ * and, with the buffers hot in L2 (S = 256), the compute time per key and kv head alone.
+ * Not part of the library or the tests (docs/BENCHMARKS.md, "Decode, fourth look"). Build and run:
+ *   gcc -O3 -std=gnu11 -o /tmp/decode_ceiling bench/standalone/decode_ceiling.c -lpthread && /tmp/decode_ceiling */
+#define _GNU_SOURCE
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+enum { HEAD_DIM = 128, KV_HEADS = 8, CHUNKS = HEAD_DIM / 8, RUNS = 11, MAX_THREADS = 2 };
+#define PV_IN_L1 ((size_t)-1)   /* head_pass's third order */
+
+static size_t keys;                       /* S */
+static uint16_t *k_cache, *v_cache;       /* (KV_HEADS, S, HEAD_DIM) f16 */
+static float q[8][HEAD_DIM] __attribute__((aligned(64)));   /* the group's query rows (only their values matter) */
+static volatile float sink[MAX_THREADS * 16];
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* acc[] += G rows' products with one f16 row; 8 accumulators whatever G, so the FMA latency is always covered. */
+#define ROW_FMAS(row, G, shift)                                                                      \
+    _Pragma("GCC unroll 16") for (int c = 0; c < CHUNKS; c++) {                                       \
+        const __m256 x = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)((row) + 8 * c)));           \
+        _Pragma("GCC unroll 8") for (int g = 0; g < (G); g++) {                                       \
+            const int a = (2 * g + c + (shift)) & 7;                                                  \
+            acc[a] = _mm256_fmadd_ps(x, _mm256_load_ps(&q[g][8 * c]), acc[a]);                        \
+        }                                                                                             \
+    }
+
+/* One kv head's keys in tiles of `tile` keys (tile 0: key by key), G FMAs per element. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline float head_pass(const uint16_t *k,
+                                                                                     const uint16_t *v, size_t tile,
+                                                                                     const int G) {
+    __m256 acc[8];
+    for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+    if (tile == PV_IN_L1) {
+        static __thread __m256 out[8][CHUNKS];   /* O of the group's rows */
+        for (size_t s = 0; s < keys; s++) {
+            ROW_FMAS(k + s * HEAD_DIM, G, 0)
+            __m256 p[8];
+            _Pragma("GCC unroll 8") for (int g = 0; g < G; g++) p[g] = _mm256_broadcast_ss(&q[g][s % HEAD_DIM]);
+            _Pragma("GCC unroll 16") for (int c = 0; c < CHUNKS; c++) {
+                const __m256 x = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(v + s * HEAD_DIM + 8 * c)));
+                _Pragma("GCC unroll 8") for (int g = 0; g < G; g++) out[g][c] = _mm256_fmadd_ps(p[g], x, out[g][c]);
+            }
+        }
+        acc[0] = _mm256_add_ps(acc[0], out[0][0]);
+    } else if (tile == 0) {
+        for (size_t s = 0; s < keys; s++) {
+            ROW_FMAS(k + s * HEAD_DIM, G, 0)
+            ROW_FMAS(v + s * HEAD_DIM, G, 1)
+        }
+    } else {
+        for (size_t s0 = 0; s0 < keys; s0 += tile) {
+            for (size_t s = s0; s < s0 + tile; s++) ROW_FMAS(k + s * HEAD_DIM, G, 0)
+            for (size_t s = s0; s < s0 + tile; s++) ROW_FMAS(v + s * HEAD_DIM, G, 1)
+        }
+    }
+    for (int i = 1; i < 8; i++) acc[0] = _mm256_add_ps(acc[0], acc[i]);
+    return _mm256_cvtss_f32(acc[0]);
+}
+
+__attribute__((target("avx2,fma,f16c"))) static float head_g(const uint16_t *k, const uint16_t *v, size_t tile, int G) {
+    switch (G) {
+    case 1: return head_pass(k, v, tile, 1);
+    case 2: return head_pass(k, v, tile, 2);
+    case 4: return head_pass(k, v, tile, 4);
+    default: return head_pass(k, v, tile, 8);
+    }
+}
+
+typedef struct { int threads, group, mode; size_t tile; } job;   /* mode 0: the kernel, 1: the read pass */
+typedef struct { const job *j; int t; } start;
+
+__attribute__((target("avx2"))) static float read_share(const uint16_t *x, size_t elems) {
+    const float *f = (const float *)x;
+    __m256 s[8];   /* 8 chains: the adds' latency never limits the pass */
+    for (int i = 0; i < 8; i++) s[i] = _mm256_setzero_ps();
+    for (size_t i = 0; i + 64 <= elems / 2; i += 64)
+        for (int c = 0; c < 8; c++) s[c] = _mm256_add_ps(s[c], _mm256_load_ps(f + i + 8 * c));
+    for (int i = 1; i < 8; i++) s[0] = _mm256_add_ps(s[0], s[i]);
+    return _mm256_cvtss_f32(s[0]);
+}
+
+static void *worker(void *arg) {
+    const start *st = arg;
+    const job *j = st->j;
+    float s = 0.0f;
+    if (j->mode == 1) {   /* thread t reads its share of K, then of V */
+        const size_t n = (size_t)KV_HEADS * keys * HEAD_DIM, share = n / (size_t)j->threads;
+        s = read_share(k_cache + (size_t)st->t * share, share) + read_share(v_cache + (size_t)st->t * share, share);
+    } else {
+        for (int h = st->t; h < KV_HEADS; h += j->threads)
+            s += head_g(k_cache + (size_t)h * keys * HEAD_DIM, v_cache + (size_t)h * keys * HEAD_DIM, j->tile, j->group);
+    }
+    sink[st->t * 16] += s;
+    return NULL;
+}
+
+static double run(const job *j) {
+    pthread_t ids[MAX_THREADS];
+    start starts[MAX_THREADS];
+    const double t0 = now();
+    for (int t = 1; t < j->threads; t++) {
+        starts[t] = (start){j, t};
+        pthread_create(&ids[t], NULL, worker, &starts[t]);
+    }
+    starts[0] = (start){j, 0};
+    worker(&starts[0]);
+    for (int t = 1; t < j->threads; t++) pthread_join(ids[t], NULL);
+    return now() - t0;
+}
+
+static int by_value(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void allocate(size_t s) {
+    free(k_cache);
+    free(v_cache);
+    keys = s;
+    const size_t n = (size_t)KV_HEADS * keys * HEAD_DIM;
+    k_cache = aligned_alloc(64, n * 2);
+    v_cache = aligned_alloc(64, n * 2);
+    if (!k_cache || !v_cache) exit(1);
+    for (size_t i = 0; i < n; i++) k_cache[i] = v_cache[i] = 0x3c00;   /* 1.0 */
+}
+
+int main(void) {
+    for (int g = 0; g < 8; g++)
+        for (int e = 0; e < HEAD_DIM; e++) q[g][e] = 1e-3f;
+    const size_t tiles[] = {0, 8, 16, 64, 256, PV_IN_L1};
+    enum { ORDERS = sizeof tiles / sizeof tiles[0] };
+    const int groups[] = {1, 2, 4, 8};
+    printf("f16 K/V (%d kv heads, S, E = %d); %% of the read pass taken before each run, median of %d runs\n",
+           KV_HEADS, HEAD_DIM, RUNS);
+    allocate(32768);   /* 128 MiB of K+V: far past any L3 */
+    for (int threads = 1; threads <= MAX_THREADS; threads++)
+        for (int gi = 0; gi < 4; gi++) {
+            printf("threads %d, GQA group %d:", threads, groups[gi]);
+            double pct[ORDERS][RUNS];
+            for (int r = 0; r < RUNS; r++)   /* the orders alternate run by run: the machine's drift hits all */
+                for (int ti = 0; ti < ORDERS; ti++) {
+                    const job read = {threads, 0, 1, 0}, kernel = {threads, groups[gi], 0, tiles[ti]};
+                    const double read_s = run(&read);
+                    pct[ti][r] = 100.0 * read_s / run(&kernel);
+                }
+            for (int ti = 0; ti < ORDERS; ti++) {
+                qsort(pct[ti], RUNS, sizeof(double), by_value);
+                if (tiles[ti] == PV_IN_L1) printf("  P·V, O in L1 %3.0f%%", pct[ti][RUNS / 2]);
+                else if (tiles[ti]) printf("  tiles of %zu %3.0f%%", tiles[ti], pct[ti][RUNS / 2]);
+                else printf("  key by key %3.0f%%", pct[ti][RUNS / 2]);
+            }
+            printf("\n");
+        }
+    allocate(256);   /* 512 KiB of K+V over 8 heads: each head's 64 KiB stays in L2 */
+    for (int order = 0; order < 3; order++) {
+    const size_t tile = order == 0 ? 0 : order == 1 ? 64 : PV_IN_L1;
+    printf("compute alone (K/V hot in L2), ns per key and kv head, one thread, %s:",
+           order == 0 ? "key by key" : order == 1 ? "tiles of 64" : "P·V, O in L1");
+    for (int gi = 0; gi < 4; gi++) {
+        const job kernel = {1, groups[gi], 0, tile};
+        double ns[RUNS];
+        run(&kernel);
+        for (int r = 0; r < RUNS; r++) {
+            double t = 0.0;
+            for (int rep = 0; rep < 100; rep++) t += run(&kernel);
+            ns[r] = t / 100.0 * 1e9 / (double)(keys * KV_HEADS);
+        }
+        qsort(ns, RUNS, sizeof(double), by_value);
+        printf("  G %d: %.1f", groups[gi], ns[RUNS / 2]);
+    }
+    printf("\n");
+    }
+    return 0;
+}
