@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """attnforge's CUDA kernels beside PyTorch's SDPA backends (flash, cuDNN, efficient, each forced with
 torch.nn.attention.sdpa_kernel) on the same CUDA tensors: TFLOP/s by FA4's formula for prefill, GB/s of K+V read for
-decode against a torch device-to-device copy measured in the same run. Timing: CUDA events around back-to-back
+decode against a torch device-to-device copy measured in the same run, and decode from a float8 K/V cache against
+attnforge's own f16 decode on the same values (torch's SDPA takes no float8). Timing: CUDA events around back-to-back
 calls (each sample ~SAMPLE_MS), median of --samples samples. Prints markdown tables; rows are measured in order of
 importance and the run stops measuring when --budget seconds are spent (the rows left are listed).
 
@@ -234,6 +235,17 @@ def main():
             ", ".join(f"{c} {row[c]:.0f}" if row[c] else f"{c} -" for c in COLUMNS) + " GB/s")
         del q, k, v
 
+    for fmt in ("float8_e4m3fn", "float8_e5m2"):
+        if time.monotonic() > deadline or not af.binding:
+            skipped.append(f"decode {fmt}" + ("" if af.binding else " (needs the Python binding)"))
+            continue
+        row, error = measure("float8", lambda: float8_decode_row(af.binding, fmt, 32768, args.samples, deadline))
+        if not row:
+            skipped.append(f"decode {fmt} ({error})")
+            continue
+        results.append(row)
+        log(f"cuda_compare: decode {fmt}: {row['float8']:.0f} GB/s, f16 {row['f16']:.0f} GB/s")
+
     print_tables(results, copy_gbps)
     if skipped:
         print(f"\nnot measured (the {args.budget:.0f} s budget was spent): " + "; ".join(skipped))
@@ -244,6 +256,23 @@ def main():
         with open(args.json, "w") as f:
             json.dump({"device": props.name, "copy_gbps": copy_gbps, "rows": results, "skipped": skipped}, f, indent=1)
     return 0
+
+
+def float8_decode_row(af, fmt, S, samples, deadline):
+    """flash_attn_func decode, K/V (B, S, Hkv, E) in float8 with descales, against the f16 K/V holding the very same
+    values (every float8 value is an f16): GB/s of each cache's bytes, the time ratio, and the outputs' difference."""
+    B, Hq, Hkv, E = 16, 32, 8, 128
+    q = torch.randn(B, 1, Hq, E, device="cuda", dtype=torch.float16)
+    k8, v8 = (torch.randn(B, S, Hkv, E, device="cuda").to(getattr(torch, fmt)) for _ in range(2))
+    k16, v16 = k8.to(torch.float16), v8.to(torch.float16)
+    ones = torch.ones(B, Hkv, device="cuda")
+    t8 = time_cuda(lambda: af.flash_attn_func(q, k8, v8, k_descale=ones, v_descale=ones), samples, deadline)
+    t16 = time_cuda(lambda: af.flash_attn_func(q, k16, v16), samples, deadline)
+    o8 = af.flash_attn_func(q, k8, v8, k_descale=ones, v_descale=ones)[0]
+    o16 = af.flash_attn_func(q, k16, v16)[0]
+    diff = (o8.float() - o16.float()).abs().max().item()
+    return {"kind": "float8", "dtype": fmt, "S": S, "float8": k8.numel() * 2 / t8 * 1e-9,
+            "f16": k16.numel() * 2 * 2 / t16 * 1e-9, "speedup": t16 / t8, "max_abs_diff": diff}
 
 
 def cell(x, fmt="{:.0f}"):
@@ -274,6 +303,15 @@ def print_tables(results, copy_gbps):
             diff = f"{r['max_abs_diff']:.1e}" if r["max_abs_diff"] is not None else "-"
             print(f"| {r['dtype']} | {r['S']} | {cell(r['attnforge'])} | {share} | {cell(r['flash'])} | "
                   f"{cell(r['cudnn'])} | {cell(r['efficient'])} | {diff} |")
+    float8 = [r for r in results if r["kind"] == "float8"]
+    if float8:
+        print("\nDecode from a float8 K/V cache (flash_attn_func, q f16, B=16, Hq/Hkv = 32/8, E=128) against attnforge's "
+              "f16 decode on the same values: GB/s of each cache's bytes; speed-up = f16 time / float8 time\n")
+        print("| K/V | S | float8 GB/s | % copy | f16 GB/s | speed-up | diff |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for r in float8:
+            print(f"| {r['dtype']} | {r['S']} | {r['float8']:.0f} | {100 * r['float8'] / copy_gbps:.0f}% | "
+                  f"{r['f16']:.0f} | {r['speedup']:.2f} | {r['max_abs_diff']:.1e} |")
 
 
 if __name__ == "__main__":

@@ -129,8 +129,8 @@ def test_flash_attn_varlen_and_paged_match_the_cpu():
 
 @pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
 def test_flash_attn_float8_kv_matches_the_cpu(kv_dtype):
-    """A float8 K/V cache under an f16 query, with descales, on CUDA (the CUDA cores convert as they read) against the
-    same call on the CPU."""
+    """A float8 K/V cache under an f16 query, with descales, on CUDA (the tensor cores' float8 variants: tiles staged
+    as bytes and converted in shared memory) against the same call on the CPU."""
     torch.manual_seed(3)
     q = torch.randn(2, 5, 8, 64, dtype=torch.float16, device="cuda")
     k, v = (torch.randn(2, 300, 2, 64, device="cuda").to(kv_dtype) for _ in range(2))

@@ -15,7 +15,10 @@
  *   - af_flash_attn's sequences: varlen rows and keys through cu_seqlens (the grid covers the longest sequence;
  *     CTAs past a sequence's rows return), seqused_k (each batch's own key count) and paged K/V (each tile row
  *     found through the page table);
- *   - split-KV (blockIdx.z): each split writes its normalised f32 partial O and LSE; attn_combine.cuh merges them.
+ *   - split-KV (blockIdx.z): each split writes its normalised f32 partial O and LSE; attn_combine.cuh merges them;
+ *   - float8 K/V (e4m3fn, e5m2) under an f16/bf16 q: tiles are staged as bytes (half the traffic), then converted
+ *     in shared memory into the 16-bit tile the products read (every float8 value is exact in f16 and bf16); the
+ *     (batch, kv head)'s q_descale·k_descale multiplies the scores and v_descale the output, as on the CPU.
  * Head-dim variants are compile-time constants: AF_MMA_KERNEL stamps out one kernel per (head dim, dtype), and
  * af_mma_body's register arrays are indexed only by constants once it is inlined with that head dim.
  * Matches src/sdpa/reference.c on finite inputs: masked keys add nothing, a row that sees no key gets out = 0 and
@@ -84,9 +87,13 @@ typedef struct {
     float scale_log2;              /* scale·log2(e) */
     float *part_o, *part_lse;      /* split-KV (NULL otherwise): [split][row id][Ev] and [split][row id] */
     int64_t total_rows;            /* B·Hq·L: row id = (b·Hkv + hk)·rows + r */
+    int kv_dtype;                  /* float8 variants: AF_F8E4M3 or AF_F8E5M2 (else q's dtype) */
+    const float *q_descale, *k_descale, *v_descale;   /* float8: NULL (= 1) or f32 (B, Hkv) */
+    int64_t q_descale_stride[2], k_descale_stride[2], v_descale_stride[2];
 } af_mma_params;
 
-/* Shared memory: Q, then 1 or 2 K tiles and as many V tiles, each 64 rows of hd 16-bit elements. */
+/* Shared memory: Q, then 1 or 2 K tiles and as many V tiles, each 64 rows of hd 16-bit elements. The float8
+ * variants need 2: the second K (V) tile's bytes hold two staged float8 tiles of K (V), the first the converted one. */
 static inline size_t af_mma_smem_bytes(int hd, int double_buffer) {
     return (size_t)(1 + 2 * (double_buffer ? 2 : 1)) * AF_MMA_BC * (size_t)hd * 2;
 }
@@ -112,11 +119,12 @@ AF_DEVICE void af_mma_key_range(const af_mma_params *p, const af_sequence *sq, i
     af_key_range_of(p->causal, p->has_window, p->window_left, p->window_right, sq->L, sq->S, i, lo, hi);
 }
 
-/* Where K or V (data, strides) row `key` of (batch b, kv head hk) starts: through the page table when paged
- * (problem.h's af_kv_row_offset_at). */
+/* Where K or V (data, strides; `elem` bytes an element) row `key` of (batch b, kv head hk) starts: through the page
+ * table when paged (problem.h's af_kv_row_offset_at). */
 AF_DEVICE const char *af_mma_kv_row(const af_mma_params *p, const char *data, const int64_t *stride, int64_t b,
-                                    int64_t hk, const af_sequence *sq, int64_t key) {
-    return data + 2 * af_kv_row_offset_at(p->page_table, p->page_table_stride, p->page_size, stride, b, hk, sq->k0, key);
+                                    int64_t hk, const af_sequence *sq, int64_t key, int elem) {
+    return data + elem * af_kv_row_offset_at(p->page_table, p->page_table_stride, p->page_size, stride, b, hk, sq->k0,
+                                             key);
 }
 
 AF_DEVICE void af_mma_op(float d[4], const uint32_t a[4], const uint32_t b[2], const int bf16) {
@@ -137,7 +145,37 @@ AF_DEVICE void af_mma_load_tile(char *dst, const af_mma_params *p, const char *d
         const int64_t key = key0 + row;
         const int ok = key < sq->S && bytes > 0;
         af_cp_async_16(dst + af_mma_swizzle(row, chunk, hd),
-                       ok ? af_mma_kv_row(p, data, stride, b, hk, sq, key) + chunk * 16 : data, ok ? bytes : 0);
+                       ok ? af_mma_kv_row(p, data, stride, b, hk, sq, key, 2) + chunk * 16 : data, ok ? bytes : 0);
+    }
+}
+
+/* float8 K/V: one tile of AF_MMA_BC rows as bytes into `stage` (hd bytes a row, in order: only
+ * af_mma_convert_tile reads it), 16 elements per copy; rows at or past the sequence's keys and bytes past `cols`
+ * are zero-filled. */
+AF_DEVICE void af_mma_load_tile_f8(char *stage, const af_mma_params *p, const char *data, const int64_t *stride,
+                                   int64_t b, int64_t hk, const af_sequence *sq, int64_t key0, int cols, const int hd) {
+    const int chunks = hd / 16, chunk = AF_THREAD_IDX % chunks, n = cols - 16 * chunk;
+    const int bytes = n >= 16 ? 16 : n > 0 ? n : 0;
+    for (int row = AF_THREAD_IDX / chunks; row < AF_MMA_BC; row += AF_MMA_THREADS / chunks) {
+        const int64_t key = key0 + row;
+        const int ok = key < sq->S && bytes > 0;
+        af_cp_async_16(stage + row * hd + chunk * 16,
+                       ok ? af_mma_kv_row(p, data, stride, b, hk, sq, key, 1) + chunk * 16 : data, ok ? bytes : 0);
+    }
+}
+
+/* float8 K/V: a staged tile converted into the 16-bit tile the products read (af_mma_swizzle's layout), one 16-byte
+ * chunk (8 elements) a step. Exact: every e4m3fn and e5m2 value is an f16 and a bf16 (NaN stays NaN). */
+AF_DEVICE void af_mma_convert_tile(char *dst, const char *stage, int kv_dtype, const int hd, const int bf16) {
+    const int chunks = hd / 8;
+    for (int i = AF_THREAD_IDX; i < AF_MMA_BC * chunks; i += AF_MMA_THREADS) {
+        const int row = i / chunks, chunk = i % chunks;
+        const uint8_t *src = (const uint8_t *)stage + row * hd + chunk * 8;
+        uint32_t *out = (uint32_t *)(dst + af_mma_swizzle(row, chunk, hd));
+        AF_MMA_UNROLL
+        for (int e = 0; e < 4; e++)
+            out[e] = af_mma_pack(af_f8_to_float(src[2 * e], (af_dtype)kv_dtype),
+                                 af_f8_to_float(src[2 * e + 1], (af_dtype)kv_dtype), bf16);
     }
 }
 
@@ -310,7 +348,7 @@ AF_DEVICE void af_mma_join_sink(const af_mma_params *p, int64_t h, float o[][4],
 
 /* O / l and the LSE of this lane's two rows: to out/lse, or to the split's partials. */
 AF_DEVICE void af_mma_epilogue(const af_mma_params *p, float o[][4], float m[2], float l[2], int64_t b,
-                               int64_t hk, int64_t r0, const int hd, const int bf16) {
+                               int64_t hk, int64_t r0, float v_scale, const int hd, const int bf16) {
     const int lane = af_lane(), g = lane >> 2, t = lane & 3;
     const af_sequence seq = af_mma_sequence(p, b), *sq = &seq;
     AF_MMA_UNROLL
@@ -325,7 +363,7 @@ AF_DEVICE void af_mma_epilogue(const af_mma_params *p, float o[][4], float m[2],
         const int64_t h = hk * p->group + r / sq->L, i = sq->q0 + r % sq->L;
         if (p->sink && !p->part_o) af_mma_join_sink(p, h, o, &m[half], &l[half], half, hd);   /* split: the combine's */
         const int seen = l[half] > 0.0f || l[half] != l[half];   /* a row that saw no key: out = 0, lse = -inf */
-        const float inv = seen ? 1.0f / l[half] : 0.0f;
+        const float inv = seen ? v_scale / l[half] : 0.0f;   /* v_scale: float8's v_descale, else 1 */
         const float base = m[half] == -INFINITY ? 0.0f : m[half];
         const float lse = seen ? base * AF_MMA_LN2 + logf(l[half]) : -INFINITY;
         if (p->part_o) {
@@ -350,8 +388,8 @@ AF_DEVICE void af_mma_epilogue(const af_mma_params *p, float o[][4], float m[2],
     }
 }
 
-/* The whole CTA: hd (64, 128, 256) and bf16 are constants here (see AF_MMA_KERNEL). */
-AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16) {
+/* The whole CTA: hd (64, 128, 256), bf16 and f8 (float8 K/V) are constants here (see AF_MMA_KERNEL). */
+AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16, const int f8) {
     const int q_in_regs = hd <= AF_MMA_Q_REGS_MAX_HD;
     const int lane = af_lane(), warp = af_warp();
     const int64_t bhk = (int64_t)(AF_BLOCK_IDX_X / p.row_blocks) * AF_GRID_DIM_Y + AF_BLOCK_IDX_Y;
@@ -380,6 +418,15 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16) 
     const int tile_bytes = AF_MMA_BC * hd * 2;
     char *smem_k = smem_q + tile_bytes;
     char *smem_v = smem_k + (p.double_buffer ? 2 : 1) * tile_bytes;
+    /* float8 (always double-buffered): stage s of K / V at the second tile's bytes + s·stage_bytes */
+    const int stage_bytes = AF_MMA_BC * hd;
+    char *stage_k = smem_k + tile_bytes, *stage_v = smem_v + tile_bytes;
+    float qk_descale = 1.0f, v_descale = 1.0f;
+    if (f8) {
+        qk_descale = af_descale_at(p.q_descale, p.q_descale_stride, b, hk) *
+                     af_descale_at(p.k_descale, p.k_descale_stride, b, hk);
+        v_descale = af_descale_at(p.v_descale, p.v_descale_stride, b, hk);
+    }
 
     float o[AF_MMA_HD_MAX / 8][4];
     AF_MMA_UNROLL
@@ -390,8 +437,13 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16) 
     if (t_begin < t_end) {   /* Q, then the first tile: two groups */
         af_mma_load_q(smem_q, &p, b, hk, &sq, r0, hd);
         af_cp_async_commit();
-        af_mma_load_tile(smem_k, &p, p.k, p.k_stride, b, hk, &sq, t_begin * AF_MMA_BC, p.E, hd);
-        af_mma_load_tile(smem_v, &p, p.v, p.v_stride, b, hk, &sq, t_begin * AF_MMA_BC, p.Ev, hd);
+        if (f8) {
+            af_mma_load_tile_f8(stage_k, &p, p.k, p.k_stride, b, hk, &sq, t_begin * AF_MMA_BC, p.E, hd);
+            af_mma_load_tile_f8(stage_v, &p, p.v, p.v_stride, b, hk, &sq, t_begin * AF_MMA_BC, p.Ev, hd);
+        } else {
+            af_mma_load_tile(smem_k, &p, p.k, p.k_stride, b, hk, &sq, t_begin * AF_MMA_BC, p.E, hd);
+            af_mma_load_tile(smem_v, &p, p.v, p.v_stride, b, hk, &sq, t_begin * AF_MMA_BC, p.Ev, hd);
+        }
         af_cp_async_commit();
         if (q_in_regs) {   /* Q's fragments, while the first tile is in flight */
             af_cp_async_wait_1();
@@ -404,12 +456,18 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16) 
     }
     for (int64_t tile = t_begin; tile < t_end; tile++) {
         const int64_t key0 = tile * AF_MMA_BC;
-        const int buf = p.double_buffer ? (int)((tile - t_begin) & 1) : 0;   /* t_begin: the first tile loaded */
+        const int next = p.double_buffer ? (int)((tile - t_begin) & 1) : 0;   /* t_begin: the first tile loaded */
+        const int buf = f8 ? 0 : next;   /* float8: `next` alternates the stages, the products read tile 0 */
         if (p.double_buffer) {   /* the next tile streams in while this one is computed */
-            if (tile + 1 < t_end) {
-                af_mma_load_tile(smem_k + (buf ^ 1) * tile_bytes, &p, p.k, p.k_stride, b, hk, &sq,
+            if (tile + 1 < t_end && f8) {
+                af_mma_load_tile_f8(stage_k + (next ^ 1) * stage_bytes, &p, p.k, p.k_stride, b, hk, &sq,
+                                    key0 + AF_MMA_BC, p.E, hd);
+                af_mma_load_tile_f8(stage_v + (next ^ 1) * stage_bytes, &p, p.v, p.v_stride, b, hk, &sq,
+                                    key0 + AF_MMA_BC, p.Ev, hd);
+            } else if (tile + 1 < t_end) {
+                af_mma_load_tile(smem_k + (next ^ 1) * tile_bytes, &p, p.k, p.k_stride, b, hk, &sq,
                                  key0 + AF_MMA_BC, p.E, hd);
-                af_mma_load_tile(smem_v + (buf ^ 1) * tile_bytes, &p, p.v, p.v_stride, b, hk, &sq,
+                af_mma_load_tile(smem_v + (next ^ 1) * tile_bytes, &p, p.v, p.v_stride, b, hk, &sq,
                                  key0 + AF_MMA_BC, p.Ev, hd);
             }
             af_cp_async_commit();
@@ -418,6 +476,11 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16) 
             af_cp_async_wait_0();
         }
         af_syncthreads();   /* every thread's copies of this tile (and Q) are visible */
+        if (f8) {   /* this tile's stage into the 16-bit tiles: the last tile's products are done (loop's end) */
+            af_mma_convert_tile(smem_k, stage_k + next * stage_bytes, p.kv_dtype, hd, bf16);
+            af_mma_convert_tile(smem_v, stage_v + next * stage_bytes, p.kv_dtype, hd, bf16);
+            af_syncthreads();
+        }
         if (warp_live) {   /* a warp whose 16 rows are all past the packed rows (decode) only helps load */
             const char *k_tile = smem_k + buf * tile_bytes, *v_tile = smem_v + buf * tile_bytes;
             float s[AF_MMA_BC / 8][4];
@@ -438,8 +501,8 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16) 
             for (int n = 0; n < AF_MMA_BC / 8; n++)
                 AF_MMA_UNROLL
                 for (int c = 0; c < 4; c++)
-                    s[n][c] = p.softcap_on ? p.softcap_log2 * tanhf(s[n][c] * p.scale_over_cap)
-                                           : s[n][c] * p.scale_log2;
+                    s[n][c] = p.softcap_on ? p.softcap_log2 * tanhf(s[n][c] * qk_descale * p.scale_over_cap)
+                                           : s[n][c] * qk_descale * p.scale_log2;
             if (p.mask || key0 + AF_MMA_BC > hi_min || key0 < lo_max) af_mma_apply_mask(s, &p, b, hk, r0, key0, bf16);
             af_mma_softmax(s, o, m, l, hd, p.Ev);
             af_mma_pv(o, s, v_tile, hd, p.Ev, bf16);
@@ -451,17 +514,23 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16) 
             af_cp_async_commit();
         }
     }
-    af_mma_epilogue(&p, o, m, l, b, hk, r0, hd, bf16);
+    af_mma_epilogue(&p, o, m, l, b, hk, r0, v_descale, hd, bf16);
 }
 
-/* One kernel per (head dim, dtype). */
-#define AF_MMA_KERNEL(name, hd, bf16) \
-    AF_KERNEL(name, af_mma_params, p, AF_MMA_THREADS) { af_mma_body(p, hd, bf16); }
-AF_MMA_KERNEL(af_mma_f16_hd64, 64, 0)
-AF_MMA_KERNEL(af_mma_f16_hd128, 128, 0)
-AF_MMA_KERNEL(af_mma_f16_hd256, 256, 0)
-AF_MMA_KERNEL(af_mma_bf16_hd64, 64, 1)
-AF_MMA_KERNEL(af_mma_bf16_hd128, 128, 1)
-AF_MMA_KERNEL(af_mma_bf16_hd256, 256, 1)
+/* One kernel per (head dim, dtype, float8 K/V or not). */
+#define AF_MMA_KERNEL(name, hd, bf16, f8) \
+    AF_KERNEL(name, af_mma_params, p, AF_MMA_THREADS) { af_mma_body(p, hd, bf16, f8); }
+AF_MMA_KERNEL(af_mma_f16_hd64, 64, 0, 0)
+AF_MMA_KERNEL(af_mma_f16_hd128, 128, 0, 0)
+AF_MMA_KERNEL(af_mma_f16_hd256, 256, 0, 0)
+AF_MMA_KERNEL(af_mma_bf16_hd64, 64, 1, 0)
+AF_MMA_KERNEL(af_mma_bf16_hd128, 128, 1, 0)
+AF_MMA_KERNEL(af_mma_bf16_hd256, 256, 1, 0)
+AF_MMA_KERNEL(af_mma_f16_f8_hd64, 64, 0, 1)
+AF_MMA_KERNEL(af_mma_f16_f8_hd128, 128, 0, 1)
+AF_MMA_KERNEL(af_mma_f16_f8_hd256, 256, 0, 1)
+AF_MMA_KERNEL(af_mma_bf16_f8_hd64, 64, 1, 1)
+AF_MMA_KERNEL(af_mma_bf16_f8_hd128, 128, 1, 1)
+AF_MMA_KERNEL(af_mma_bf16_f8_hd256, 256, 1, 1)
 
 #endif

@@ -93,16 +93,32 @@ size_t af_cuda_mma_workspace_bytes(const af_problem *p, const af_cuda_device *de
                          *prm);                                                                               \
     } while (0)
 
-static cudaError_t af_mma_launch(const af_mma_plan *plan, int bf16, const af_mma_params *prm, cudaStream_t stream) {
+static cudaError_t af_mma_launch(const af_mma_plan *plan, int bf16, int f8, const af_mma_params *prm,
+                                 cudaStream_t stream) {
     cudaError_t e;
-    switch (plan->hd * 2 + bf16) {
-    case 64 * 2: AF_MMA_LAUNCH_VARIANT(af_mma_f16_hd64);
-    case 128 * 2: AF_MMA_LAUNCH_VARIANT(af_mma_f16_hd128);
-    case 256 * 2: AF_MMA_LAUNCH_VARIANT(af_mma_f16_hd256);
-    case 64 * 2 + 1: AF_MMA_LAUNCH_VARIANT(af_mma_bf16_hd64);
-    case 128 * 2 + 1: AF_MMA_LAUNCH_VARIANT(af_mma_bf16_hd128);
-    default: AF_MMA_LAUNCH_VARIANT(af_mma_bf16_hd256);
+    switch (plan->hd * 4 + f8 * 2 + bf16) {
+    case 64 * 4: AF_MMA_LAUNCH_VARIANT(af_mma_f16_hd64);
+    case 128 * 4: AF_MMA_LAUNCH_VARIANT(af_mma_f16_hd128);
+    case 256 * 4: AF_MMA_LAUNCH_VARIANT(af_mma_f16_hd256);
+    case 64 * 4 + 1: AF_MMA_LAUNCH_VARIANT(af_mma_bf16_hd64);
+    case 128 * 4 + 1: AF_MMA_LAUNCH_VARIANT(af_mma_bf16_hd128);
+    case 256 * 4 + 1: AF_MMA_LAUNCH_VARIANT(af_mma_bf16_hd256);
+    case 64 * 4 + 2: AF_MMA_LAUNCH_VARIANT(af_mma_f16_f8_hd64);
+    case 128 * 4 + 2: AF_MMA_LAUNCH_VARIANT(af_mma_f16_f8_hd128);
+    case 256 * 4 + 2: AF_MMA_LAUNCH_VARIANT(af_mma_f16_f8_hd256);
+    case 64 * 4 + 3: AF_MMA_LAUNCH_VARIANT(af_mma_bf16_f8_hd64);
+    case 128 * 4 + 3: AF_MMA_LAUNCH_VARIANT(af_mma_bf16_f8_hd128);
+    default: AF_MMA_LAUNCH_VARIANT(af_mma_bf16_f8_hd256);
     }
+}
+
+/* float8 K/V (e4m3fn, e5m2) under an f16/bf16 q: the float8 variants, which need the double-buffered layout. */
+static int af_mma_kv_float8(const af_problem *p) { return p->kv_dtype == AF_F8E4M3 || p->kv_dtype == AF_F8E5M2; }
+
+int af_cuda_mma_accepts_float8(const af_problem *p, const af_cuda_device *dev) {
+    const size_t optin = dev->max_smem_per_block > 0 ? (size_t)dev->max_smem_per_block : AF_MMA_DEFAULT_SMEM;
+    return (p->dtype == AF_F16 || p->dtype == AF_BF16) && af_mma_kv_float8(p) && p->E <= AF_MMA_HD_MAX &&
+           p->Ev <= AF_MMA_HD_MAX && af_mma_smem_bytes(af_mma_head_dim(p), 1) <= optin;
 }
 
 cudaError_t af_cuda_mma_forward(const af_problem *p, const af_cuda_device *dev, void *workspace,
@@ -110,8 +126,11 @@ cudaError_t af_cuda_mma_forward(const af_problem *p, const af_cuda_device *dev, 
     if (p->B == 0 || p->Hq == 0 || p->L == 0) return cudaSuccess;   /* no query row */
     if ((p->dtype != AF_F16 && p->dtype != AF_BF16) || p->E > AF_MMA_HD_MAX || p->Ev > AF_MMA_HD_MAX)
         return cudaErrorInvalidValue;
+    const int f8 = af_mma_kv_float8(p);
+    if (!f8 && p->kv_dtype != p->dtype) return cudaErrorInvalidValue;
     af_mma_plan plan;
     af_mma_make_plan(p, dev, &plan);
+    if (f8 && !plan.double_buffer) return cudaErrorInvalidConfiguration;   /* af_cuda_mma_accepts_float8's rule */
     if (plan.smem > (dev->max_smem_per_block > 0 ? (size_t)dev->max_smem_per_block : AF_MMA_DEFAULT_SMEM) ||
         plan.grid_x > AF_MMA_GRID_X_MAX)
         return cudaErrorInvalidConfiguration;
@@ -171,8 +190,17 @@ cudaError_t af_cuda_mma_forward(const af_problem *p, const af_cuda_device *dev, 
     prm.total_rows = p->B * p->Hq * p->L;
     prm.part_lse = plan.splits > 1 ? (float *)workspace : NULL;
     prm.part_o = plan.splits > 1 ? (float *)((char *)workspace + plan.lse_bytes) : NULL;
+    prm.kv_dtype = (int)p->kv_dtype;
+    prm.q_descale = p->q_descale;
+    prm.k_descale = p->k_descale;
+    prm.v_descale = p->v_descale;
+    for (int d = 0; d < 2; d++) {
+        prm.q_descale_stride[d] = p->q_descale_stride[d];
+        prm.k_descale_stride[d] = p->k_descale_stride[d];
+        prm.v_descale_stride[d] = p->v_descale_stride[d];
+    }
 
-    cudaError_t e = af_mma_launch(&plan, bf16, &prm, stream);
+    cudaError_t e = af_mma_launch(&plan, bf16, f8, &prm, stream);
     if (e != cudaSuccess || plan.splits == 1) return e;
 
     af_combine_params cp;

@@ -182,7 +182,8 @@ typedef struct {
     int64_t *stride;           /* the problem's strides, made those of the copy */
     int64_t shape[4];
     char rule[96];             /* which precondition the caller's view breaks; "" when none */
-    int64_t row;               /* the copy's row length: the head dim rounded up to 8 elements */
+    int elem;                  /* bytes per element: 2, or 1 for float8 K/V */
+    int64_t row;               /* the copy's row length: the head dim rounded up to 16 bytes */
     size_t tight_bytes;        /* 0, or the unpadded staging copy when row > head dim */
     size_t padded_bytes;       /* the copy the kernels read */
 } mma_operand;
@@ -194,9 +195,11 @@ static void describe_broken_rule(mma_operand *o) {
         snprintf(o->rule, sizeof o->rule, "stride[3] is %lld, not 1", (long long)o->stride[3]);
         return;
     }
+    const int per_16_bytes = 16 / o->elem;
     for (int d = 0; d < 3; d++)
-        if (o->shape[d] > 1 && o->stride[d] % 8 != 0) {
-            snprintf(o->rule, sizeof o->rule, "stride[%d] is %lld, not a multiple of 8", d, (long long)o->stride[d]);
+        if (o->shape[d] > 1 && o->stride[d] % per_16_bytes != 0) {
+            snprintf(o->rule, sizeof o->rule, "stride[%d] is %lld, not a multiple of %d", d, (long long)o->stride[d],
+                     per_16_bytes);
             return;
         }
     if ((uintptr_t)*o->base % 16 != 0)
@@ -205,17 +208,20 @@ static void describe_broken_rule(mma_operand *o) {
 
 static size_t round_up(size_t bytes) { return (bytes + AF_SCRATCH_ALIGN - 1) / AF_SCRATCH_ALIGN * AF_SCRATCH_ALIGN; }
 
-/* The copy's sizes: rows padded to 8 elements (16 bytes). A head dim that is not a multiple of 8 is first gathered
- * tight, with 8 elements of slack, and then spread into padded rows by reading each tight row 8-aligned long: the
- * padding's values are those of the next row (never used: the kernels zero-fill past the head dim). */
-static void plan_copy(mma_operand *o, int elem_size) {
+/* The copy's sizes: rows padded to 16 bytes (8 16-bit elements, 16 float8 ones). A head dim that is not a multiple of
+ * that is first gathered tight, with 16 bytes of slack, and then spread into padded rows by reading each tight row
+ * as long as a padded one: the padding's values are those of the next row (never used: the kernels zero-fill past
+ * the head dim). */
+static void plan_copy(mma_operand *o) {
     const size_t rows = (size_t)(o->shape[0] * o->shape[1] * o->shape[2]);
-    o->row = (o->shape[3] + 7) / 8 * 8;
-    o->padded_bytes = round_up(rows * (size_t)o->row * (size_t)elem_size);
-    o->tight_bytes = o->row == o->shape[3] ? 0 : round_up((rows * (size_t)o->shape[3] + 8) * (size_t)elem_size);
+    const int64_t per_16_bytes = 16 / o->elem;
+    o->row = (o->shape[3] + per_16_bytes - 1) / per_16_bytes * per_16_bytes;
+    o->padded_bytes = round_up(rows * (size_t)o->row * (size_t)o->elem);
+    o->tight_bytes = o->row == o->shape[3] ? 0 : round_up((rows * (size_t)o->shape[3]) * (size_t)o->elem + 16);
 }
 
-static cudaError_t make_copy(mma_operand *o, char *tight, char *padded, int elem_size, cudaStream_t stream) {
+static cudaError_t make_copy(mma_operand *o, char *tight, char *padded, cudaStream_t stream) {
+    const int elem_size = o->elem;
     cudaError_t e;
     if (!o->tight_bytes) {
         e = af_cuda_copy_4d(padded, *o->base, o->shape, o->stride, elem_size, stream);
@@ -242,7 +248,7 @@ static int mma_forward(const af_problem *p, const af_cuda_device *dev, cudaStrea
     const char **bases[3] = {&run.q, &run.k, &run.v};
     int64_t *strides[3] = {run.q_stride, run.k_stride, run.v_stride};
     const int64_t shapes[3][4] = {{p->B, p->Hq, p->L, p->E}, {p->B, p->Hkv, p->S, p->E}, {p->B, p->Hkv, p->S, p->Ev}};
-    const int elem_size = 2;
+    const bool kv_float8 = p->kv_dtype == AF_F8E4M3 || p->kv_dtype == AF_F8E5M2;
     size_t scratch_bytes = 0;
     char warning[512] = "";
     for (int i = 0; i < 3; i++) {
@@ -251,9 +257,10 @@ static int mma_forward(const af_problem *p, const af_cuda_device *dev, cudaStrea
         o->base = bases[i];
         o->stride = strides[i];
         memcpy(o->shape, shapes[i], sizeof o->shape);
+        o->elem = i > 0 && kv_float8 ? 1 : 2;
         describe_broken_rule(o);
         if (!o->rule[0]) continue;
-        plan_copy(o, elem_size);
+        plan_copy(o);
         scratch_bytes += o->tight_bytes + o->padded_bytes;
         const size_t used = strlen(warning);
         snprintf(warning + used, sizeof warning - used, "%s%s (%s)", used ? "; " : "", o->name, o->rule);
@@ -268,7 +275,7 @@ static int mma_forward(const af_problem *p, const af_cuda_device *dev, cudaStrea
         return cuda_fail(err, size, e, "allocating the tensor-core path's scratch on the stream");
     if (warning[0])
         log_message(AF_LOG_WARNING, "copying %s to contiguous memory before the tensor-core kernels: they need the "
-                    "last dimension contiguous, the other strides multiples of 8 elements and 16-byte aligned base "
+                    "last dimension contiguous, the other strides multiples of 16 bytes and 16-byte aligned base "
                     "addresses", warning);
     size_t offset = 0;
     e = cudaSuccess;
@@ -277,7 +284,7 @@ static int mma_forward(const af_problem *p, const af_cuda_device *dev, cudaStrea
         if (!o->rule[0]) continue;
         char *tight = scratch + offset, *padded = tight + o->tight_bytes;
         offset += o->tight_bytes + o->padded_bytes;
-        e = make_copy(o, tight, padded, elem_size, stream);
+        e = make_copy(o, tight, padded, stream);
     }
     if (e == cudaSuccess) e = af_cuda_mma_forward(&run, dev, workspace_bytes ? scratch + workspace_offset : NULL, stream);
     const cudaError_t launch = e;
@@ -296,8 +303,9 @@ static void note_simt_once(const af_problem *p) {
     int *noted = f8 ? &noted_f8 : sequences ? &noted_sequences : p->dtype == AF_F32 ? &noted_f32 : &noted_large;
     if (__atomic_exchange_n(noted, 1, __ATOMIC_RELAXED)) return;
     if (f8)
-        log_message(AF_LOG_INFO, "float8 K/V run on the CUDA cores (converted as they are read), slower than float16/"
-                    "bfloat16 on the tensor cores");
+        log_message(AF_LOG_INFO, "float8 K/V under a float32 or float8 query (or a head dim above %d, or too little "
+                    "shared memory) run on the CUDA cores, slower than under a float16/bfloat16 query on the tensor "
+                    "cores", AF_MMA_HD_MAX);
     else if (sequences)
         log_message(AF_LOG_INFO, "variable-length or paged tensors whose strides are not multiples of 8 elements (or "
                     "not 16-byte aligned) run on the CUDA cores, slower than the tensor-core path");
@@ -313,20 +321,23 @@ typedef enum { PATH_TENSOR_CORES_SM80, PATH_CUDA_CORES } kernel_path;
 
 /* Which kernels run a problem. The seam for generation-specific kernels: a Hopper kernel (wgmma, TMA, warp
  * specialisation) will be chosen here for dev->cc_major == 9; today every GPU from 8.0 on runs the mma.sync kernels. */
-/* A paged pool or a varlen tensor the tensor-core kernel reads in place: every stride a multiple of 8 elements, rows
- * contiguous, 16-byte aligned (they are never copied: the copy of mma_forward knows neither pages nor sequences). */
-static bool fits_tensor_cores_in_place(const char *base, const int64_t *stride) {
-    return stride[3] == 1 && stride[0] % 8 == 0 && stride[1] % 8 == 0 && stride[2] % 8 == 0 &&
+/* A paged pool or a varlen tensor the tensor-core kernel reads in place: every stride a multiple of 16 bytes (`elem`
+ * bytes an element), rows contiguous, 16-byte aligned (they are never copied: the copy of mma_forward knows neither
+ * pages nor sequences). */
+static bool fits_tensor_cores_in_place(const char *base, const int64_t *stride, int elem) {
+    const int64_t n = 16 / elem;
+    return stride[3] == 1 && stride[0] % n == 0 && stride[1] % n == 0 && stride[2] % n == 0 &&
            (uintptr_t)base % 16 == 0;
 }
 
 static kernel_path choose_path(const af_problem *p, const af_cuda_device *dev) {
-    (void)dev;
-    if ((p->cu_seqlens_q && !fits_tensor_cores_in_place(p->q, p->q_stride)) ||
-        ((p->cu_seqlens_k || p->page_table) &&
-         !(fits_tensor_cores_in_place(p->k, p->k_stride) && fits_tensor_cores_in_place(p->v, p->v_stride))))
+    const int kv_elem = p->kv_dtype == AF_F8E4M3 || p->kv_dtype == AF_F8E5M2 ? 1 : 2;   /* what the kernels read */
+    if ((p->cu_seqlens_q && !fits_tensor_cores_in_place(p->q, p->q_stride, 2)) ||
+        ((p->cu_seqlens_k || p->page_table) && !(fits_tensor_cores_in_place(p->k, p->k_stride, kv_elem) &&
+                                                 fits_tensor_cores_in_place(p->v, p->v_stride, kv_elem))))
         return PATH_CUDA_CORES;
-    const bool half = (p->dtype == AF_F16 || p->dtype == AF_BF16) && p->kv_dtype == p->dtype;   /* not float8 K/V */
+    if (af_cuda_mma_accepts_float8(p, dev)) return PATH_TENSOR_CORES_SM80;
+    const bool half = (p->dtype == AF_F16 || p->dtype == AF_BF16) && p->kv_dtype == p->dtype;
     return half && p->E <= AF_MMA_HD_MAX && p->Ev <= AF_MMA_HD_MAX ? PATH_TENSOR_CORES_SM80 : PATH_CUDA_CORES;
 }
 

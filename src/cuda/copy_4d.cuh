@@ -17,7 +17,7 @@ typedef struct {
     int64_t shape[4];
     int64_t stride[4];      /* src strides in elements */
     int64_t count;          /* elements: the product of shape */
-    int elem_size;          /* 2 or 4 bytes */
+    int elem_size;          /* 1 (float8), 2 or 4 bytes */
 } af_copy_4d_params;
 
 AF_KERNEL(af_copy_4d_kernel, af_copy_4d_params, p, AF_COPY_4D_THREADS) {
@@ -29,7 +29,8 @@ AF_KERNEL(af_copy_4d_kernel, af_copy_4d_params, p, AF_COPY_4D_THREADS) {
             rest /= p.shape[d];
         }
         if (p.elem_size == 4) ((uint32_t *)p.dst)[n] = ((const uint32_t *)p.src)[offset];
-        else ((uint16_t *)p.dst)[n] = ((const uint16_t *)p.src)[offset];
+        else if (p.elem_size == 2) ((uint16_t *)p.dst)[n] = ((const uint16_t *)p.src)[offset];
+        else ((uint8_t *)p.dst)[n] = ((const uint8_t *)p.src)[offset];
     }
 }
 

@@ -347,7 +347,7 @@ static void flash_random_suite_matches_the_reference(void **state) {
 }
 
 /* float8 K/V under an f32/f16/bf16 q, or all of q/k/v float8, e4m3fn and e5m2, with and without descales (zero and
- * huge ones too): the CUDA-core kernel converts as it stages, against the reference's float8 bound. */
+ * huge ones too), against the reference's float8 bound: the tensor cores take f16/bf16 q, the CUDA cores the rest. */
 static void flash_float8_suite_matches_the_reference(void **state) {
     const int count = case_suite_count(FLASH_CUDA_CASES / 2);
     const uint64_t seed = case_suite_seed(8192);
@@ -356,6 +356,81 @@ static void flash_float8_suite_matches_the_reference(void **state) {
         fit_flash_budget(&c);
         expect_flash_case(&c);
     }
+}
+
+/* A float8 K/V case under an f16/bf16 q with random descales (each in [1/4, 4), so a forgotten one shows). */
+static flash_case float8_case(af_dtype q, af_dtype format, int64_t B, int64_t Hq, int64_t Hkv, int64_t L, int64_t S,
+                              int64_t E, int64_t Ev) {
+    flash_case c = flash_case_default(B, Hq, Hkv, L, S, E, Ev);
+    c.dtype = q;
+    c.kv_dtype = format;
+    c.descale = DESCALE_RANDOM;
+    c.seed = (uint64_t)(L * 131 + S * 7 + E + format);
+    return c;
+}
+
+/* Float8 K/V under an f16/bf16 q run on the tensor cores: no note that they run on the CUDA cores, while a float32 q
+ * over the same cache gets it (once per process: this test runs before the float8 suite's float32 cases). */
+static void float8_under_a_half_query_runs_on_the_tensor_cores(void **state) {
+    flash_case c = float8_case(AF_F16, AF_F8E4M3, 1, 2, 1, 9, 100, 64, 64);
+    log_reset();
+    expect_flash_case(&c);
+    assert_null(strstr(log_text, "CUDA cores"));
+    c.dtype = AF_BF16;
+    c.kv_dtype = AF_F8E5M2;
+    expect_flash_case(&c);
+    assert_null(strstr(log_text, "CUDA cores"));
+    c.dtype = AF_F32;
+    expect_flash_case(&c);
+    assert_non_null(strstr(log_text, "float8 K/V under a float32 or float8 query"));
+}
+
+/* The tensor-core kernel's float8 variants against the reference: several key tiles (the two byte stages
+ * alternate), every head-dim variant, softcap, window and sink, decode with split-KV, a paged cache and varlen
+ * tensors read in place, and K/V views the path must copy first (an inner stride of 2: one-byte elements). */
+static void flash_float8_on_the_tensor_cores(void **state) {
+    for (int n = 0; n < 4; n++) {   /* both formats under both q dtypes */
+        const af_dtype q = n % 2 ? AF_BF16 : AF_F16, format = n / 2 ? AF_F8E5M2 : AF_F8E4M3;
+        flash_case c = float8_case(q, format, 1, 4, 2, 33, 150, 64, 64);   /* head dim 64, 3 tiles, GQA */
+        c.causal = n % 2;
+        expect_flash_case(&c);
+        c = float8_case(q, format, 1, 2, 1, 17, 140, 128, 96);   /* 128, Ev < E, softcap */
+        c.softcap = 20.0;
+        c.amplitude = 3.0;
+        expect_flash_case(&c);
+        c = float8_case(q, format, 1, 2, 1, 9, 130, 200, 256);   /* 256, a window and a sink */
+        c.has_window = true;
+        c.left = 70, c.right = 10;
+        c.sink = true;
+        expect_flash_case(&c);
+    }
+    /* decode: one row per head, 11 key tiles split over the emulation's 8 multiprocessors, a sink in the combine */
+    flash_case decode = float8_case(AF_F16, AF_F8E5M2, 1, 8, 4, 1, 700, 64, 64);
+    decode.sink = true;
+    expect_flash_case(&decode);
+    /* a paged cache (pages of 16 keys: strides multiples of 16 bytes) with seqused_k, read in place */
+    flash_case paged = float8_case(AF_BF16, AF_F8E4M3, 3, 4, 2, 1, 0, 64, 64);
+    const int64_t stored[3] = {130, 41, 77};
+    for (int b = 0; b < 3; b++) paged.S_stored[b] = stored[b], paged.Sk[b] = stored[b] - 10 * b;
+    paged.kv = KV_PAGED;
+    paged.seqused = true;
+    expect_flash_case(&paged);
+    /* varlen rows and keys, causal */
+    flash_case varlen = float8_case(AF_F16, AF_F8E4M3, 3, 4, 2, 0, 0, 64, 64);
+    const int64_t rows[3] = {20, 1, 70}, keys[3] = {90, 0, 70};
+    for (int b = 0; b < 3; b++) varlen.Lq[b] = rows[b], varlen.Sk[b] = varlen.S_stored[b] = keys[b];
+    varlen.varlen_q = true;
+    varlen.kv = KV_VARLEN;
+    varlen.causal = true;
+    expect_flash_case(&varlen);
+    /* K/V with an inner stride of 2: copied tight (rows padded to 16 bytes), with the warning naming both */
+    flash_case sliced = float8_case(AF_BF16, AF_F8E5M2, 1, 2, 1, 12, 90, 40, 24);
+    sliced.kv_layout = LAYOUT_SLICED;
+    log_reset();
+    expect_flash_case(&sliced);
+    assert_int_equal(warnings, 1);
+    assert_non_null(strstr(log_text, "key ("));
+    assert_non_null(strstr(log_text, "value ("));
 }
 
 /* A causal f16 varlen case, E = Ev = 64: sequence b has rows[b] query rows and keys[b] keys, packed. */
@@ -602,6 +677,8 @@ int main(void) {
         cmocka_unit_test(strided_inputs_are_copied_with_a_warning),
         cmocka_unit_test(flash_chosen_cases_match_the_reference),
         cmocka_unit_test(flash_random_suite_matches_the_reference),
+        cmocka_unit_test(float8_under_a_half_query_runs_on_the_tensor_cores),
+        cmocka_unit_test(flash_float8_on_the_tensor_cores),
         cmocka_unit_test(flash_float8_suite_matches_the_reference),
         cmocka_unit_test(flash_index_arrays_on_cuda_are_checked),
         cmocka_unit_test(tensors_on_another_device_are_named),
