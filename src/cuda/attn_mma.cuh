@@ -18,7 +18,8 @@
  *   - split-KV (blockIdx.z): each split writes its normalised f32 partial O and LSE; attn_combine.cuh merges them;
  *   - float8 K/V (e4m3fn, e5m2) under an f16/bf16 q: tiles are staged as bytes (half the traffic), then converted
  *     in shared memory into the 16-bit tile the products read (every float8 value is exact in f16 and bf16); the
- *     (batch, kv head)'s q_descale·k_descale multiplies the scores and v_descale the output, as on the CPU.
+ *     (batch, kv head)'s q_descale·k_descale multiplies the scores and v_descale the output, as on the CPU. With q
+ *     float8 too (FA4's fp8), Q is staged and converted the same way, once, and the products run in out's dtype.
  * Head-dim variants are compile-time constants: AF_MMA_KERNEL stamps out one kernel per (head dim, dtype), and
  * af_mma_body's register arrays are indexed only by constants once it is inlined with that head dim.
  * Matches src/sdpa/reference.c on finite inputs: masked keys add nothing, a row that sees no key gets out = 0 and
@@ -88,6 +89,7 @@ typedef struct {
     float *part_o, *part_lse;      /* split-KV (NULL otherwise): [split][row id][Ev] and [split][row id] */
     int64_t total_rows;            /* B·Hq·L: row id = (b·Hkv + hk)·rows + r */
     int kv_dtype;                  /* float8 variants: AF_F8E4M3 or AF_F8E5M2 (else q's dtype) */
+    int q_float8;                  /* float8 variants: q's float8 dtype when q is float8 too, else 0 */
     const float *q_descale, *k_descale, *v_descale;   /* float8: NULL (= 1) or f32 (B, Hkv) */
     int64_t q_descale_stride[2], k_descale_stride[2], v_descale_stride[2];
 } af_mma_params;
@@ -149,6 +151,25 @@ AF_DEVICE void af_mma_load_tile(char *dst, const af_mma_params *p, const char *d
     }
 }
 
+/* float8 q (float8 variants): the CTA's AF_MMA_BR packed query rows as bytes into `stage` (hd bytes a row, in order,
+ * for af_mma_convert_tile); rows past its group·L are zero. */
+AF_DEVICE void af_mma_load_q_f8(char *stage, const af_mma_params *p, int64_t b, int64_t hk, const af_sequence *sq,
+                                int64_t r0, const int hd) {
+    const int chunks = hd / 16, chunk = AF_THREAD_IDX % chunks, n = p->E - 16 * chunk;
+    const int bytes = n >= 16 ? 16 : n > 0 ? n : 0;
+    for (int row = AF_THREAD_IDX / chunks; row < AF_MMA_BR; row += AF_MMA_THREADS / chunks) {
+        const int64_t r = r0 + row;
+        const char *src = p->q;
+        int copy = 0;
+        if (r < p->group * sq->L && bytes > 0) {
+            const int64_t h = hk * p->group + r / sq->L, i = sq->q0 + r % sq->L;
+            src = p->q + (b * p->q_stride[0] + h * p->q_stride[1] + i * p->q_stride[2]) + chunk * 16;
+            copy = bytes;
+        }
+        af_cp_async_16(stage + row * hd + chunk * 16, src, copy);
+    }
+}
+
 /* float8 K/V: one tile of AF_MMA_BC rows as bytes into `stage` (hd bytes a row, in order: only
  * af_mma_convert_tile reads it), 16 elements per copy; rows at or past the sequence's keys and bytes past `cols`
  * are zero-filled. */
@@ -164,8 +185,11 @@ AF_DEVICE void af_mma_load_tile_f8(char *stage, const af_mma_params *p, const ch
     }
 }
 
-/* float8 K/V: a staged tile converted into the 16-bit tile the products read (af_mma_swizzle's layout), one 16-byte
- * chunk (8 elements) a step. Exact: every e4m3fn and e5m2 value is an f16 and a bf16 (NaN stays NaN). */
+/* float8: a staged tile (or Q block) converted into the 16-bit tile the products read (af_mma_swizzle's layout), one
+ * 16-byte chunk (8 elements) a step. Exact: every e4m3fn and e5m2 value is an f16 and a bf16 (NaN stays NaN). */
+#if AF_MMA_BR != AF_MMA_BC
+#error "af_mma_convert_tile converts a Q block as a K/V tile: both must have the same rows"
+#endif
 AF_DEVICE void af_mma_convert_tile(char *dst, const char *stage, int kv_dtype, const int hd, const int bf16) {
     const int chunks = hd / 8;
     for (int i = AF_THREAD_IDX; i < AF_MMA_BC * chunks; i += AF_MMA_THREADS) {
@@ -434,8 +458,10 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16, 
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     uint32_t qf[AF_MMA_HD_MAX / 16][4];   /* used up to AF_MMA_Q_REGS_MAX_HD */
 
+    const int q_f8 = f8 && p.q_float8;   /* Q staged in K's second stage, free until the loop's first copy */
     if (t_begin < t_end) {   /* Q, then the first tile: two groups */
-        af_mma_load_q(smem_q, &p, b, hk, &sq, r0, hd);
+        if (q_f8) af_mma_load_q_f8(stage_k + stage_bytes, &p, b, hk, &sq, r0, hd);
+        else af_mma_load_q(smem_q, &p, b, hk, &sq, r0, hd);
         af_cp_async_commit();
         if (f8) {
             af_mma_load_tile_f8(stage_k, &p, p.k, p.k_stride, b, hk, &sq, t_begin * AF_MMA_BC, p.E, hd);
@@ -445,12 +471,16 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16, 
             af_mma_load_tile(smem_v, &p, p.v, p.v_stride, b, hk, &sq, t_begin * AF_MMA_BC, p.Ev, hd);
         }
         af_cp_async_commit();
-        if (q_in_regs) {   /* Q's fragments, while the first tile is in flight */
+        if (q_in_regs || q_f8) {   /* Q's fragments (or its conversion), while the first tile is in flight */
             af_cp_async_wait_1();
             af_syncthreads();
+            if (q_f8) {
+                af_mma_convert_tile(smem_q, stage_k + stage_bytes, p.q_float8, hd, bf16);
+                af_syncthreads();   /* before the fragments are read, and before the loop refills that stage */
+            }
             AF_MMA_UNROLL
             for (int kk = 0; kk < hd / 16; kk++)
-                if (warp_live && 16 * kk < p.E)
+                if (q_in_regs && warp_live && 16 * kk < p.E)
                     af_ldmatrix_x4(qf[kk], smem_q + af_mma_swizzle(16 * warp + (lane & 15), 2 * kk + (lane >> 4), hd));
         }
     }

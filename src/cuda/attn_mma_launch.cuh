@@ -112,30 +112,39 @@ static cudaError_t af_mma_launch(const af_mma_plan *plan, int bf16, int f8, cons
     }
 }
 
-/* float8 K/V (e4m3fn, e5m2) under an f16/bf16 q: the float8 variants, which need the double-buffered layout. */
-static int af_mma_kv_float8(const af_problem *p) { return p->kv_dtype == AF_F8E4M3 || p->kv_dtype == AF_F8E5M2; }
+/* float8 K/V (e4m3fn, e5m2): the float8 variants, which need the double-buffered layout. */
+static int af_mma_is_float8(af_dtype d) { return d == AF_F8E4M3 || d == AF_F8E5M2; }
+static int af_mma_kv_float8(const af_problem *p) { return af_mma_is_float8(p->kv_dtype); }
+
+/* The products' 16-bit type: q's, or out's when q is float8 too. */
+static int af_mma_bf16(const af_problem *p) {
+    return (af_mma_is_float8(p->dtype) ? p->out_dtype : p->dtype) == AF_BF16;
+}
 
 int af_cuda_mma_accepts_float8(const af_problem *p, const af_cuda_device *dev) {
     const size_t optin = dev->max_smem_per_block > 0 ? (size_t)dev->max_smem_per_block : AF_MMA_DEFAULT_SMEM;
-    return (p->dtype == AF_F16 || p->dtype == AF_BF16) && af_mma_kv_float8(p) && p->E <= AF_MMA_HD_MAX &&
-           p->Ev <= AF_MMA_HD_MAX && af_mma_smem_bytes(af_mma_head_dim(p), 1) <= optin;
+    const int half_q = p->dtype == AF_F16 || p->dtype == AF_BF16;
+    const int float8_q = af_mma_is_float8(p->dtype) && (p->out_dtype == AF_F16 || p->out_dtype == AF_BF16);
+    return (half_q || float8_q) && af_mma_kv_float8(p) && p->E <= AF_MMA_HD_MAX && p->Ev <= AF_MMA_HD_MAX &&
+           af_mma_smem_bytes(af_mma_head_dim(p), 1) <= optin;
 }
 
 cudaError_t af_cuda_mma_forward(const af_problem *p, const af_cuda_device *dev, void *workspace,
                                 cudaStream_t stream) {
     if (p->B == 0 || p->Hq == 0 || p->L == 0) return cudaSuccess;   /* no query row */
-    if ((p->dtype != AF_F16 && p->dtype != AF_BF16) || p->E > AF_MMA_HD_MAX || p->Ev > AF_MMA_HD_MAX)
-        return cudaErrorInvalidValue;
     const int f8 = af_mma_kv_float8(p);
-    if (!f8 && p->kv_dtype != p->dtype) return cudaErrorInvalidValue;
+    if (f8 ? !af_cuda_mma_accepts_float8(p, dev)
+           : (p->dtype != AF_F16 && p->dtype != AF_BF16) || p->kv_dtype != p->dtype || p->E > AF_MMA_HD_MAX ||
+                 p->Ev > AF_MMA_HD_MAX)
+        return cudaErrorInvalidValue;
     af_mma_plan plan;
     af_mma_make_plan(p, dev, &plan);
-    if (f8 && !plan.double_buffer) return cudaErrorInvalidConfiguration;   /* af_cuda_mma_accepts_float8's rule */
+
     if (plan.smem > (dev->max_smem_per_block > 0 ? (size_t)dev->max_smem_per_block : AF_MMA_DEFAULT_SMEM) ||
         plan.grid_x > AF_MMA_GRID_X_MAX)
         return cudaErrorInvalidConfiguration;
     if (plan.workspace > 0 && !workspace) return cudaErrorInvalidValue;
-    const int bf16 = p->dtype == AF_BF16;
+    const int bf16 = af_mma_bf16(p);
 
     af_mma_params prm;
     prm.q = p->q;
@@ -191,6 +200,7 @@ cudaError_t af_cuda_mma_forward(const af_problem *p, const af_cuda_device *dev, 
     prm.part_lse = plan.splits > 1 ? (float *)workspace : NULL;
     prm.part_o = plan.splits > 1 ? (float *)((char *)workspace + plan.lse_bytes) : NULL;
     prm.kv_dtype = (int)p->kv_dtype;
+    prm.q_float8 = af_mma_is_float8(p->dtype) ? (int)p->dtype : 0;
     prm.q_descale = p->q_descale;
     prm.k_descale = p->k_descale;
     prm.v_descale = p->v_descale;

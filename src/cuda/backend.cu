@@ -182,7 +182,7 @@ typedef struct {
     int64_t *stride;           /* the problem's strides, made those of the copy */
     int64_t shape[4];
     char rule[96];             /* which precondition the caller's view breaks; "" when none */
-    int elem;                  /* bytes per element: 2, or 1 for float8 K/V */
+    int elem;                  /* bytes per element: 2, or 1 for float8 */
     int64_t row;               /* the copy's row length: the head dim rounded up to 16 bytes */
     size_t tight_bytes;        /* 0, or the unpadded staging copy when row > head dim */
     size_t padded_bytes;       /* the copy the kernels read */
@@ -249,6 +249,7 @@ static int mma_forward(const af_problem *p, const af_cuda_device *dev, cudaStrea
     int64_t *strides[3] = {run.q_stride, run.k_stride, run.v_stride};
     const int64_t shapes[3][4] = {{p->B, p->Hq, p->L, p->E}, {p->B, p->Hkv, p->S, p->E}, {p->B, p->Hkv, p->S, p->Ev}};
     const bool kv_float8 = p->kv_dtype == AF_F8E4M3 || p->kv_dtype == AF_F8E5M2;
+    const bool q_float8 = p->dtype == AF_F8E4M3 || p->dtype == AF_F8E5M2;
     size_t scratch_bytes = 0;
     char warning[512] = "";
     for (int i = 0; i < 3; i++) {
@@ -257,7 +258,7 @@ static int mma_forward(const af_problem *p, const af_cuda_device *dev, cudaStrea
         o->base = bases[i];
         o->stride = strides[i];
         memcpy(o->shape, shapes[i], sizeof o->shape);
-        o->elem = i > 0 && kv_float8 ? 1 : 2;
+        o->elem = (i == 0 ? q_float8 : kv_float8) ? 1 : 2;
         describe_broken_rule(o);
         if (!o->rule[0]) continue;
         plan_copy(o);
@@ -303,9 +304,9 @@ static void note_simt_once(const af_problem *p) {
     int *noted = f8 ? &noted_f8 : sequences ? &noted_sequences : p->dtype == AF_F32 ? &noted_f32 : &noted_large;
     if (__atomic_exchange_n(noted, 1, __ATOMIC_RELAXED)) return;
     if (f8)
-        log_message(AF_LOG_INFO, "float8 K/V under a float32 or float8 query (or a head dim above %d, or too little "
-                    "shared memory) run on the CUDA cores, slower than under a float16/bfloat16 query on the tensor "
-                    "cores", AF_MMA_HD_MAX);
+        log_message(AF_LOG_INFO, "float8 K/V under a float32 query, float8 q/k/v with a float32 output, head dims "
+                    "above %d, or varlen/paged float8 strides that are not multiples of 16 run on the CUDA cores, "
+                    "slower than the tensor cores", AF_MMA_HD_MAX);
     else if (sequences)
         log_message(AF_LOG_INFO, "variable-length or paged tensors whose strides are not multiples of 8 elements (or "
                     "not 16-byte aligned) run on the CUDA cores, slower than the tensor-core path");
@@ -332,7 +333,8 @@ static bool fits_tensor_cores_in_place(const char *base, const int64_t *stride, 
 
 static kernel_path choose_path(const af_problem *p, const af_cuda_device *dev) {
     const int kv_elem = p->kv_dtype == AF_F8E4M3 || p->kv_dtype == AF_F8E5M2 ? 1 : 2;   /* what the kernels read */
-    if ((p->cu_seqlens_q && !fits_tensor_cores_in_place(p->q, p->q_stride, 2)) ||
+    const int q_elem = p->dtype == AF_F8E4M3 || p->dtype == AF_F8E5M2 ? 1 : 2;
+    if ((p->cu_seqlens_q && !fits_tensor_cores_in_place(p->q, p->q_stride, q_elem)) ||
         ((p->cu_seqlens_k || p->page_table) && !(fits_tensor_cores_in_place(p->k, p->k_stride, kv_elem) &&
                                                  fits_tensor_cores_in_place(p->v, p->v_stride, kv_elem))))
         return PATH_CUDA_CORES;

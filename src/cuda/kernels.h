@@ -15,15 +15,16 @@ typedef struct {
 } af_cuda_device;
 
 /* f16/bf16 on the tensor cores (mma.sync m16n8k16), prefill and decode (split-KV + combine when L is small).
- * Preconditions: dtype f16 or bf16, K/V of the same dtype or float8 (e4m3fn, e5m2) when
- * af_cuda_mma_accepts_float8; q, k, v have stride[3] == 1, every other stride a multiple of 16 bytes (8 16-bit
+ * Preconditions: dtype f16 or bf16 with K/V of the same dtype, or float8 (e4m3fn, e5m2) K/V under an f16/bf16 q,
+ * or q/k/v all float8 with an f16/bf16 out, when af_cuda_mma_accepts_float8; q, k, v have stride[3] == 1, every other stride a multiple of 16 bytes (8 16-bit
  * elements, 16 float8 ones) and 16-byte aligned base pointers; E <= 256 and Ev <= 256. out, lse and the mask may
  * have any strides.
  * `workspace` holds af_cuda_mma_workspace_bytes(p, dev) bytes of device memory (split-KV partials), or is NULL
  * when that is 0. */
 size_t af_cuda_mma_workspace_bytes(const af_problem *p, const af_cuda_device *dev);
 cudaError_t af_cuda_mma_forward(const af_problem *p, const af_cuda_device *dev, void *workspace, cudaStream_t stream);
-/* Nonzero when float8 K/V under an f16/bf16 q fit the tensor-core kernels on `dev` (head dims, shared memory). */
+/* Nonzero when float8 K/V (under an f16/bf16 q, or with q float8 too and out f16/bf16) fit the tensor-core kernels
+ * on `dev` (head dims, shared memory). */
 int af_cuda_mma_accepts_float8(const af_problem *p, const af_cuda_device *dev);
 
 /* Every problem the CPU path accepts (f32 mainly; any strides, any head dims up to 1024) on the CUDA cores:

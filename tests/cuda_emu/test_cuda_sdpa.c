@@ -380,14 +380,19 @@ static void float8_under_a_half_query_runs_on_the_tensor_cores(void **state) {
     c.kv_dtype = AF_F8E5M2;
     expect_flash_case(&c);
     assert_null(strstr(log_text, "CUDA cores"));
+    c.dtype = AF_F8E5M2;   /* FA4's fp8: q/k/v all float8, out bf16 */
+    c.out_dtype = AF_BF16;
+    expect_flash_case(&c);
+    assert_null(strstr(log_text, "CUDA cores"));
     c.dtype = AF_F32;
     expect_flash_case(&c);
-    assert_non_null(strstr(log_text, "float8 K/V under a float32 or float8 query"));
+    assert_non_null(strstr(log_text, "float8 K/V under a float32 query"));
 }
 
 /* The tensor-core kernel's float8 variants against the reference: several key tiles (the two byte stages
- * alternate), every head-dim variant, softcap, window and sink, decode with split-KV, a paged cache and varlen
- * tensors read in place, and K/V views the path must copy first (an inner stride of 2: one-byte elements). */
+ * alternate), every head-dim variant, softcap, window and sink, q/k/v all float8 (Q staged and converted; at head
+ * dim 256 its fragments are read from shared memory), decode with split-KV, a paged cache and varlen tensors read in
+ * place, and K/V views the path must copy first (an inner stride of 2: one-byte elements). */
 static void flash_float8_on_the_tensor_cores(void **state) {
     for (int n = 0; n < 4; n++) {   /* both formats under both q dtypes */
         const af_dtype q = n % 2 ? AF_BF16 : AF_F16, format = n / 2 ? AF_F8E5M2 : AF_F8E4M3;
@@ -404,6 +409,21 @@ static void flash_float8_on_the_tensor_cores(void **state) {
         c.sink = true;
         expect_flash_case(&c);
     }
+    for (int n = 0; n < 4; n++) {   /* q/k/v all float8 (FA4's fp8), out f16 or bf16: Q converted once */
+        const af_dtype format = n % 2 ? AF_F8E5M2 : AF_F8E4M3;
+        flash_case c = float8_case(format, format, 1, 4, 2, 21, 150, n < 2 ? 64 : 256, n < 2 ? 64 : 200);
+        c.out_dtype = n / 2 ? AF_BF16 : AF_F16;
+        c.causal = true;
+        c.sink = n == 3;
+        expect_flash_case(&c);
+    }
+    flash_case all8 = float8_case(AF_F8E4M3, AF_F8E4M3, 3, 4, 2, 0, 0, 128, 128);   /* varlen q, in place */
+    const int64_t all8_rows[3] = {9, 70, 1}, all8_keys[3] = {40, 70, 100};
+    for (int b = 0; b < 3; b++) all8.Lq[b] = all8_rows[b], all8.Sk[b] = all8.S_stored[b] = all8_keys[b];
+    all8.varlen_q = true;
+    all8.kv = KV_VARLEN;
+    all8.out_dtype = AF_BF16;
+    expect_flash_case(&all8);
     /* decode: one row per head, 11 key tiles split over the emulation's 8 multiprocessors, a sink in the combine */
     flash_case decode = float8_case(AF_F16, AF_F8E5M2, 1, 8, 4, 1, 700, 64, 64);
     decode.sink = true;
