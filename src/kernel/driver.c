@@ -69,6 +69,7 @@ typedef struct {
     bool prefetch_v_now;        /* ... one-head items over contiguous rows: this tile's V, then half the next K (run_item) */
     bool prefetch_phased;       /* ... multi-head f32 items: all heads' scores (this V), then all values (next K) */
     size_t prefetch_key_bytes;  /* bytes of one key's K rows of an item's heads, gaps included */
+    size_t prefetch_value_bytes;/* ... of its V rows */
     int heads_per_item;         /* kv heads per work item: 1, or all of them for direct items over interleaved heads */
     size_t off_qp, off_kt, off_v, off_rows, off_cache;   /* scratch layout, bytes */
     size_t off_q, off_s, off_o, off_m, off_l, off_a, state_bytes;   /* row_state slot 0; slot h is state_bytes·h on */
@@ -483,13 +484,15 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
             const int64_t next = j0 + cols, next_n = k_hi - next < fp->block_keys ? k_hi - next : fp->block_keys;
             prefetch_cursor next_k = {&w, false, next, next + next_n, 0}, next_v = {&w, true, next, next + next_n, 0};
             prefetch_cursor this_v = {&w, true, j0, j0 + cols, 0};
+            /* each head's share of the next tile's K and V lines */
             const size_t pf_lines = (size_t)next_n * fp->prefetch_key_bytes / 64 / (size_t)heads + 2;
+            const size_t pf_v_lines = (size_t)next_n * fp->prefetch_value_bytes / 64 / (size_t)heads + 2;
             const char **k_rows = (const char **)(base + fp->off_rows), **v_rows = k_rows + fp->block_keys;
             tile_rows(fp, &w, j0, cols, k_rows, v_rows);
             if (fp->prefetch_phased) {
                 /* Interleaved f32 heads: every head's scores first, prefetching this tile's V (all heads, in memory
                  * order) in shares; then every head's values, prefetching the next tile's K in shares. */
-                const size_t v_lines = (size_t)cols * fp->prefetch_key_bytes / 64 / (size_t)heads + 2;
+                const size_t v_lines = (size_t)cols * fp->prefetch_value_bytes / 64 / (size_t)heads + 2;
                 for (int h = 0; h < heads; h++) {
                     const row_state rh = state_of(fp, base, h);
                     direct_scores(fp, h, &rh, skip, end, cols, k_rows, next_prefetch(fp, &this_v, v_lines));
@@ -514,7 +517,7 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
                     pf_values = next_prefetch(fp, &next_k, pf_lines / 2);
                 } else {   /* the next tile's K/V, all heads of the item, in shares over this tile's heads */
                     pf_scores = next_prefetch(fp, &next_k, pf_lines);
-                    pf_values = next_prefetch(fp, &next_v, pf_lines);
+                    pf_values = next_prefetch(fp, &next_v, pf_v_lines);
                 }
                 direct_scores(fp, h, &rh, skip, end, cols, k_rows, pf_scores);
                 direct_values(fp, &wh, h, &rh, r0, skip, end, j0, cols, edge, v_rows, pf_values);
@@ -661,6 +664,7 @@ af_status af_flash_forward(const af_problem *p) {
     const int64_t span_v = (fp.heads_per_item - 1) * p->v_stride[1] + p->Ev;
     fp.prefetch = fp.direct && p->k_stride[2] <= 2 * span_k && p->v_stride[2] <= 2 * span_v;
     fp.prefetch_key_bytes = (size_t)(p->k_stride[2] > span_k ? p->k_stride[2] : span_k) * fp.elem;
+    fp.prefetch_value_bytes = (size_t)(p->v_stride[2] > span_v ? p->v_stride[2] : span_v) * fp.elem;
     fp.prefetch_v_now = fp.prefetch && fp.elem <= 2 && fp.heads_per_item == 1 && !p->page_table && p->k_stride[2] == p->E &&
                         p->v_stride[2] == p->Ev;
     fp.prefetch_phased = fp.prefetch && fp.elem >= 4 && fp.heads_per_item > 1;
