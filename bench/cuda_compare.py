@@ -279,39 +279,48 @@ def cell(x, fmt="{:.0f}"):
     return fmt.format(x) if x else "-"
 
 
+def markdown_table(title, header, right_aligned, lines):
+    """A titled markdown table: `header` names the columns, the first len(header) - right_aligned are left-aligned."""
+    print(title + "\n")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "|".join(["---"] * (len(header) - right_aligned) + ["---:"] * right_aligned) + "|")
+    for line in lines:
+        print("| " + " | ".join(str(x) for x in line) + " |")
+
+
 def print_tables(results, copy_gbps):
-    prefill = [r for r in results if r["kind"] == "prefill"]
+    prefill = sorted((r for r in results if r["kind"] == "prefill"),
+                     key=lambda r: (r["dtype"], r["E"], r["L"], r["causal"]))
     if prefill:
-        print("\nPrefill, TFLOP/s (FA4's formula; causal counts the keys seen), B·L = 16k, H·E = 2048; ratio = "
-              "attnforge / the best torch backend; diff = max |attnforge − torch| on the row's tensors\n")
-        print("| dtype | E | L=S | causal | attnforge | flash | cudnn | efficient | ratio | diff |")
-        print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|")
-        for r in sorted(prefill, key=lambda r: (r["dtype"], r["E"], r["L"], r["causal"])):
+        lines = []
+        for r in prefill:
             best = max([r[c] for c in COLUMNS[1:] if r[c]] or [0])
             ratio = f"{r['attnforge'] / best:.2f}" if r["attnforge"] and best else "-"
             diff = f"{r['max_abs_diff']:.1e}" if r["max_abs_diff"] is not None else "-"
-            print(f"| {r['dtype']} | {r['E']} | {r['L']} | {'yes' if r['causal'] else 'no'} | {cell(r['attnforge'])} | "
-                  f"{cell(r['flash'])} | {cell(r['cudnn'])} | {cell(r['efficient'])} | {ratio} | {diff} |")
-    decode = [r for r in results if r["kind"] == "decode"]
+            lines.append([r["dtype"], r["E"], r["L"], "yes" if r["causal"] else "no", cell(r["attnforge"]),
+                          cell(r["flash"]), cell(r["cudnn"]), cell(r["efficient"]), ratio, diff])
+        markdown_table("\nPrefill, TFLOP/s (FA4's formula; causal counts the keys seen), B·L = 16k, H·E = 2048; "
+                       "ratio = attnforge / the best torch backend; diff = max |attnforge − torch| on the row's tensors",
+                       ["dtype", "E", "L=S", "causal", "attnforge", "flash", "cudnn", "efficient", "ratio", "diff"], 6,
+                       lines)
+    decode = sorted((r for r in results if r["kind"] == "decode"), key=lambda r: (r["dtype"], r["S"]))
     if decode:
-        print(f"\nDecode (L=1, Hq/Hkv = 32/8, E=128, B=16), GB/s of K+V read; % of the device-to-device copy "
-              f"({copy_gbps:.0f} GB/s)\n")
-        print("| dtype | S | attnforge | % copy | flash | cudnn | efficient | diff |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|")
-        for r in sorted(decode, key=lambda r: (r["dtype"], r["S"])):
+        lines = []
+        for r in decode:
             share = f"{100 * r['attnforge'] / copy_gbps:.0f}%" if r["attnforge"] else "-"
             diff = f"{r['max_abs_diff']:.1e}" if r["max_abs_diff"] is not None else "-"
-            print(f"| {r['dtype']} | {r['S']} | {cell(r['attnforge'])} | {share} | {cell(r['flash'])} | "
-                  f"{cell(r['cudnn'])} | {cell(r['efficient'])} | {diff} |")
+            lines.append([r["dtype"], r["S"], cell(r["attnforge"]), share, cell(r["flash"]), cell(r["cudnn"]),
+                          cell(r["efficient"]), diff])
+        markdown_table(f"\nDecode (L=1, Hq/Hkv = 32/8, E=128, B=16), GB/s of K+V read; % of the device-to-device copy "
+                       f"({copy_gbps:.0f} GB/s)", ["dtype", "S", "attnforge", "% copy", "flash", "cudnn", "efficient",
+                                                  "diff"], 7, lines)
     float8 = [r for r in results if r["kind"] == "float8"]
     if float8:
-        print("\nDecode from a float8 K/V cache (flash_attn_func, q f16, B=16, Hq/Hkv = 32/8, E=128) against attnforge's "
-              "f16 decode on the same values: GB/s of each cache's bytes; speed-up = f16 time / float8 time\n")
-        print("| K/V | S | float8 GB/s | % copy | f16 GB/s | speed-up | diff |")
-        print("|---|---:|---:|---:|---:|---:|---:|")
-        for r in float8:
-            print(f"| {r['dtype']} | {r['S']} | {r['float8']:.0f} | {100 * r['float8'] / copy_gbps:.0f}% | "
-                  f"{r['f16']:.0f} | {r['speedup']:.2f} | {r['max_abs_diff']:.1e} |")
+        markdown_table("\nDecode from a float8 K/V cache (flash_attn_func, q f16, B=16, Hq/Hkv = 32/8, E=128) against "
+                       "attnforge's f16 decode on the same values: GB/s of each cache's bytes; speed-up = f16 time / "
+                       "float8 time", ["K/V", "S", "float8 GB/s", "% copy", "f16 GB/s", "speed-up", "diff"], 6,
+                       [[r["dtype"], r["S"], f"{r['float8']:.0f}", f"{100 * r['float8'] / copy_gbps:.0f}%",
+                         f"{r['f16']:.0f}", f"{r['speedup']:.2f}", f"{r['max_abs_diff']:.1e}"] for r in float8])
 
 
 if __name__ == "__main__":

@@ -103,10 +103,17 @@ static inline size_t af_mma_smem_bytes(int hd, int double_buffer) {
 /* Byte offset of 16-byte chunk `chunk` of row `row` in a tile of hd columns (XOR swizzle, hd >= 64). */
 AF_DEVICE int af_mma_swizzle(int row, int chunk, int hd) { return row * hd * 2 + ((chunk ^ (row & 7)) << 4); }
 
-/* Bytes of 16-byte chunk `chunk` that lie within `cols` columns: the rest is zero-filled. */
-AF_DEVICE int af_mma_chunk_bytes(int cols, int chunk) {
-    const int n = cols - 8 * chunk;
-    return n >= 8 ? 16 : n > 0 ? 2 * n : 0;
+/* Bytes of 16-byte chunk `chunk` of a row of `elem`-byte elements that lie within `cols` columns: the rest is
+ * zero-filled. */
+AF_DEVICE int af_mma_chunk_bytes(int cols, int chunk, int elem) {
+    const int per_chunk = 16 / elem, n = cols - per_chunk * chunk;
+    return n >= per_chunk ? 16 : n > 0 ? elem * n : 0;
+}
+
+/* Where 16-byte chunk `chunk` of row `row` of a copied tile goes: 16-bit tiles in the products' swizzled layout,
+ * float8 ones (elem 1) in plain rows of hd bytes, which only af_mma_convert_tile reads. */
+AF_DEVICE int af_mma_copy_offset(int row, int chunk, int hd, int elem) {
+    return elem == 2 ? af_mma_swizzle(row, chunk, hd) : row * hd + chunk * 16;
 }
 
 /* Batch b's sequence: its first query row and key in the packed tensors (varlen, else 0), its query rows and keys
@@ -138,50 +145,18 @@ AF_DEVICE uint32_t af_mma_pack(float lo, float hi, const int bf16) {
     return bf16 ? af_pack_bf16x2(lo, hi) : af_pack_f16x2(lo, hi);
 }
 
-/* One tile of AF_MMA_BC K or V rows (data, strides) of (batch b, kv head hk) starting at key0 into shared memory:
- * rows at or past the sequence's keys and columns past `bytes` of each chunk are zero-filled. */
+/* One tile of AF_MMA_BC K or V rows (data, strides; `elem` bytes an element: 2, or 1 for a float8 stage) of
+ * (batch b, kv head hk) starting at key0 into shared memory (af_mma_copy_offset's layout): rows at or past the
+ * sequence's keys and columns past `cols` are zero-filled. */
 AF_DEVICE void af_mma_load_tile(char *dst, const af_mma_params *p, const char *data, const int64_t *stride,
-                                int64_t b, int64_t hk, const af_sequence *sq, int64_t key0, int cols, const int hd) {
-    const int chunks = hd / 8, chunk = AF_THREAD_IDX % chunks, bytes = af_mma_chunk_bytes(cols, chunk);
+                                int64_t b, int64_t hk, const af_sequence *sq, int64_t key0, int cols, const int hd,
+                                const int elem) {
+    const int chunks = hd * elem / 16, chunk = AF_THREAD_IDX % chunks, bytes = af_mma_chunk_bytes(cols, chunk, elem);
     for (int row = AF_THREAD_IDX / chunks; row < AF_MMA_BC; row += AF_MMA_THREADS / chunks) {
         const int64_t key = key0 + row;
         const int ok = key < sq->S && bytes > 0;
-        af_cp_async_16(dst + af_mma_swizzle(row, chunk, hd),
-                       ok ? af_mma_kv_row(p, data, stride, b, hk, sq, key, 2) + chunk * 16 : data, ok ? bytes : 0);
-    }
-}
-
-/* float8 q (float8 variants): the CTA's AF_MMA_BR packed query rows as bytes into `stage` (hd bytes a row, in order,
- * for af_mma_convert_tile); rows past its group·L are zero. */
-AF_DEVICE void af_mma_load_q_f8(char *stage, const af_mma_params *p, int64_t b, int64_t hk, const af_sequence *sq,
-                                int64_t r0, const int hd) {
-    const int chunks = hd / 16, chunk = AF_THREAD_IDX % chunks, n = p->E - 16 * chunk;
-    const int bytes = n >= 16 ? 16 : n > 0 ? n : 0;
-    for (int row = AF_THREAD_IDX / chunks; row < AF_MMA_BR; row += AF_MMA_THREADS / chunks) {
-        const int64_t r = r0 + row;
-        const char *src = p->q;
-        int copy = 0;
-        if (r < p->group * sq->L && bytes > 0) {
-            const int64_t h = hk * p->group + r / sq->L, i = sq->q0 + r % sq->L;
-            src = p->q + (b * p->q_stride[0] + h * p->q_stride[1] + i * p->q_stride[2]) + chunk * 16;
-            copy = bytes;
-        }
-        af_cp_async_16(stage + row * hd + chunk * 16, src, copy);
-    }
-}
-
-/* float8 K/V: one tile of AF_MMA_BC rows as bytes into `stage` (hd bytes a row, in order: only
- * af_mma_convert_tile reads it), 16 elements per copy; rows at or past the sequence's keys and bytes past `cols`
- * are zero-filled. */
-AF_DEVICE void af_mma_load_tile_f8(char *stage, const af_mma_params *p, const char *data, const int64_t *stride,
-                                   int64_t b, int64_t hk, const af_sequence *sq, int64_t key0, int cols, const int hd) {
-    const int chunks = hd / 16, chunk = AF_THREAD_IDX % chunks, n = cols - 16 * chunk;
-    const int bytes = n >= 16 ? 16 : n > 0 ? n : 0;
-    for (int row = AF_THREAD_IDX / chunks; row < AF_MMA_BC; row += AF_MMA_THREADS / chunks) {
-        const int64_t key = key0 + row;
-        const int ok = key < sq->S && bytes > 0;
-        af_cp_async_16(stage + row * hd + chunk * 16,
-                       ok ? af_mma_kv_row(p, data, stride, b, hk, sq, key, 1) + chunk * 16 : data, ok ? bytes : 0);
+        af_cp_async_16(dst + af_mma_copy_offset(row, chunk, hd, elem),
+                       ok ? af_mma_kv_row(p, data, stride, b, hk, sq, key, elem) + chunk * 16 : data, ok ? bytes : 0);
     }
 }
 
@@ -203,21 +178,21 @@ AF_DEVICE void af_mma_convert_tile(char *dst, const char *stage, int kv_dtype, c
     }
 }
 
-/* The CTA's AF_MMA_BR packed query rows (from r0) of sequence `sq` into shared memory; rows past its group·L are
- * zero. */
+/* The CTA's AF_MMA_BR packed query rows (from r0) of sequence `sq` into shared memory (`elem` bytes an element: 2,
+ * or 1 for a float8 q's stage; af_mma_copy_offset's layout); rows past its group·L are zero. */
 AF_DEVICE void af_mma_load_q(char *dst, const af_mma_params *p, int64_t b, int64_t hk, const af_sequence *sq,
-                             int64_t r0, const int hd) {
-    const int chunks = hd / 8, chunk = AF_THREAD_IDX % chunks, bytes = af_mma_chunk_bytes(p->E, chunk);
+                             int64_t r0, const int hd, const int elem) {
+    const int chunks = hd * elem / 16, chunk = AF_THREAD_IDX % chunks, bytes = af_mma_chunk_bytes(p->E, chunk, elem);
     for (int row = AF_THREAD_IDX / chunks; row < AF_MMA_BR; row += AF_MMA_THREADS / chunks) {
         const int64_t r = r0 + row;
         const char *src = p->q;
         int n = 0;
         if (r < p->group * sq->L && bytes > 0) {
             const int64_t h = hk * p->group + r / sq->L, i = sq->q0 + r % sq->L;
-            src = p->q + 2 * (b * p->q_stride[0] + h * p->q_stride[1] + i * p->q_stride[2]) + chunk * 16;
+            src = p->q + elem * (b * p->q_stride[0] + h * p->q_stride[1] + i * p->q_stride[2]) + chunk * 16;
             n = bytes;
         }
-        af_cp_async_16(dst + af_mma_swizzle(row, chunk, hd), src, n);
+        af_cp_async_16(dst + af_mma_copy_offset(row, chunk, hd, elem), src, n);
     }
 }
 
@@ -443,7 +418,7 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16, 
     char *smem_k = smem_q + tile_bytes;
     char *smem_v = smem_k + (p.double_buffer ? 2 : 1) * tile_bytes;
     /* float8 (always double-buffered): stage s of K / V at the second tile's bytes + s·stage_bytes */
-    const int stage_bytes = AF_MMA_BC * hd;
+    const int stage_bytes = AF_MMA_BC * hd, kv_elem = f8 ? 1 : 2;
     char *stage_k = smem_k + tile_bytes, *stage_v = smem_v + tile_bytes;
     float qk_descale = 1.0f, v_descale = 1.0f;
     if (f8) {
@@ -460,16 +435,12 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16, 
 
     const int q_f8 = f8 && p.q_float8;   /* Q staged in K's second stage, free until the loop's first copy */
     if (t_begin < t_end) {   /* Q, then the first tile: two groups */
-        if (q_f8) af_mma_load_q_f8(stage_k + stage_bytes, &p, b, hk, &sq, r0, hd);
-        else af_mma_load_q(smem_q, &p, b, hk, &sq, r0, hd);
+        if (q_f8) af_mma_load_q(stage_k + stage_bytes, &p, b, hk, &sq, r0, hd, 1);
+        else af_mma_load_q(smem_q, &p, b, hk, &sq, r0, hd, 2);
         af_cp_async_commit();
-        if (f8) {
-            af_mma_load_tile_f8(stage_k, &p, p.k, p.k_stride, b, hk, &sq, t_begin * AF_MMA_BC, p.E, hd);
-            af_mma_load_tile_f8(stage_v, &p, p.v, p.v_stride, b, hk, &sq, t_begin * AF_MMA_BC, p.Ev, hd);
-        } else {
-            af_mma_load_tile(smem_k, &p, p.k, p.k_stride, b, hk, &sq, t_begin * AF_MMA_BC, p.E, hd);
-            af_mma_load_tile(smem_v, &p, p.v, p.v_stride, b, hk, &sq, t_begin * AF_MMA_BC, p.Ev, hd);
-        }
+        af_mma_load_tile(f8 ? stage_k : smem_k, &p, p.k, p.k_stride, b, hk, &sq, t_begin * AF_MMA_BC, p.E, hd, kv_elem);
+        af_mma_load_tile(f8 ? stage_v : smem_v, &p, p.v, p.v_stride, b, hk, &sq, t_begin * AF_MMA_BC, p.Ev, hd,
+                         kv_elem);
         af_cp_async_commit();
         if (q_in_regs || q_f8) {   /* Q's fragments (or its conversion), while the first tile is in flight */
             af_cp_async_wait_1();
@@ -489,16 +460,12 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16, 
         const int next = p.double_buffer ? (int)((tile - t_begin) & 1) : 0;   /* t_begin: the first tile loaded */
         const int buf = f8 ? 0 : next;   /* float8: `next` alternates the stages, the products read tile 0 */
         if (p.double_buffer) {   /* the next tile streams in while this one is computed */
-            if (tile + 1 < t_end && f8) {
-                af_mma_load_tile_f8(stage_k + (next ^ 1) * stage_bytes, &p, p.k, p.k_stride, b, hk, &sq,
-                                    key0 + AF_MMA_BC, p.E, hd);
-                af_mma_load_tile_f8(stage_v + (next ^ 1) * stage_bytes, &p, p.v, p.v_stride, b, hk, &sq,
-                                    key0 + AF_MMA_BC, p.Ev, hd);
-            } else if (tile + 1 < t_end) {
-                af_mma_load_tile(smem_k + (next ^ 1) * tile_bytes, &p, p.k, p.k_stride, b, hk, &sq,
-                                 key0 + AF_MMA_BC, p.E, hd);
-                af_mma_load_tile(smem_v + (next ^ 1) * tile_bytes, &p, p.v, p.v_stride, b, hk, &sq,
-                                 key0 + AF_MMA_BC, p.Ev, hd);
+            if (tile + 1 < t_end) {   /* float8: into the other stage; else the other 16-bit tile */
+                const int step = f8 ? stage_bytes : tile_bytes;
+                af_mma_load_tile((f8 ? stage_k : smem_k) + (next ^ 1) * step, &p, p.k, p.k_stride, b, hk, &sq,
+                                 key0 + AF_MMA_BC, p.E, hd, kv_elem);
+                af_mma_load_tile((f8 ? stage_v : smem_v) + (next ^ 1) * step, &p, p.v, p.v_stride, b, hk, &sq,
+                                 key0 + AF_MMA_BC, p.Ev, hd, kv_elem);
             }
             af_cp_async_commit();
             af_cp_async_wait_1();
@@ -539,8 +506,8 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16, 
         }
         af_syncthreads();   /* every warp is done with this buffer before it is refilled */
         if (!p.double_buffer && tile + 1 < t_end) {
-            af_mma_load_tile(smem_k, &p, p.k, p.k_stride, b, hk, &sq, key0 + AF_MMA_BC, p.E, hd);
-            af_mma_load_tile(smem_v, &p, p.v, p.v_stride, b, hk, &sq, key0 + AF_MMA_BC, p.Ev, hd);
+            af_mma_load_tile(smem_k, &p, p.k, p.k_stride, b, hk, &sq, key0 + AF_MMA_BC, p.E, hd, 2);
+            af_mma_load_tile(smem_v, &p, p.v, p.v_stride, b, hk, &sq, key0 + AF_MMA_BC, p.Ev, hd, 2);
             af_cp_async_commit();
         }
     }

@@ -360,6 +360,13 @@ static void flash_float8_suite_matches_the_reference(void **state) {
     }
 }
 
+/* Varlen rows and keys: sequence b of the case's B has rows[b] query rows and keys[b] keys, packed. */
+static void set_varlen(flash_case *c, const int64_t *rows, const int64_t *keys) {
+    for (int64_t b = 0; b < c->B; b++) c->Lq[b] = rows[b], c->Sk[b] = c->S_stored[b] = keys[b];
+    c->varlen_q = true;
+    c->kv = KV_VARLEN;
+}
+
 /* A float8 K/V case under an f16/bf16 q with random descales (each in [1/4, 4), so a forgotten one shows). */
 static flash_case float8_case(af_dtype q, af_dtype format, int64_t B, int64_t Hq, int64_t Hkv, int64_t L, int64_t S,
                               int64_t E, int64_t Ev) {
@@ -422,9 +429,7 @@ static void flash_float8_on_the_tensor_cores(void **state) {
     }
     flash_case all8 = float8_case(AF_F8E4M3, AF_F8E4M3, 3, 4, 2, 0, 0, 128, 128);   /* varlen q, in place */
     const int64_t all8_rows[3] = {9, 40, 1}, all8_keys[3] = {40, 70, 100};
-    for (int b = 0; b < 3; b++) all8.Lq[b] = all8_rows[b], all8.Sk[b] = all8.S_stored[b] = all8_keys[b];
-    all8.varlen_q = true;
-    all8.kv = KV_VARLEN;
+    set_varlen(&all8, all8_rows, all8_keys);
     all8.out_dtype = AF_BF16;
     expect_flash_case(&all8);
     /* decode: one row per head, 5 key tiles split over the emulation's 8 multiprocessors, a sink in the combine */
@@ -441,9 +446,7 @@ static void flash_float8_on_the_tensor_cores(void **state) {
     /* varlen rows and keys, causal */
     flash_case varlen = float8_case(AF_F16, AF_F8E4M3, 3, 4, 2, 0, 0, 64, 64);
     const int64_t rows[3] = {20, 1, 70}, keys[3] = {90, 0, 70};
-    for (int b = 0; b < 3; b++) varlen.Lq[b] = rows[b], varlen.Sk[b] = varlen.S_stored[b] = keys[b];
-    varlen.varlen_q = true;
-    varlen.kv = KV_VARLEN;
+    set_varlen(&varlen, rows, keys);
     varlen.causal = true;
     expect_flash_case(&varlen);
     /* K/V with an inner stride of 2: copied tight (rows padded to 16 bytes), with the warning naming both */
@@ -459,10 +462,8 @@ static void flash_float8_on_the_tensor_cores(void **state) {
 /* A causal f16 varlen case, E = Ev = 64: sequence b has rows[b] query rows and keys[b] keys, packed. */
 static flash_case varlen_f16_causal(int64_t B, int64_t Hq, int64_t Hkv, const int64_t *rows, const int64_t *keys) {
     flash_case c = flash_case_default(B, Hq, Hkv, 0, 0, 64, 64);
-    for (int64_t b = 0; b < B; b++) c.Lq[b] = rows[b], c.Sk[b] = c.S_stored[b] = keys[b];
+    set_varlen(&c, rows, keys);
     c.dtype = AF_F16;
-    c.varlen_q = true;
-    c.kv = KV_VARLEN;
     c.causal = true;
     return c;
 }
