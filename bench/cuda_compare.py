@@ -300,7 +300,8 @@ def print_tables(results, copy_gbps):
             lines.append([r["dtype"], r["E"], r["L"], "yes" if r["causal"] else "no", cell(r["attnforge"]),
                           cell(r["flash"]), cell(r["cudnn"]), cell(r["efficient"]), ratio, diff])
         markdown_table("\nPrefill, TFLOP/s (FA4's formula; causal counts the keys seen), B·L = 16k, H·E = 2048; "
-                       "ratio = attnforge / the best torch backend; diff = max |attnforge − torch| on the row's tensors",
+                       "ratio = attnforge / the best torch backend; "
+                       "diff = max |attnforge − torch| on the row's tensors",
                        ["dtype", "E", "L=S", "causal", "attnforge", "flash", "cudnn", "efficient", "ratio", "diff"], 6,
                        lines)
     decode = sorted((r for r in results if r["kind"] == "decode"), key=lambda r: (r["dtype"], r["S"]))
