@@ -420,10 +420,13 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16, 
     /* float8 (always double-buffered): stage s of K / V at the second tile's bytes + s·stage_bytes */
     const int stage_bytes = AF_MMA_BC * hd, kv_elem = f8 ? 1 : 2;
     char *stage_k = smem_k + tile_bytes, *stage_v = smem_v + tile_bytes;
-    float qk_descale = 1.0f, v_descale = 1.0f;
+    /* float8: the (batch, kv head)'s q_descale·k_descale joins the score scales once, v_descale the output */
+    float scale_log2 = p.scale_log2, scale_over_cap = p.scale_over_cap, v_descale = 1.0f;
     if (f8) {
-        qk_descale = af_descale_at(p.q_descale, p.q_descale_stride, b, hk) *
-                     af_descale_at(p.k_descale, p.k_descale_stride, b, hk);
+        const float qk_descale = af_descale_at(p.q_descale, p.q_descale_stride, b, hk) *
+                                 af_descale_at(p.k_descale, p.k_descale_stride, b, hk);
+        scale_log2 *= qk_descale;
+        scale_over_cap *= qk_descale;
         v_descale = af_descale_at(p.v_descale, p.v_descale_stride, b, hk);
     }
 
@@ -498,8 +501,7 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16, 
             for (int n = 0; n < AF_MMA_BC / 8; n++)
                 AF_MMA_UNROLL
                 for (int c = 0; c < 4; c++)
-                    s[n][c] = p.softcap_on ? p.softcap_log2 * tanhf(s[n][c] * qk_descale * p.scale_over_cap)
-                                           : s[n][c] * qk_descale * p.scale_log2;
+                    s[n][c] = p.softcap_on ? p.softcap_log2 * tanhf(s[n][c] * scale_over_cap) : s[n][c] * scale_log2;
             if (p.mask || key0 + AF_MMA_BC > hi_min || key0 < lo_max) af_mma_apply_mask(s, &p, b, hk, r0, key0, bf16);
             af_mma_softmax(s, o, m, l, hd, p.Ev);
             af_mma_pv(o, s, v_tile, hd, p.Ev, bf16);

@@ -27,6 +27,11 @@ typedef struct {
     size_t lse_bytes, workspace;               /* split-KV partials: the LSEs, then (aligned) the O rows */
 } af_mma_plan;
 
+/* The dynamic shared memory a block of `dev` may opt in to. */
+static size_t af_mma_smem_optin(const af_cuda_device *dev) {
+    return dev->max_smem_per_block > 0 ? (size_t)dev->max_smem_per_block : AF_MMA_DEFAULT_SMEM;
+}
+
 /* The head-dim variant: max(E, Ev) rounded up to 64, 128 or 256. */
 static int af_mma_head_dim(const af_problem *p) {
     const int64_t e = p->E > p->Ev ? p->E : p->Ev;
@@ -55,7 +60,7 @@ static int64_t af_mma_split_count(int64_t ctas, int64_t tiles, int sm_count) {
 }
 
 static void af_mma_make_plan(const af_problem *p, const af_cuda_device *dev, af_mma_plan *plan) {
-    const size_t optin = dev->max_smem_per_block > 0 ? (size_t)dev->max_smem_per_block : AF_MMA_DEFAULT_SMEM;
+    const size_t optin = af_mma_smem_optin(dev);
     plan->hd = af_mma_head_dim(p);
     plan->double_buffer = af_mma_smem_bytes(plan->hd, 1) <= optin;
     plan->smem = af_mma_smem_bytes(plan->hd, plan->double_buffer);
@@ -122,7 +127,7 @@ static int af_mma_bf16(const af_problem *p) {
 }
 
 int af_cuda_mma_accepts_float8(const af_problem *p, const af_cuda_device *dev) {
-    const size_t optin = dev->max_smem_per_block > 0 ? (size_t)dev->max_smem_per_block : AF_MMA_DEFAULT_SMEM;
+    const size_t optin = af_mma_smem_optin(dev);
     const int half_q = p->dtype == AF_F16 || p->dtype == AF_BF16;
     const int float8_q = af_mma_is_float8(p->dtype) && (p->out_dtype == AF_F16 || p->out_dtype == AF_BF16);
     return (half_q || float8_q) && af_mma_kv_float8(p) && p->E <= AF_MMA_HD_MAX && p->Ev <= AF_MMA_HD_MAX &&
@@ -140,7 +145,7 @@ cudaError_t af_cuda_mma_forward(const af_problem *p, const af_cuda_device *dev, 
     af_mma_plan plan;
     af_mma_make_plan(p, dev, &plan);
 
-    if (plan.smem > (dev->max_smem_per_block > 0 ? (size_t)dev->max_smem_per_block : AF_MMA_DEFAULT_SMEM) ||
+    if (plan.smem > af_mma_smem_optin(dev) ||
         plan.grid_x > AF_MMA_GRID_X_MAX)
         return cudaErrorInvalidConfiguration;
     if (plan.workspace > 0 && !workspace) return cudaErrorInvalidValue;

@@ -248,8 +248,7 @@ static int mma_forward(const af_problem *p, const af_cuda_device *dev, cudaStrea
     const char **bases[3] = {&run.q, &run.k, &run.v};
     int64_t *strides[3] = {run.q_stride, run.k_stride, run.v_stride};
     const int64_t shapes[3][4] = {{p->B, p->Hq, p->L, p->E}, {p->B, p->Hkv, p->S, p->E}, {p->B, p->Hkv, p->S, p->Ev}};
-    const bool kv_float8 = p->kv_dtype == AF_F8E4M3 || p->kv_dtype == AF_F8E5M2;
-    const bool q_float8 = p->dtype == AF_F8E4M3 || p->dtype == AF_F8E5M2;
+    const bool kv_float8 = af_mma_is_float8(p->kv_dtype), q_float8 = af_mma_is_float8(p->dtype);
     size_t scratch_bytes = 0;
     char warning[512] = "";
     for (int i = 0; i < 3; i++) {
@@ -298,7 +297,7 @@ static int mma_forward(const af_problem *p, const af_cuda_device *dev, cudaStrea
 /* Once per process: the CUDA-core path is correct but far from the tensor cores' speed. */
 static void note_simt_once(const af_problem *p) {
     static int noted_f32, noted_large, noted_sequences, noted_f8;
-    const bool f8 = p->kv_dtype == AF_F8E4M3 || p->kv_dtype == AF_F8E5M2;
+    const bool f8 = af_mma_is_float8(p->kv_dtype);
     const bool half = (p->dtype == AF_F16 || p->dtype == AF_BF16) && !f8;
     const bool sequences = half && (p->cu_seqlens_q || p->cu_seqlens_k || p->page_table);
     int *noted = f8 ? &noted_f8 : sequences ? &noted_sequences : p->dtype == AF_F32 ? &noted_f32 : &noted_large;
@@ -332,8 +331,7 @@ static bool fits_tensor_cores_in_place(const char *base, const int64_t *stride, 
 }
 
 static kernel_path choose_path(const af_problem *p, const af_cuda_device *dev) {
-    const int kv_elem = p->kv_dtype == AF_F8E4M3 || p->kv_dtype == AF_F8E5M2 ? 1 : 2;   /* what the kernels read */
-    const int q_elem = p->dtype == AF_F8E4M3 || p->dtype == AF_F8E5M2 ? 1 : 2;
+    const int kv_elem = af_mma_is_float8(p->kv_dtype) ? 1 : 2, q_elem = af_mma_is_float8(p->dtype) ? 1 : 2;
     if ((p->cu_seqlens_q && !fits_tensor_cores_in_place(p->q, p->q_stride, q_elem)) ||
         ((p->cu_seqlens_k || p->page_table) && !(fits_tensor_cores_in_place(p->k, p->k_stride, kv_elem) &&
                                                  fits_tensor_cores_in_place(p->v, p->v_stride, kv_elem))))
