@@ -93,6 +93,10 @@ static inline vec16 e_load_cvt(const char *p, af_dtype dt) {
 #define UK_MAX_ROWS 240
 #define UK_L2_FLOATS (512L * 1024 / 4)
 #define UK_PACK_KT NULL
+/* Not forced inline nor unrolled: the template's logic is the same, and the emulated tiles compiled in 25× less time
+ * (fully inlined, every (rows, vectors, element type) tile of 16 scalar lanes took 4.5 minutes under ASan). */
+#define UK_INLINE static inline
+#define UK_UNROLL
 #define UK_CONVERT NULL
 
 #define V_LOAD(p) e_load(p)
