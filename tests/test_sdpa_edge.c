@@ -476,6 +476,26 @@ static void value_dim_zero_still_gives_lse(void **state) {
     case_free(&t);
 }
 
+/* Decode over interleaved heads ((B,S,H,E) K/V views: items over all kv heads) in each of the driver's tile orders:
+ * per head, and all heads' scores then all heads' values (f32, and 16-bit K/V at one or two rows per kv head);
+ * several tiles and key splits, every dtype. */
+static void decode_over_interleaved_heads_in_both_orders(void **state) {
+    (void)state;
+    const int64_t groups[3] = {1, 2, 4};
+    for (int d = 0; d < 3; d++)
+        for (int g = 0; g < 3; g++)
+            for (int64_t L = 1; L <= 2; L++) {
+                sdpa_case c = case_default(1, 4 * groups[g], 4, L, 1300, 64, 48);
+                c.dtype = all_dtypes[d];
+                c.enable_gqa = groups[g] > 1;
+                c.q_layout = c.k_layout = c.v_layout = c.out_layout = LAYOUT_NHD;
+                case_tensors t;
+                build(&c, &t);
+                verify(&t);
+                case_free(&t);
+            }
+}
+
 /* q = 0 makes every logit 0, so lse = ln(S) exactly in meaning: the natural log, not log2. */
 static void lse_is_the_natural_log(void **state) {
     (void)state;
@@ -711,6 +731,7 @@ int main(void) {
         cmocka_unit_test(head_dim_1),
         cmocka_unit_test(value_dim_differs_from_key_dim),
         cmocka_unit_test(value_dim_zero_still_gives_lse),
+        cmocka_unit_test(decode_over_interleaved_heads_in_both_orders),
         cmocka_unit_test(lse_is_the_natural_log),
         cmocka_unit_test(lse_matches_reference_with_masks_and_causality),
         cmocka_unit_test(outputs_with_unusual_strides),

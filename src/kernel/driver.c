@@ -67,7 +67,7 @@ typedef struct {
                                    O, then m and l */
     bool prefetch;              /* direct items: prefetch the next tile's K/V rows (prefetch_cursor) */
     bool prefetch_v_now;        /* ... one-head items over contiguous rows: this tile's V, then half the next K (run_item) */
-    bool prefetch_phased;       /* ... multi-head f32 items: all heads' scores (this V), then all values (next K) */
+    bool prefetch_phased;       /* ... multi-head items (f32, or G <= 2): all heads' scores (this V), then all values (next K) */
     size_t prefetch_key_bytes;  /* bytes of one key's K rows of an item's heads, gaps included */
     size_t prefetch_value_bytes;/* ... of its V rows */
     int heads_per_item;         /* kv heads per work item: 1, or all of them for direct items over interleaved heads */
@@ -667,7 +667,10 @@ af_status af_flash_forward(const af_problem *p) {
     fp.prefetch_value_bytes = (size_t)(p->v_stride[2] > span_v ? p->v_stride[2] : span_v) * fp.elem;
     fp.prefetch_v_now = fp.prefetch && fp.elem <= 2 && fp.heads_per_item == 1 && !p->page_table && p->k_stride[2] == p->E &&
                         p->v_stride[2] == p->Ev;
-    fp.prefetch_phased = fp.prefetch && fp.elem >= 4 && fp.heads_per_item > 1;
+    /* Interleaved heads: all heads' scores, then all heads' values (the phased order) for f32, and for 16- and 8-bit
+     * K/V at one or two query rows per kv head, where the kernels are memory-bound: 0.87-0.97 of the time there, 1.00
+     * at G 4 (docs/BENCHMARKS.md, "Decode, the whole matrix"). */
+    fp.prefetch_phased = fp.prefetch && fp.heads_per_item > 1 && (fp.elem >= 4 || rows_total <= 2);
     /* A multi-head direct item keeps its tile and the next one (being prefetched) in L2: fewer keys per tile when
      * all heads' rows are wide (many heads, f32), so that the prefetch does not evict what this tile still reads. */
     if (fp.heads_per_item > 1) {
