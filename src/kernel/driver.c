@@ -67,7 +67,7 @@ typedef struct {
                                    O, then m and l */
     bool prefetch;              /* direct items: prefetch the next tile's K/V rows (prefetch_cursor) */
     bool prefetch_v_now;        /* ... one-head items over contiguous rows: this tile's V, then half the next K (run_item) */
-    bool prefetch_phased;       /* ... multi-head items (f32, or G <= 2): all heads' scores (this V), then all values (next K) */
+    bool prefetch_phased;       /* ... multi-head items, f32 or <= 2 rows a kv head: all scores (this V), then values */
     size_t prefetch_key_bytes;  /* bytes of one key's K rows of an item's heads, gaps included */
     size_t prefetch_value_bytes;/* ... of its V rows */
     int heads_per_item;         /* kv heads per work item: 1, or all of them for direct items over interleaved heads */
