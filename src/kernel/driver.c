@@ -490,8 +490,8 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
             const char **k_rows = (const char **)(base + fp->off_rows), **v_rows = k_rows + fp->block_keys;
             tile_rows(fp, &w, j0, cols, k_rows, v_rows);
             if (fp->prefetch_phased) {
-                /* Interleaved f32 heads: every head's scores first, prefetching this tile's V (all heads, in memory
-                 * order) in shares; then every head's values, prefetching the next tile's K in shares. */
+                /* Interleaved heads, f32 or <= 2 rows a kv head: every head's scores first, prefetching this tile's
+                 * V (all heads, in memory order) in shares; then every head's values, prefetching the next K. */
                 const size_t v_lines = (size_t)cols * fp->prefetch_value_bytes / 64 / (size_t)heads + 2;
                 for (int h = 0; h < heads; h++) {
                     const row_state rh = state_of(fp, base, h);
