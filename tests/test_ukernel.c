@@ -427,7 +427,7 @@ static void direct_kernels_match_reference(void **state) {
     (void)state;
     const af_ukernel *kernels[3];
     const int nk = vector_kernels(kernels);
-    const int ns[] = {1, 2, 3, 7, 8, 16, 17, 24, 64, 65}, ks[] = {1, 5, 8, 9, 40, 64, 128, 130};
+    const int ns[] = {1, 2, 3, 7, 8, 16, 17, 24, 64, 65}, ks[] = {1, 5, 8, 9, 40, 48, 64, 128, 130};
     for (int u = 0; u < nk; u++)
         for (int d = 0; d < 3; d++)
             for (int m = 1; m <= 13; m += (m < 6 ? 1 : 3))

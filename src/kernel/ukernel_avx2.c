@@ -27,6 +27,28 @@ static inline void avx2_hsum8(const __m256 v[8], float out[8]) {
     _mm256_storeu_ps(out, _mm256_add_ps(lo, hi));
 }
 
+/* 16 bf16 at p as f32, by one load, a shift and a mask: *ev the even-indexed elements, *od the odd ones (a bf16 is the
+ * high half of its f32; widening 8 at a time costs a vpmovzxwd and a shift each, 1.6× an FMA-only loop's time at
+ * decode's 1 load per 2 FMAs against 1.35× this way, measured). */
+static inline void avx2_load_bf16_pairs(const void *p, __m256 *ev, __m256 *od) {
+    const __m256i x = _mm256_loadu_si256((const __m256i *)p);
+    *ev = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+    *od = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32((int)0xffff0000u)));
+}
+
+/* x[0..16) in a, b -> *ev = x[0, 2, .., 14], *od = x[1, 3, .., 15]: the order avx2_load_bf16_pairs gives. */
+static inline void avx2_split_pairs(__m256 a, __m256 b, __m256 *ev, __m256 *od) {
+    *ev = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xd8));
+    *od = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xdd)), 0xd8));
+}
+
+/* The inverse of avx2_split_pairs. */
+static inline void avx2_join_pairs(__m256 ev, __m256 od, __m256 *a, __m256 *b) {
+    const __m256 lo = _mm256_unpacklo_ps(ev, od), hi = _mm256_unpackhi_ps(ev, od);
+    *a = _mm256_permute2f128_ps(lo, hi, 0x20);
+    *b = _mm256_permute2f128_ps(lo, hi, 0x31);
+}
+
 #define UK_ISA "avx2"
 #define UK_TABLE af_ukernel_avx2
 #define UK_SUFFIX avx2
@@ -67,5 +89,8 @@ static inline void avx2_hsum8(const __m256 v[8], float out[8]) {
     _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)))
 #define V_SELECT(m, a, b) _mm256_blendv_ps((a), (b), (m))
 #define V_ZERO_WHERE(m, v) _mm256_andnot_ps((m), (v))
+#define V_LOAD_BF16_PAIRS(p, ev, od) avx2_load_bf16_pairs((p), (ev), (od))
+#define V_SPLIT_PAIRS(a, b, ev, od) avx2_split_pairs((a), (b), (ev), (od))
+#define V_JOIN_PAIRS(ev, od, a, b) avx2_join_pairs((ev), (od), (a), (b))
 
 #include "kernel/ukernel_simd.inc"

@@ -23,6 +23,27 @@ static inline __m512 avx512_load16_f32(const char *p, af_dtype dtype) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+/* 32 bf16 at p as f32: *ev the even-indexed elements, *od the odd ones (as avx2_load_bf16_pairs, 16 lanes). */
+static inline void avx512_load_bf16_pairs(const void *p, __m512 *ev, __m512 *od) {
+    const __m512i x = _mm512_loadu_si512(p);
+    *ev = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+    *od = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+/* x[0..32) in a, b -> *ev = x[0, 2, .., 30], *od = x[1, 3, .., 31] (vpermt2ps indices: b's lanes are 16..31). */
+static inline void avx512_split_pairs(__m512 a, __m512 b, __m512 *ev, __m512 *od) {
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    *ev = _mm512_permutex2var_ps(a, even, b);
+    *od = _mm512_permutex2var_ps(a, _mm512_add_epi32(even, _mm512_set1_epi32(1)), b);
+}
+
+/* The inverse of avx512_split_pairs. */
+static inline void avx512_join_pairs(__m512 ev, __m512 od, __m512 *a, __m512 *b) {
+    const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    *a = _mm512_permutex2var_ps(ev, lo, od);
+    *b = _mm512_permutex2var_ps(ev, _mm512_add_epi32(lo, _mm512_set1_epi32(8)), od);
+}
+
 #define UK_ISA "avx512"
 #define UK_TABLE af_ukernel_avx512
 #define UK_SUFFIX avx512
@@ -61,5 +82,8 @@ static inline __m512 avx512_load16_f32(const char *p, af_dtype dtype) {
 #define V_LANES_BELOW(n) ((__mmask16)((n) >= 16 ? 0xffffu : (1u << (n)) - 1u))
 #define V_SELECT(m, a, b) _mm512_mask_blend_ps((m), (a), (b))
 #define V_ZERO_WHERE(m, v) _mm512_mask_mov_ps((v), (m), _mm512_setzero_ps())
+#define V_LOAD_BF16_PAIRS(p, ev, od) avx512_load_bf16_pairs((p), (ev), (od))
+#define V_SPLIT_PAIRS(a, b, ev, od) avx512_split_pairs((a), (b), (ev), (od))
+#define V_JOIN_PAIRS(ev, od, a, b) avx512_join_pairs((ev), (od), (a), (b))
 
 #include "kernel/ukernel_simd.inc"

@@ -80,6 +80,29 @@ static inline vec16 e_load_cvt(const char *p, af_dtype dt) {
     LANEWISE(e_load1(p + (size_t)i * af_elem_bytes(dt), dt));
 }
 
+/* The bf16 pair hooks, as avx512_load_bf16_pairs / _split_pairs / _join_pairs do them: lane i of *ev is element 2i,
+ * of *od element 2i + 1 (the load: the low 16 bits of 32-bit lane i shifted up, the high 16 bits masked). */
+static inline void e_load_bf16_pairs(const void *p, vec16 *ev, vec16 *od) {
+    uint32_t w[16];
+    memcpy(w, p, sizeof w);
+    for (int i = 0; i < 16; i++) {
+        const uint32_t lo = w[i] << 16, hi = w[i] & 0xffff0000u;
+        memcpy(&ev->l[i], &lo, 4), memcpy(&od->l[i], &hi, 4);
+    }
+}
+static inline void e_split_pairs(vec16 a, vec16 b, vec16 *ev, vec16 *od) {
+    for (int i = 0; i < 16; i++) {
+        const vec16 *src = i < 8 ? &a : &b;
+        ev->l[i] = src->l[2 * (i % 8)], od->l[i] = src->l[2 * (i % 8) + 1];
+    }
+}
+static inline void e_join_pairs(vec16 ev, vec16 od, vec16 *a, vec16 *b) {
+    for (int i = 0; i < 16; i++) {
+        vec16 *dst = i < 8 ? a : b;
+        dst->l[2 * (i % 8)] = ev.l[i], dst->l[2 * (i % 8) + 1] = od.l[i];
+    }
+}
+
 #define UK_ISA "vec16-emulated"
 #define UK_TABLE af_ukernel_vec16_emulated
 #define UK_SUFFIX vec16
@@ -121,5 +144,8 @@ static inline vec16 e_load_cvt(const char *p, af_dtype dt) {
 #define V_LANES_BELOW(n) e_lanes_below(n)
 #define V_SELECT(m, a, b) e_select((m), (a), (b))
 #define V_ZERO_WHERE(m, v) e_select((m), (v), e_set1(0.0f))
+#define V_LOAD_BF16_PAIRS(p, ev, od) e_load_bf16_pairs((p), (ev), (od))
+#define V_SPLIT_PAIRS(a, b, ev, od) e_split_pairs((a), (b), (ev), (od))
+#define V_JOIN_PAIRS(ev, od, a, b) e_join_pairs((ev), (od), (a), (b))
 
 #include "kernel/ukernel_simd.inc"
