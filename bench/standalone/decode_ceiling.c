@@ -7,20 +7,34 @@
  *   - "tiles of T": T keys' K rows, then the same T keys' V rows, as dot products (the read order of a
  *     scores-then-values kernel);
  *   - "P·V, O in L1": key by key, the V row as P·V does it (O[g][:] += p[g]·v), the G·Ev outputs in L1 since they
- *     do not fit in 16 ymm registers (G = 4, Ev = 128: 64 vectors).
+ *     do not fit in 16 ymm registers (G = 4, Ev = 128: 64 vectors);
+ *   - "strips": the library's order in tiles of 64 — K rows as dot products, then the values as P·V in 16-column
+ *     strips of O held in registers, V read strip by strip — with its prefetches ("strips + prefetch": this tile's
+ *     V rows during the scores, half of the next tile's K during the values) and without;
+ *   - "attnforge": af_sdpa itself on the same cache (q f16, Hq = G·8), so that the library and the orders above are
+ *     timed against the same read pass over the same buffers.
  * and, with the buffers hot in L2 (S = 256), the compute time per key and kv head alone.
- * Not part of the library or the tests (docs/BENCHMARKS.md, "Decode, fourth look"). Build and run:
- *   gcc -O3 -std=gnu11 -o /tmp/decode_ceiling bench/standalone/decode_ceiling.c -lpthread && /tmp/decode_ceiling */
+ * Not part of the library or the tests (docs/BENCHMARKS.md, "Decode, fourth look" and "fifth look"). Build (after
+ * the library, build-rel) and run:
+ *   gcc -O3 -std=gnu11 -Iinclude -o /tmp/decode_ceiling bench/standalone/decode_ceiling.c -Lbuild-rel -lattnforge \
+ *       -Wl,-rpath,$PWD/build-rel -lpthread && /tmp/decode_ceiling */
 #define _GNU_SOURCE
 #include <immintrin.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
-enum { HEAD_DIM = 128, KV_HEADS = 8, CHUNKS = HEAD_DIM / 8, RUNS = 11, MAX_THREADS = 2 };
-#define PV_IN_L1 ((size_t)-1)   /* head_pass's third order */
+#include <attnforge.h>
+
+enum { HEAD_DIM = 128, KV_HEADS = 8, CHUNKS = HEAD_DIM / 8, RUNS = 21, MAX_THREADS = 2 };
+#define PV_IN_L1 ((size_t)-1)   /* head_pass's orders besides key by key and tiles of T */
+#define STRIPS ((size_t)-2)
+#define STRIPS_PREFETCH ((size_t)-3)
+#define ATTNFORGE ((size_t)-4)
+enum { STRIP_TILE = 64 };   /* the library's keys per tile for one kv head of E = 128 */
 
 static size_t keys;                       /* S */
 static uint16_t *k_cache, *v_cache;       /* (KV_HEADS, S, HEAD_DIM) f16 */
@@ -61,6 +75,41 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline float head
             }
         }
         acc[0] = _mm256_add_ps(acc[0], out[0][0]);
+    } else if (tile == STRIPS || tile == STRIPS_PREFETCH) {
+        static __thread float out[8][HEAD_DIM] __attribute__((aligned(32)));   /* O of the group's rows */
+        const bool prefetch = tile == STRIPS_PREFETCH;
+        for (size_t s0 = 0; s0 < keys; s0 += STRIP_TILE) {
+            for (size_t s = s0; s < s0 + STRIP_TILE; s++) {
+                if (prefetch)   /* this key's V row (4 lines), as the library's scores spread a tile's V over its keys */
+                    for (int l = 0; l < HEAD_DIM * 2 / 64; l++) __builtin_prefetch((const char *)(v + s * HEAD_DIM) + 64 * l, 0, 2);
+                ROW_FMAS(k + s * HEAD_DIM, G, 0)
+            }
+            const char *next_k = (const char *)(k + (s0 + STRIP_TILE) * HEAD_DIM);
+            size_t k_lines = prefetch && s0 + STRIP_TILE < keys ? STRIP_TILE * HEAD_DIM * 2 / 64 / 2 : 0;
+            for (int c = 0; c < CHUNKS; c += 2) {   /* a strip: 16 columns of O for the G rows */
+                __m256 o[8][2];
+                _Pragma("GCC unroll 8") for (int g = 0; g < G; g++) {
+                    o[g][0] = _mm256_load_ps(&out[g][8 * c]);
+                    o[g][1] = _mm256_load_ps(&out[g][8 * c + 8]);
+                }
+                for (size_t s = s0; s < s0 + STRIP_TILE; s++) {
+                    if (k_lines) __builtin_prefetch(next_k, 0, 2), next_k += 64, k_lines--;   /* a line per key */
+                    const uint16_t *row = v + s * HEAD_DIM + 8 * c;
+                    const __m256 x0 = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)row));
+                    const __m256 x1 = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(row + 8)));
+                    _Pragma("GCC unroll 8") for (int g = 0; g < G; g++) {
+                        const __m256 p = _mm256_broadcast_ss(&q[g][s % HEAD_DIM]);   /* stands for P[g][s] */
+                        o[g][0] = _mm256_fmadd_ps(p, x0, o[g][0]);
+                        o[g][1] = _mm256_fmadd_ps(p, x1, o[g][1]);
+                    }
+                }
+                _Pragma("GCC unroll 8") for (int g = 0; g < G; g++) {
+                    _mm256_store_ps(&out[g][8 * c], o[g][0]);
+                    _mm256_store_ps(&out[g][8 * c + 8], o[g][1]);
+                }
+            }
+        }
+        acc[0] = _mm256_add_ps(acc[0], _mm256_load_ps(out[0]));
     } else if (tile == 0) {
         for (size_t s = 0; s < keys; s++) {
             ROW_FMAS(k + s * HEAD_DIM, G, 0)
@@ -113,7 +162,24 @@ static void *worker(void *arg) {
     return NULL;
 }
 
+/* af_sdpa on the whole cache: q (1, 8·G, 1, 128) f16, K and V (1, 8, S, 128) f16, on j->threads threads. */
+static double run_attnforge(const job *j) {
+    static uint16_t qbuf[8 * KV_HEADS * HEAD_DIM], obuf[8 * KV_HEADS * HEAD_DIM];
+    const int64_t hq = (int64_t)KV_HEADS * j->group;
+    for (int64_t i = 0; i < hq * HEAD_DIM; i++) qbuf[i] = 0x1c00;   /* 2^-8 */
+    const int64_t q_shape[4] = {1, hq, 1, HEAD_DIM}, kv_shape[4] = {1, KV_HEADS, (int64_t)keys, HEAD_DIM};
+    af_tensor tq = af_tensor_contiguous(qbuf, AF_F16, 4, q_shape), to = af_tensor_contiguous(obuf, AF_F16, 4, q_shape);
+    af_tensor tk = af_tensor_contiguous(k_cache, AF_F16, 4, kv_shape), tv = af_tensor_contiguous(v_cache, AF_F16, 4, kv_shape);
+    af_sdpa_args args = {0};
+    args.query = &tq, args.key = &tk, args.value = &tv, args.enable_gqa = true;
+    af_set_num_threads(j->threads);
+    const double t0 = now();
+    if (af_sdpa(&args, &to, NULL) != AF_OK) exit(2);
+    return now() - t0;
+}
+
 static double run(const job *j) {
+    if (j->mode == 0 && j->tile == ATTNFORGE) return run_attnforge(j);
     pthread_t ids[MAX_THREADS];
     start starts[MAX_THREADS];
     const double t0 = now();
@@ -146,7 +212,7 @@ static void allocate(size_t s) {
 int main(void) {
     for (int g = 0; g < 8; g++)
         for (int e = 0; e < HEAD_DIM; e++) q[g][e] = 1e-3f;
-    const size_t tiles[] = {0, 8, 16, 64, 256, PV_IN_L1};
+    const size_t tiles[] = {0, 8, 16, 64, 256, PV_IN_L1, STRIPS, STRIPS_PREFETCH, ATTNFORGE};
     enum { ORDERS = sizeof tiles / sizeof tiles[0] };
     const int groups[] = {1, 2, 4, 8};
     printf("f16 K/V (%d kv heads, S, E = %d); %% of the read pass taken before each run, median of %d runs\n",
@@ -165,16 +231,20 @@ int main(void) {
             for (int ti = 0; ti < ORDERS; ti++) {
                 qsort(pct[ti], RUNS, sizeof(double), by_value);
                 if (tiles[ti] == PV_IN_L1) printf("  P·V, O in L1 %3.0f%%", pct[ti][RUNS / 2]);
+                else if (tiles[ti] == STRIPS) printf("  strips %3.0f%%", pct[ti][RUNS / 2]);
+                else if (tiles[ti] == STRIPS_PREFETCH) printf("  strips + prefetch %3.0f%%", pct[ti][RUNS / 2]);
+                else if (tiles[ti] == ATTNFORGE) printf("  attnforge %3.0f%%", pct[ti][RUNS / 2]);
                 else if (tiles[ti]) printf("  tiles of %zu %3.0f%%", tiles[ti], pct[ti][RUNS / 2]);
                 else printf("  key by key %3.0f%%", pct[ti][RUNS / 2]);
             }
             printf("\n");
         }
     allocate(256);   /* 512 KiB of K+V over 8 heads: each head's 64 KiB stays in L2 */
-    for (int order = 0; order < 3; order++) {
-    const size_t tile = order == 0 ? 0 : order == 1 ? 64 : PV_IN_L1;
-    printf("compute alone (K/V hot in L2), ns per key and kv head, one thread, %s:",
-           order == 0 ? "key by key" : order == 1 ? "tiles of 64" : "P·V, O in L1");
+    const size_t compute_orders[] = {0, 64, PV_IN_L1, STRIPS, ATTNFORGE};
+    const char *compute_names[] = {"key by key", "tiles of 64", "P·V, O in L1", "strips", "attnforge"};
+    for (int order = 0; order < 5; order++) {
+    const size_t tile = compute_orders[order];
+    printf("compute alone (K/V hot in L2), ns per key and kv head, one thread, %s:", compute_names[order]);
     for (int gi = 0; gi < 4; gi++) {
         const job kernel = {1, groups[gi], 0, tile};
         double ns[RUNS];
