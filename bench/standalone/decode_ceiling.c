@@ -12,7 +12,8 @@
  *     strips of O held in registers, V read strip by strip — with its prefetches ("strips + prefetch": this tile's
  *     V rows during the scores, half of the next tile's K during the values) and without;
  *   - "attnforge": af_sdpa itself on the same cache (q f16, Hq = G·8), so that the library and the orders above are
- *     timed against the same read pass over the same buffers.
+ *     timed against the same read pass over the same buffers; also with the bytes read as bf16, and with the cache
+ *     viewed as (B,S,H,E) (the same bytes, heads interleaved key by key) in f16 and bf16.
  * and, with the buffers hot in L2 (S = 256), the compute time per key and kv head alone.
  * Not part of the library or the tests (docs/BENCHMARKS.md, "Decode, fourth look" and "fifth look"). Build (after
  * the library, build-rel) and run:
@@ -25,6 +26,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include <attnforge.h>
@@ -33,7 +35,10 @@ enum { HEAD_DIM = 128, KV_HEADS = 8, CHUNKS = HEAD_DIM / 8, RUNS = 21, MAX_THREA
 #define PV_IN_L1 ((size_t)-1)   /* head_pass's orders besides key by key and tiles of T */
 #define STRIPS ((size_t)-2)
 #define STRIPS_PREFETCH ((size_t)-3)
-#define ATTNFORGE ((size_t)-4)
+#define ATTNFORGE ((size_t)-4)          /* f16, (B,H,S,E) */
+#define ATTNFORGE_BF16 ((size_t)-5)     /* the same bytes as bf16 */
+#define ATTNFORGE_BSHE ((size_t)-6)     /* f16, the cache read as (B,S,H,E): heads interleaved, a transformer's cache */
+#define ATTNFORGE_BSHE_BF16 ((size_t)-7)
 enum { STRIP_TILE = 64 };   /* the library's keys per tile for one kv head of E = 128 */
 
 static size_t keys;                       /* S */
@@ -162,14 +167,22 @@ static void *worker(void *arg) {
     return NULL;
 }
 
-/* af_sdpa on the whole cache: q (1, 8·G, 1, 128) f16, K and V (1, 8, S, 128) f16, on j->threads threads. */
+/* af_sdpa on the whole cache: q (1, 8·G, 1, 128), K and V (1, 8, S, 128) in f16 or bf16 (the cache's bytes either
+ * way: 0x3c00 is 2^-7 as bf16), contiguous or as (B,S,H,E) strides, on j->threads threads. */
 static double run_attnforge(const job *j) {
     static uint16_t qbuf[8 * KV_HEADS * HEAD_DIM], obuf[8 * KV_HEADS * HEAD_DIM];
+    const bool bf16 = j->tile == ATTNFORGE_BF16 || j->tile == ATTNFORGE_BSHE_BF16;
+    const af_dtype dt = bf16 ? AF_BF16 : AF_F16;
     const int64_t hq = (int64_t)KV_HEADS * j->group;
-    for (int64_t i = 0; i < hq * HEAD_DIM; i++) qbuf[i] = 0x1c00;   /* 2^-8 */
+    for (int64_t i = 0; i < hq * HEAD_DIM; i++) qbuf[i] = bf16 ? 0x3b80 : 0x1c00;   /* 2^-8 */
     const int64_t q_shape[4] = {1, hq, 1, HEAD_DIM}, kv_shape[4] = {1, KV_HEADS, (int64_t)keys, HEAD_DIM};
-    af_tensor tq = af_tensor_contiguous(qbuf, AF_F16, 4, q_shape), to = af_tensor_contiguous(obuf, AF_F16, 4, q_shape);
-    af_tensor tk = af_tensor_contiguous(k_cache, AF_F16, 4, kv_shape), tv = af_tensor_contiguous(v_cache, AF_F16, 4, kv_shape);
+    af_tensor tq = af_tensor_contiguous(qbuf, dt, 4, q_shape), to = af_tensor_contiguous(obuf, dt, 4, q_shape);
+    af_tensor tk = af_tensor_contiguous(k_cache, dt, 4, kv_shape), tv = af_tensor_contiguous(v_cache, dt, 4, kv_shape);
+    if (j->tile == ATTNFORGE_BSHE || j->tile == ATTNFORGE_BSHE_BF16) {   /* element (h, s, e) at (s·H + h)·E + e */
+        const int64_t strides[4] = {(int64_t)keys * KV_HEADS * HEAD_DIM, HEAD_DIM, KV_HEADS * HEAD_DIM, 1};
+        memcpy(tk.strides, strides, sizeof strides);
+        memcpy(tv.strides, strides, sizeof strides);
+    }
     af_sdpa_args args = {0};
     args.query = &tq, args.key = &tk, args.value = &tv, args.enable_gqa = true;
     af_set_num_threads(j->threads);
@@ -179,7 +192,7 @@ static double run_attnforge(const job *j) {
 }
 
 static double run(const job *j) {
-    if (j->mode == 0 && j->tile == ATTNFORGE) return run_attnforge(j);
+    if (j->mode == 0 && j->tile >= ATTNFORGE_BSHE_BF16 && j->tile <= ATTNFORGE) return run_attnforge(j);
     pthread_t ids[MAX_THREADS];
     start starts[MAX_THREADS];
     const double t0 = now();
@@ -212,7 +225,8 @@ static void allocate(size_t s) {
 int main(void) {
     for (int g = 0; g < 8; g++)
         for (int e = 0; e < HEAD_DIM; e++) q[g][e] = 1e-3f;
-    const size_t tiles[] = {0, 8, 16, 64, 256, PV_IN_L1, STRIPS, STRIPS_PREFETCH, ATTNFORGE};
+    const size_t tiles[] = {0, 8, 16, 64, 256, PV_IN_L1, STRIPS, STRIPS_PREFETCH,
+                             ATTNFORGE, ATTNFORGE_BF16, ATTNFORGE_BSHE, ATTNFORGE_BSHE_BF16};
     enum { ORDERS = sizeof tiles / sizeof tiles[0] };
     const int groups[] = {1, 2, 4, 8};
     printf("f16 K/V (%d kv heads, S, E = %d); %% of the read pass taken before each run, median of %d runs\n",
@@ -234,6 +248,9 @@ int main(void) {
                 else if (tiles[ti] == STRIPS) printf("  strips %3.0f%%", pct[ti][RUNS / 2]);
                 else if (tiles[ti] == STRIPS_PREFETCH) printf("  strips + prefetch %3.0f%%", pct[ti][RUNS / 2]);
                 else if (tiles[ti] == ATTNFORGE) printf("  attnforge %3.0f%%", pct[ti][RUNS / 2]);
+                else if (tiles[ti] == ATTNFORGE_BF16) printf(", bf16 %.0f%%", pct[ti][RUNS / 2]);
+                else if (tiles[ti] == ATTNFORGE_BSHE) printf(", (B,S,H,E) f16 %.0f%%", pct[ti][RUNS / 2]);
+                else if (tiles[ti] == ATTNFORGE_BSHE_BF16) printf(", bf16 %.0f%%", pct[ti][RUNS / 2]);
                 else if (tiles[ti]) printf("  tiles of %zu %3.0f%%", tiles[ti], pct[ti][RUNS / 2]);
                 else printf("  key by key %3.0f%%", pct[ti][RUNS / 2]);
             }
