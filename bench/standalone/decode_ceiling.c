@@ -1,7 +1,7 @@
 /* What a decode kernel could reach on this machine: a loop that does only the unavoidable work of f16 decode —
  * every K and V element read once from DRAM, converted once (vcvtph2ps), and G FMAs per element (the GQA group's
  * query rows) — with no softmax, no reductions and no bookkeeping. It reports the time as a % of a streaming read
- * pass over the same buffers taken just before each run (median of 11), for three orders of the work:
+ * pass over the same buffers taken just before each run (median of 21), for these orders of the work:
  *   - "key by key": key j's K row, then its V row, both as dot products with the query rows (acc += x·q): both
  *     streams advance together. An upper bound, not an attention kernel: P·V accumulates G·Ev outputs, not 8;
  *   - "tiles of T": T keys' K rows, then the same T keys' V rows, as dot products (the read order of a
@@ -11,11 +11,15 @@
  *   - "strips": the library's order in tiles of 64 — K rows as dot products, then the values as P·V in 16-column
  *     strips of O held in registers, V read strip by strip — with its prefetches ("strips + prefetch": this tile's
  *     V rows during the scores, half of the next tile's K during the values) and without;
+ *   - "wide strips": the same with strips of 8/G vectors (8 accumulators whatever G: 2-4x fewer passes over V's
+ *     tile at G 1-2; the library's order since the "sixth look");
+ *   - "pipelined": wide strips of tile t - 1, each followed by a share of tile t's scores, which prefetch their keys'
+ *     V rows and the K rows a tile ahead: K and V stream together, as key by key;
  *   - "attnforge": af_sdpa itself on the same cache (q f16, Hq = G·8), so that the library and the orders above are
  *     timed against the same read pass over the same buffers; also with the bytes read as bf16, and with the cache
  *     viewed as (B,S,H,E) (the same bytes, heads interleaved key by key) in f16 and bf16.
  * and, with the buffers hot in L2 (S = 256), the compute time per key and kv head alone.
- * Not part of the library or the tests (docs/BENCHMARKS.md, "Decode, fourth look" and "fifth look"). Build (after
+ * Not part of the library or the tests (docs/BENCHMARKS.md, "Decode, fourth look" to "sixth look"). Build (after
  * the library, build-rel) and run:
  *   gcc -O3 -std=gnu11 -Iinclude -o /tmp/decode_ceiling bench/standalone/decode_ceiling.c -Lbuild-rel -lattnforge \
  *       -Wl,-rpath,$PWD/build-rel -lpthread && /tmp/decode_ceiling */
@@ -35,6 +39,8 @@ enum { HEAD_DIM = 128, KV_HEADS = 8, CHUNKS = HEAD_DIM / 8, RUNS = 21, MAX_THREA
 #define PV_IN_L1 ((size_t)-1)   /* head_pass's orders besides key by key and tiles of T */
 #define STRIPS ((size_t)-2)
 #define STRIPS_PREFETCH ((size_t)-3)
+#define STRIPS_WIDE ((size_t)-8)        /* strips of 8/G vectors: 8 accumulators, 2-4x fewer passes over V's tile */
+#define PIPELINED ((size_t)-9)          /* wide strips of tile t - 1 interleaved with the scores of tile t */
 #define ATTNFORGE ((size_t)-4)          /* f16, (B,H,S,E) */
 #define ATTNFORGE_BF16 ((size_t)-5)     /* the same bytes as bf16 */
 #define ATTNFORGE_BSHE ((size_t)-6)     /* f16, the cache read as (B,S,H,E): heads interleaved, a transformer's cache */
@@ -62,6 +68,34 @@ static double now(void) {
         }                                                                                             \
     }
 
+/* Prefetch one key's f16 row (4 lines). */
+static inline void prefetch_row(const uint16_t *row) {
+    for (int l = 0; l < HEAD_DIM * 2 / 64; l++) __builtin_prefetch((const char *)row + 64 * l, 0, 2);
+}
+
+/* P·V of keys [s0, s0 + STRIP_TILE) for O's vectors [c0, c1) of the G rows: strips of nv vectors a row held in
+ * registers (G·nv <= 16 accumulators), V read strip by strip; one line of *k_lines from *next_k prefetched a key. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void values_strips(
+    const uint16_t *v, size_t s0, const int G, const int nv, int c0, int c1, const char **next_k, size_t *k_lines,
+    float out[8][HEAD_DIM]) {
+    for (int c = c0; c < c1; c += nv) {
+        __m256 o[8][8];
+        _Pragma("GCC unroll 8") for (int g = 0; g < G; g++)
+            _Pragma("GCC unroll 8") for (int n = 0; n < nv; n++) o[g][n] = _mm256_load_ps(&out[g][8 * (c + n)]);
+        for (size_t s = s0; s < s0 + STRIP_TILE; s++) {
+            if (*k_lines) __builtin_prefetch(*next_k, 0, 2), *next_k += 64, --*k_lines;   /* a line per key */
+            const uint16_t *row = v + s * HEAD_DIM + 8 * c;
+            _Pragma("GCC unroll 8") for (int n = 0; n < nv; n++) {
+                const __m256 x = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(row + 8 * n)));
+                _Pragma("GCC unroll 8") for (int g = 0; g < G; g++)   /* q[g][s] stands for P[g][s] */
+                    o[g][n] = _mm256_fmadd_ps(_mm256_broadcast_ss(&q[g][s % HEAD_DIM]), x, o[g][n]);
+            }
+        }
+        _Pragma("GCC unroll 8") for (int g = 0; g < G; g++)
+            _Pragma("GCC unroll 8") for (int n = 0; n < nv; n++) _mm256_store_ps(&out[g][8 * (c + n)], o[g][n]);
+    }
+}
+
 /* One kv head's keys in tiles of `tile` keys (tile 0: key by key), G FMAs per element. */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline float head_pass(const uint16_t *k,
                                                                                      const uint16_t *v, size_t tile,
@@ -80,41 +114,40 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline float head
             }
         }
         acc[0] = _mm256_add_ps(acc[0], out[0][0]);
-    } else if (tile == STRIPS || tile == STRIPS_PREFETCH) {
+    } else if (tile == STRIPS || tile == STRIPS_PREFETCH || tile == STRIPS_WIDE) {
         static __thread float out[8][HEAD_DIM] __attribute__((aligned(32)));   /* O of the group's rows */
-        const bool prefetch = tile == STRIPS_PREFETCH;
+        const bool prefetch = tile != STRIPS;
+        const int nv = tile == STRIPS_WIDE ? 8 / G : 2;
         for (size_t s0 = 0; s0 < keys; s0 += STRIP_TILE) {
             for (size_t s = s0; s < s0 + STRIP_TILE; s++) {
-                if (prefetch)   /* this key's V row (4 lines), as the library's scores spread a tile's V over its keys */
-                    for (int l = 0; l < HEAD_DIM * 2 / 64; l++) __builtin_prefetch((const char *)(v + s * HEAD_DIM) + 64 * l, 0, 2);
+                if (prefetch) prefetch_row(v + s * HEAD_DIM);   /* this tile's V, as the library's scores do */
                 ROW_FMAS(k + s * HEAD_DIM, G, 0)
             }
             const char *next_k = (const char *)(k + (s0 + STRIP_TILE) * HEAD_DIM);
             size_t k_lines = prefetch && s0 + STRIP_TILE < keys ? STRIP_TILE * HEAD_DIM * 2 / 64 / 2 : 0;
-            for (int c = 0; c < CHUNKS; c += 2) {   /* a strip: 16 columns of O for the G rows */
-                __m256 o[8][2];
-                _Pragma("GCC unroll 8") for (int g = 0; g < G; g++) {
-                    o[g][0] = _mm256_load_ps(&out[g][8 * c]);
-                    o[g][1] = _mm256_load_ps(&out[g][8 * c + 8]);
-                }
-                for (size_t s = s0; s < s0 + STRIP_TILE; s++) {
-                    if (k_lines) __builtin_prefetch(next_k, 0, 2), next_k += 64, k_lines--;   /* a line per key */
-                    const uint16_t *row = v + s * HEAD_DIM + 8 * c;
-                    const __m256 x0 = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)row));
-                    const __m256 x1 = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(row + 8)));
-                    _Pragma("GCC unroll 8") for (int g = 0; g < G; g++) {
-                        const __m256 p = _mm256_broadcast_ss(&q[g][s % HEAD_DIM]);   /* stands for P[g][s] */
-                        o[g][0] = _mm256_fmadd_ps(p, x0, o[g][0]);
-                        o[g][1] = _mm256_fmadd_ps(p, x1, o[g][1]);
-                    }
-                }
-                _Pragma("GCC unroll 8") for (int g = 0; g < G; g++) {
-                    _mm256_store_ps(&out[g][8 * c], o[g][0]);
-                    _mm256_store_ps(&out[g][8 * c + 8], o[g][1]);
-                }
-            }
+            values_strips(v, s0, G, nv, 0, CHUNKS, &next_k, &k_lines, out);
         }
         acc[0] = _mm256_add_ps(acc[0], _mm256_load_ps(out[0]));
+    } else if (tile == PIPELINED) {
+        static __thread float out[8][HEAD_DIM] __attribute__((aligned(32)));
+        static __thread __m256 scores[8];   /* the scores' accumulators between steps */
+        const int nv = 8 / G, steps = CHUNKS / nv;
+        const size_t per_step = STRIP_TILE / (size_t)steps, tiles = keys / STRIP_TILE;
+        for (size_t t = 0; t <= tiles; t++)   /* step c of round t: tile t's keys c·per_step.., tile t - 1's strip c */
+            for (int c = 0; c < steps; c++) {
+                if (t < tiles) {
+                    for (int i = 0; i < 8; i++) acc[i] = scores[i];
+                    for (size_t s = t * STRIP_TILE + (size_t)c * per_step, e = s + per_step; s < e; s++) {
+                        if (s + STRIP_TILE < keys) prefetch_row(k + (s + STRIP_TILE) * HEAD_DIM);
+                        prefetch_row(v + s * HEAD_DIM);
+                        ROW_FMAS(k + s * HEAD_DIM, G, 0)
+                    }
+                    for (int i = 0; i < 8; i++) scores[i] = acc[i];
+                }
+                size_t no_lines = 0;
+                if (t > 0) values_strips(v, (t - 1) * STRIP_TILE, G, nv, c * nv, (c + 1) * nv, NULL, &no_lines, out);
+            }
+        for (int i = 0; i < 8; i++) acc[i] = _mm256_add_ps(scores[i], _mm256_load_ps(out[0]));
     } else if (tile == 0) {
         for (size_t s = 0; s < keys; s++) {
             ROW_FMAS(k + s * HEAD_DIM, G, 0)
@@ -225,7 +258,7 @@ static void allocate(size_t s) {
 int main(void) {
     for (int g = 0; g < 8; g++)
         for (int e = 0; e < HEAD_DIM; e++) q[g][e] = 1e-3f;
-    const size_t tiles[] = {0, 8, 16, 64, 256, PV_IN_L1, STRIPS, STRIPS_PREFETCH,
+    const size_t tiles[] = {0, 64, 256, PV_IN_L1, STRIPS, STRIPS_PREFETCH, STRIPS_WIDE, PIPELINED,
                              ATTNFORGE, ATTNFORGE_BF16, ATTNFORGE_BSHE, ATTNFORGE_BSHE_BF16};
     enum { ORDERS = sizeof tiles / sizeof tiles[0] };
     const int groups[] = {1, 2, 4, 8};
@@ -247,6 +280,8 @@ int main(void) {
                 if (tiles[ti] == PV_IN_L1) printf("  P·V, O in L1 %3.0f%%", pct[ti][RUNS / 2]);
                 else if (tiles[ti] == STRIPS) printf("  strips %3.0f%%", pct[ti][RUNS / 2]);
                 else if (tiles[ti] == STRIPS_PREFETCH) printf("  strips + prefetch %3.0f%%", pct[ti][RUNS / 2]);
+                else if (tiles[ti] == STRIPS_WIDE) printf("  wide strips %3.0f%%", pct[ti][RUNS / 2]);
+                else if (tiles[ti] == PIPELINED) printf("  pipelined %3.0f%%", pct[ti][RUNS / 2]);
                 else if (tiles[ti] == ATTNFORGE) printf("  attnforge %3.0f%%", pct[ti][RUNS / 2]);
                 else if (tiles[ti] == ATTNFORGE_BF16) printf(", bf16 %.0f%%", pct[ti][RUNS / 2]);
                 else if (tiles[ti] == ATTNFORGE_BSHE) printf(", (B,S,H,E) f16 %.0f%%", pct[ti][RUNS / 2]);
@@ -257,9 +292,9 @@ int main(void) {
             printf("\n");
         }
     allocate(256);   /* 512 KiB of K+V over 8 heads: each head's 64 KiB stays in L2 */
-    const size_t compute_orders[] = {0, 64, PV_IN_L1, STRIPS, ATTNFORGE};
-    const char *compute_names[] = {"key by key", "tiles of 64", "P·V, O in L1", "strips", "attnforge"};
-    for (int order = 0; order < 5; order++) {
+    const size_t compute_orders[] = {0, 64, STRIPS, STRIPS_WIDE, PIPELINED, ATTNFORGE};
+    const char *compute_names[] = {"key by key", "tiles of 64", "strips", "wide strips", "pipelined", "attnforge"};
+    for (int order = 0; order < 6; order++) {
     const size_t tile = compute_orders[order];
     printf("compute alone (K/V hot in L2), ns per key and kv head, one thread, %s:", compute_names[order]);
     for (int gi = 0; gi < 4; gi++) {
