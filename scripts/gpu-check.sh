@@ -4,8 +4,9 @@
 # random samples against the double reference), compute-sanitizer memcheck/racecheck on small cases, the compile
 # checks, the Python GPU tests (python/tests/test_cuda_gpu.py, where pytest and torch import), then
 # bench/cuda_compare.py (attnforge beside torch's SDPA backends), and, where the CPU has AVX-512/AMX,
-# the ctest suites and `attnforge bench --isa avx512|amx --quick`. Each phase has a time budget (the time an early
-# phase leaves goes to the later ones); a phase's failure is reported and the later phases still run.
+# the ctest suites, `attnforge bench --isa avx512|amx --quick` and decode's compute floor
+# (bench/standalone/decode_compute.c). Each phase has a time budget (the time an early phase leaves goes to the
+# later ones); a phase's failure is reported and the later phases still run.
 # Usage: scripts/gpu-check.sh             (BUILD_DIR, default build-gpu; OUT: also writes $OUT/gpu-check.log)
 #        GPU_CHECK_DRY=1 scripts/gpu-check.sh   runs only the phases that need no GPU (for trying it without one)
 #        GPU_CHECK_PHASES="verify compare" scripts/gpu-check.sh   a subset of: info build verify ctest sanitizer
@@ -320,6 +321,13 @@ phase_cpu_isa() {
                 -R "test_(sdpa_random|ukernel|amx|smoke|concurrency|numerics)") 2>&1 | tail -6 || code=1
         fi
         bounded "$((allowed / 3))" "$cli" bench --isa "$isa" --quick --reps 3 || code=1
+        # decode's compute floor on this ISA's direct kernels, against this machine's read pass (about 2 s)
+        if [ "$isa" = avx512 ] && [ -f "$build/libattnforge.a" ] &&
+            gcc -O3 -std=gnu11 -Iinclude -Isrc -o "$build/decode_compute" bench/standalone/decode_compute.c \
+                "$build/libattnforge.a" -ljansson -lm -lpthread -ldl; then
+            echo "-- $isa: decode's compute floor (bench/standalone/decode_compute.c)"
+            bounded 30 env ATTNFORGE_ISA="$isa" "$build/decode_compute" || code=1
+        fi
     done
     [ "$ran" = 1 ] || { echo "this CPU has neither avx512f nor amx_bf16"; return 77; }
     return "$code"
