@@ -322,11 +322,9 @@ phase_cpu_isa() {
         fi
         bounded "$((allowed / 3))" "$cli" bench --isa "$isa" --quick --reps 3 || code=1
         # decode's compute floor on this ISA's direct kernels, against this machine's read pass (about 2 s)
-        if [ "$isa" = avx512 ] && [ -f "$build/libattnforge.a" ] &&
-            gcc -O3 -std=gnu11 -Iinclude -Isrc -o "$build/decode_compute" bench/standalone/decode_compute.c \
-                "$build/libattnforge.a" -ljansson -lm -lpthread -ldl; then
+        if [ "$isa" = avx512 ] && [ -x "$build/standalone/decode_compute" ]; then
             echo "-- $isa: decode's compute floor (bench/standalone/decode_compute.c)"
-            bounded 30 env ATTNFORGE_ISA="$isa" "$build/decode_compute" || code=1
+            bounded 30 env ATTNFORGE_ISA="$isa" "$build/standalone/decode_compute" || code=1
         fi
     done
     [ "$ran" = 1 ] || { echo "this CPU has neither avx512f nor amx_bf16"; return 77; }

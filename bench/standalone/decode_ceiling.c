@@ -23,7 +23,9 @@
  * the library, build-rel) and run:
  *   gcc -O3 -std=gnu11 -Iinclude -o /tmp/decode_ceiling bench/standalone/decode_ceiling.c -Lbuild-rel -lattnforge \
  *       -Wl,-rpath,$PWD/build-rel -lpthread && /tmp/decode_ceiling */
+#ifndef _GNU_SOURCE   /* the build defines it for every file */
 #define _GNU_SOURCE
+#endif
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdbool.h>

@@ -16,10 +16,12 @@
  * 4-row × 2-vector values step), to show what bounds the kernels in L1 (docs/BENCHMARKS.md, "Decode, seventh look").
  *
  * Not part of the library or the tests; it includes the library's internal micro-kernel header, so it links the
- * static library. Build (after the library, build-rel) and run (about 10 s):
+ * static library. The CMake build makes it (build-rel/standalone/decode_compute); by hand (about 2 s to run):
  *   gcc -O3 -std=gnu11 -Iinclude -Isrc -o /tmp/decode_compute bench/standalone/decode_compute.c \
  *       build-rel/libattnforge.a -ljansson -lm -lpthread && /tmp/decode_compute */
+#ifndef _GNU_SOURCE   /* the build defines it for every file */
 #define _GNU_SOURCE
+#endif
 #include <immintrin.h>
 #include <math.h>
 #include <pthread.h>
@@ -81,6 +83,9 @@ static double kernels_ns_per_key(const af_ukernel *uk, af_dtype dt, int g) {
     return (now() - t0) / PASSES / KEYS * 1e9;
 }
 
+/* x rounded to f16 bits (F16C: no _Float16, which clang 14 lacks on x86) */
+__attribute__((target("f16c"))) static uint16_t f16_bits(float x) { return (uint16_t)_cvtss_sh(x, 0); }
+
 static void fill_tiles(af_dtype dt) {
     for (int i = 0; i < MAX_G * E; i++) q_rows[i] = 0.01f * (float)(i % 13) - 0.06f;
     for (int i = 0; i < KEYS * E; i++) {
@@ -88,7 +93,7 @@ static void fill_tiles(af_dtype dt) {
         if (dt == AF_F32) {
             ((float *)k_tile)[i] = k, ((float *)v_tile)[i] = v;
         } else if (dt == AF_F16) {
-            ((_Float16 *)k_tile)[i] = (_Float16)k, ((_Float16 *)v_tile)[i] = (_Float16)v;
+            ((uint16_t *)k_tile)[i] = f16_bits(k), ((uint16_t *)v_tile)[i] = f16_bits(v);
         } else {   /* bf16: the top half of the f32 (these values are exact in bf16's 8 bits of mantissa or close) */
             uint32_t kb, vb;
             memcpy(&kb, &k, 4), memcpy(&vb, &v, 4);
