@@ -94,7 +94,7 @@ static void fill_tiles(af_dtype dt) {
             ((float *)k_tile)[i] = k, ((float *)v_tile)[i] = v;
         } else if (dt == AF_F16) {
             ((uint16_t *)k_tile)[i] = f16_bits(k), ((uint16_t *)v_tile)[i] = f16_bits(v);
-        } else {   /* bf16: the top half of the f32 (these values are exact in bf16's 8 bits of mantissa or close) */
+        } else {   /* bf16: the f32's top half (truncated: only the timing matters) */
             uint32_t kb, vb;
             memcpy(&kb, &k, 4), memcpy(&vb, &v, 4);
             ((uint16_t *)k_tile)[i] = (uint16_t)(kb >> 16), ((uint16_t *)v_tile)[i] = (uint16_t)(vb >> 16);
