@@ -3,8 +3,8 @@
  * For GQA groups G = 1, 2, 4, 8 (E = Ev = 128, tiles of 64 keys, one kv head), the library's own direct kernels
  * (scores_direct, softmax_step, values_direct of the ISA af_sdpa uses, with the prefetches af_sdpa hands them on
  * one-head items) run over a K/V tile held in L1: the compute time per key of one kv head, with no memory stalls.
- * A streaming read pass over 256 MiB, on 1 and 2 threads, gives the memory time per key (the 2·E elements of its K
- * and V rows). From the two, on T threads (compute c per key on one core, memory m per key at the T-thread pass):
+ * The read pass `attnforge bench` divides by (bench/machine_peak.c: 256 MiB, best of 5), on 1 and 2 threads, gives
+ * the memory time per key (the 2·E elements of its K and V rows); the FMA peak is the bench's too. From the two, on T threads (compute c per key on one core, memory m per key at the T-thread pass):
  *   - "overlapped": the share of the read bandwidth a decode reaches if memory and compute overlap completely,
  *     min(1, m / (c / T)): no order of the work, prefetching or threading does better with these kernels;
  *   - "serial": the share if they do not overlap at all, m / (m + c / T).
@@ -16,15 +16,16 @@
  * 4-row × 2-vector values step), to show what bounds the kernels in L1 (docs/BENCHMARKS.md, "Decode, seventh look").
  *
  * Not part of the library or the tests; it includes the library's internal micro-kernel header, so it links the
- * static library. The CMake build makes it (build-rel/standalone/decode_compute); by hand (about 2 s to run):
- *   gcc -O3 -std=gnu11 -Iinclude -Isrc -o /tmp/decode_compute bench/standalone/decode_compute.c \
- *       build-rel/libattnforge.a -ljansson -lm -lpthread && /tmp/decode_compute */
+ * static library, and the bench's ceilings. The CMake build makes it (build-rel/standalone/decode_compute); by
+ * hand (about 5 s to run):
+ *   gcc -O3 -std=gnu11 -Iinclude -Isrc -Ibench -Itools -o /tmp/decode_compute bench/standalone/decode_compute.c \
+ *       bench/machine_peak.c bench/amx_peak.c tools/cli_common.c build-rel/libattnforge.a -ljansson -lm -lpthread \
+ *       && /tmp/decode_compute */
 #ifndef _GNU_SOURCE   /* the build defines it for every file */
 #define _GNU_SOURCE
 #endif
 #include <immintrin.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,9 +35,9 @@
 #include <attnforge.h>
 
 #include "kernel/ukernel.h"
+#include "machine_peak.h"
 
 enum { E = 128, KEYS = 64, LDS = 80, LDO = 144, MAX_G = 8, RUNS = 31 };
-#define READ_BYTES ((size_t)256 << 20)
 
 static double now(void) {
     struct timespec t;
@@ -164,58 +165,22 @@ static double mix_ns(float (*fn)(long)) {
     return median(t, RUNS);
 }
 
-/* ------------------------------------------------------------------ read bandwidth */
-
-typedef struct {
-    const char *base;
-    size_t bytes;
-} share;
-
-__attribute__((target("avx2"))) static void *read_share(void *arg) {
-    const share *s = arg;
-    const float *f = (const float *)s->base;
-    __m256 acc[8];   /* 8 chains: the adds' latency never limits the pass */
-    for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
-    for (size_t i = 0; i + 64 <= s->bytes / 4; i += 64)
-        for (int c = 0; c < 8; c++) acc[c] = _mm256_add_ps(acc[c], _mm256_load_ps(f + i + 8 * c));
-    for (int i = 1; i < 8; i++) acc[0] = _mm256_add_ps(acc[0], acc[i]);
-    sink += _mm256_cvtss_f32(acc[0]);
-    return NULL;
-}
-
-/* GB/s of a streaming read of buf on `threads` threads (each its own half), median of 9 passes. */
-static double read_gbps(const char *buf, int threads) {
-    double t[9];
-    for (int r = 0; r < 9; r++) {
-        pthread_t id;
-        share s[2];
-        const size_t part = READ_BYTES / (size_t)threads;
-        for (int i = 0; i < threads; i++) s[i] = (share){buf + (size_t)i * part, part};
-        const double t0 = now();
-        if (threads == 2) pthread_create(&id, NULL, read_share, &s[1]);
-        read_share(&s[0]);
-        if (threads == 2) pthread_join(id, NULL);
-        t[r] = (double)READ_BYTES / (now() - t0) / 1e9;
-    }
-    return median(t, 9);
-}
-
 int main(void) {
     const af_ukernel *uk = af_ukernel_current();
-    char *buf = aligned_alloc(64, READ_BYTES);
-    if (!buf) return 1;
-    memset(buf, 1, READ_BYTES);
     for (int i = 0; i < 4096; i++) mix_halves[i] = 0x3c00;
     for (int i = 0; i < 2048; i++) mix_floats[i] = 1e-3f;
 
     const double alone = mix_ns(fmas_alone), sc = mix_ns(scores_step), va = mix_ns(values_step);
-    const double fma_ns = alone / 8.0;   /* one 8-lane FMA at the measured peak */
-    printf("instruction mixes (AVX2, one core), ns per step of 8 FMAs: FMAs alone %.2f (%.1f GFLOP/s); "
+    printf("instruction mixes (AVX2, one core), ns per step of 8 FMAs: FMAs alone %.2f; "
            "+ 2 conversions + 4 loads (scores 4x2) %.2f (%.2fx); + 2 conversions + 4 broadcasts (values 4x2) %.2f "
-           "(%.2fx)\n", alone, 16.0 / fma_ns, sc, sc / alone, va, va / alone);
+           "(%.2fx)\n", alone, sc, sc / alone, va, va / alone);
 
-    const double bw[2] = {read_gbps(buf, 1), read_gbps(buf, 2)};
-    printf("read pass (256 MiB): %.1f GB/s on 1 thread, %.1f GB/s on 2; isa %s\n\n", bw[0], bw[1], uk->isa);
+    /* the ceilings `attnforge bench` divides by (bench/machine_peak.c), for the isa the kernels run */
+    const double peak = bench_fma_peak_gflops(uk->isa, 1, NULL);
+    const double bw[2] = {bench_read_bandwidth_gbps(1, BENCH_BANDWIDTH_BYTES),
+                          bench_read_bandwidth_gbps(2, BENCH_BANDWIDTH_BYTES)};
+    printf("isa %s: FMA peak %.1f GFLOP/s on 1 thread; read pass (256 MiB) %.1f GB/s on 1 thread, %.1f GB/s on 2\n\n",
+           uk->isa, peak, bw[0], bw[1]);
 
     /* Every (dtype, G) once per round, RUNS rounds, medians: the machine's drift reaches all rows alike. */
     const af_dtype dts[] = {AF_F16, AF_BF16, AF_F32};
@@ -236,7 +201,7 @@ int main(void) {
         for (int gi = 0; gi < GROUPS; gi++) {
             const int g = 1 << gi;
             const double c = median(ns[d][gi], RUNS);
-            const double fmas = 2.0 * g * E / 8.0 * fma_ns;   /* scores and values: G·E lane-FMAs each */
+            const double fmas = 4.0 * g * E / peak;   /* scores and values: G·E FMAs (2 FLOP) each, ns */
             printf("| %s | %d | %.1f | %.1f | ", names[d], g, c, fmas);
             for (int t = 1; t <= 2; t++) {
                 const double m = 2.0 * E * (double)elem / bw[t - 1], per = c / t;
@@ -250,6 +215,5 @@ int main(void) {
             }
         }
     }
-    free(buf);
     return 0;
 }
