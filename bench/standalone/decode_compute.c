@@ -13,11 +13,13 @@
  * fast enough), or the share of the compute time that must be hidden under the memory time.
  * It also times the instruction mixes the kernels are made of (AVX2 loops: 8 independent FMAs alone; with the two
  * conversions and four loads of a 4-row × 2-key scores step; with the two conversions and four broadcasts of a
- * 4-row × 2-vector values step), to show what bounds the kernels in L1 (docs/BENCHMARKS.md, "Decode, seventh look").
+ * 4-row × 2-vector values step), to show what bounds the kernels in L1 (docs/BENCHMARKS.md, "Decode, seventh look");
+ * and it splits the kernels' time into scores, softmax step and values, each with and without its prefetches
+ * ("eighth look").
  *
  * Not part of the library or the tests; it includes the library's internal micro-kernel header, so it links the
  * static library, and the bench's ceilings. The CMake build makes it (build-rel/standalone/decode_compute); by
- * hand (about 5 s to run):
+ * hand (about 10 s to run):
  *   gcc -O3 -std=gnu11 -Iinclude -Isrc -Ibench -Itools -o /tmp/decode_compute bench/standalone/decode_compute.c \
  *       bench/machine_peak.c bench/amx_peak.c tools/cli_common.c build-rel/libattnforge.a -ljansson -lm -lpthread \
  *       && /tmp/decode_compute */
@@ -80,6 +82,33 @@ static double kernels_ns_per_key(const af_ukernel *uk, af_dtype dt, int g) {
         uk->scores_direct(g, KEYS, E, q_rows, E, k_rows, 0, dt, scores, LDS, (af_prefetch){v_tile, tile_lines});
         uk->softmax_step(g, KEYS, scores, LDS, 0.088f, row_max, row_sum, alpha, degree);
         uk->values_direct(g, E, KEYS, scores, LDS, v_rows, 0, dt, out, LDO, (af_prefetch){k_tile, tile_lines / 2});
+    }
+    return (now() - t0) / PASSES / KEYS * 1e9;
+}
+
+/* The same passes split by kernel (part: 0 scores with their prefetches, 1 without, 2 the softmax step on a copy
+ * of the scores, 3 values with their prefetches, 4 without): where a key's compute goes. */
+enum { PARTS = 5 };
+static double part_ns_per_key(const af_ukernel *uk, af_dtype dt, int g, int part) {
+    static float copy[MAX_G * LDS] __attribute__((aligned(64)));
+    const size_t elem = dt == AF_F32 ? 4 : 2;
+    const char *k_rows[KEYS], *v_rows[KEYS];
+    for (int j = 0; j < KEYS; j++) k_rows[j] = k_tile + (size_t)j * E * elem, v_rows[j] = v_tile + (size_t)j * E * elem;
+    const size_t tile_lines = KEYS * E * elem / 64;
+    const af_prefetch none = {NULL, 0}, this_v = {v_tile, tile_lines}, half_k = {k_tile, tile_lines / 2};
+    const int degree = dt == AF_BF16 ? 3 : dt == AF_F16 ? 4 : 5;
+    float row_max[MAX_G], row_sum[MAX_G], alpha[MAX_G];
+    for (int r = 0; r < g; r++) row_max[r] = -INFINITY, row_sum[r] = 0.0f;
+    uk->scores_direct(g, KEYS, E, q_rows, E, k_rows, 0, dt, scores, LDS, none);
+    enum { PASSES = 300 };
+    const double t0 = now();
+    for (int i = 0; i < PASSES; i++) {
+        if (part == 0) uk->scores_direct(g, KEYS, E, q_rows, E, k_rows, 0, dt, scores, LDS, this_v);
+        else if (part == 1) uk->scores_direct(g, KEYS, E, q_rows, E, k_rows, 0, dt, scores, LDS, none);
+        else if (part == 2) {
+            memcpy(copy, scores, sizeof(float) * (size_t)g * LDS);
+            uk->softmax_step(g, KEYS, copy, LDS, 0.088f, row_max, row_sum, alpha, degree);
+        } else uk->values_direct(g, E, KEYS, scores, LDS, v_rows, 0, dt, out, LDO, part == 3 ? half_k : none);
     }
     return (now() - t0) / PASSES / KEYS * 1e9;
 }
@@ -186,11 +215,15 @@ int main(void) {
     const af_dtype dts[] = {AF_F16, AF_BF16, AF_F32};
     const char *names[] = {"f16", "bf16", "f32"};
     enum { DTYPES = 3, GROUPS = 4 };
-    static double ns[DTYPES][GROUPS][RUNS];
+    static double ns[DTYPES][GROUPS][RUNS], part_ns[DTYPES][GROUPS][PARTS][RUNS];
     for (int run = 0; run < RUNS; run++)
         for (int d = 0; d < DTYPES; d++) {
             fill_tiles(dts[d]);
-            for (int gi = 0; gi < GROUPS; gi++) ns[d][gi][run] = kernels_ns_per_key(uk, dts[d], 1 << gi);
+            for (int gi = 0; gi < GROUPS; gi++) {
+                ns[d][gi][run] = kernels_ns_per_key(uk, dts[d], 1 << gi);
+                for (int part = 0; part < PARTS; part++)
+                    part_ns[d][gi][part][run] = part_ns_per_key(uk, dts[d], 1 << gi, part);
+            }
         }
 
     printf("| K/V | G | kernels, ns a key (1 core, L1) | the FMAs alone | "
@@ -215,5 +248,16 @@ int main(void) {
             }
         }
     }
+    printf("\nwhere the kernels' time goes, ns a key (1 core, L1): the scores' prefetches (this tile's V) and the "
+           "values' (half the next K) are the time with them less the time without\n");
+    printf("| K/V | G | scores | their prefetches | softmax step | values | their prefetches | sum |\n");
+    printf("|---|---|---|---|---|---|---|---|\n");
+    for (int d = 0; d < DTYPES; d++)
+        for (int gi = 0; gi < GROUPS; gi++) {
+            double m[PARTS];
+            for (int part = 0; part < PARTS; part++) m[part] = median(part_ns[d][gi][part], RUNS);
+            printf("| %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", names[d], 1 << gi, m[1], m[0] - m[1],
+                   m[2], m[4], m[3] - m[4], m[0] + m[2] + m[3]);
+        }
     return 0;
 }
