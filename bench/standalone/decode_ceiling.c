@@ -13,20 +13,28 @@
  *     V rows during the scores, half of the next tile's K during the values) and without;
  *   - "wide strips": the same with strips of 8/G vectors (8 accumulators whatever G: 2-4x fewer passes over V's
  *     tile at G 1-2; the library's order since the "sixth look");
+ *   - "scored": wide strips with real scores, the least an attention kernel adds to them: one score per (row,
+ *     key), a horizontal sum each, its exp2, and P read from them (the orders above accumulate the K rows' products
+ *     across keys and read the query rows as P);
  *   - "pipelined": wide strips of tile t - 1, each followed by a share of tile t's scores, which prefetch their keys'
  *     V rows and the K rows a tile ahead: K and V stream together, as key by key;
+ *   - "kernels": the library's own direct kernels (scores_direct, softmax_step, values_direct of the ISA af_sdpa
+ *     picks) on tiles of 64 keys with the prefetches af_sdpa hands them, from a bare loop, one item a head: af_sdpa
+ *     less its driver (row lists, prefetch cursors, items of 2048 keys, the split-KV combine);
  *   - "attnforge": af_sdpa itself on the same cache (q f16, Hq = G·8), so that the library and the orders above are
  *     timed against the same read pass over the same buffers; also with the bytes read as bf16, and with the cache
  *     viewed as (B,S,H,E) (the same bytes, heads interleaved key by key) in f16 and bf16.
  * and, with the buffers hot in L2 (S = 256), the compute time per key and kv head alone.
- * Not part of the library or the tests (docs/BENCHMARKS.md, "Decode, fourth look" to "sixth look"). Build (after
- * the library, build-rel) and run:
- *   gcc -O3 -std=gnu11 -Iinclude -o /tmp/decode_ceiling bench/standalone/decode_ceiling.c -Lbuild-rel -lattnforge \
- *       -Wl,-rpath,$PWD/build-rel -lpthread && /tmp/decode_ceiling */
+ * Not part of the library or the tests (docs/BENCHMARKS.md, "Decode, fourth look" to "eighth look"). It includes
+ * the library's internal micro-kernel header, so it links the static library. The CMake build makes it
+ * (build-rel/standalone/decode_ceiling); by hand, after the library (build-rel):
+ *   gcc -O3 -std=gnu11 -Iinclude -Isrc -o /tmp/decode_ceiling bench/standalone/decode_ceiling.c \
+ *       build-rel/libattnforge.a -ljansson -lm -lpthread && /tmp/decode_ceiling */
 #ifndef _GNU_SOURCE   /* the build defines it for every file */
 #define _GNU_SOURCE
 #endif
 #include <immintrin.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -37,12 +45,16 @@
 
 #include <attnforge.h>
 
+#include "kernel/ukernel.h"   /* the library's micro-kernels, for the "kernels" order */
+
 enum { HEAD_DIM = 128, KV_HEADS = 8, CHUNKS = HEAD_DIM / 8, RUNS = 21, MAX_THREADS = 2 };
 #define PV_IN_L1 ((size_t)-1)   /* head_pass's orders besides key by key and tiles of T */
 #define STRIPS ((size_t)-2)
 #define STRIPS_PREFETCH ((size_t)-3)
 #define STRIPS_WIDE ((size_t)-8)        /* strips of 8/G vectors: 8 accumulators, 2-4x fewer passes over V's tile */
 #define PIPELINED ((size_t)-9)          /* wide strips of tile t - 1 interleaved with the scores of tile t */
+#define SCORED ((size_t)-10)            /* wide strips with a score per (row, key) and its exp2, P read from them */
+#define KERNELS ((size_t)-11)           /* the library's own direct kernels, from a bare loop: af_sdpa less its driver */
 #define ATTNFORGE ((size_t)-4)          /* f16, (B,H,S,E) */
 #define ATTNFORGE_BF16 ((size_t)-5)     /* the same bytes as bf16 */
 #define ATTNFORGE_BSHE ((size_t)-6)     /* f16, the cache read as (B,S,H,E): heads interleaved, a transformer's cache */
@@ -76,10 +88,11 @@ static inline void prefetch_row(const uint16_t *row) {
 }
 
 /* P·V of keys [s0, s0 + STRIP_TILE) for O's vectors [c0, c1) of the G rows: strips of nv vectors a row held in
- * registers (G·nv <= 16 accumulators), V read strip by strip; one line of *k_lines from *next_k prefetched a key. */
+ * registers (G·nv <= 16 accumulators), V read strip by strip; one line of *k_lines from *next_k prefetched a key.
+ * Row g's P of key s0 + i is P[g·ldp + i] (the query rows stand for P, except in the scored order). */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void values_strips(
     const uint16_t *v, size_t s0, const int G, const int nv, int c0, int c1, const char **next_k, size_t *k_lines,
-    float out[8][HEAD_DIM]) {
+    const float *P, size_t ldp, float out[8][HEAD_DIM]) {
     for (int c = c0; c < c1; c += nv) {
         __m256 o[8][8];
         _Pragma("GCC unroll 8") for (int g = 0; g < G; g++)
@@ -90,12 +103,53 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void value
             _Pragma("GCC unroll 8") for (int n = 0; n < nv; n++) {
                 const __m256 x = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(row + 8 * n)));
                 _Pragma("GCC unroll 8") for (int g = 0; g < G; g++)   /* q[g][s] stands for P[g][s] */
-                    o[g][n] = _mm256_fmadd_ps(_mm256_broadcast_ss(&q[g][s % HEAD_DIM]), x, o[g][n]);
+                    o[g][n] = _mm256_fmadd_ps(_mm256_broadcast_ss(&P[(size_t)g * ldp + (s - s0)]), x, o[g][n]);
             }
         }
         _Pragma("GCC unroll 8") for (int g = 0; g < G; g++)
             _Pragma("GCC unroll 8") for (int n = 0; n < nv; n++) _mm256_store_ps(&out[g][8 * (c + n)], o[g][n]);
     }
+}
+
+/* The scored order's scores of keys [s0, s0 + STRIP_TILE): key by key (this tile's V prefetched as the library's
+ * scores do), 8/G accumulators a row, one horizontal sum per (row, key), then 2^(s - 1) of each (the softmax step's
+ * exp2: a degree-4 polynomial on the fraction) into S, which the values then read as P. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void scored_tile(const uint16_t *k,
+                                                                                      const uint16_t *v, size_t s0,
+                                                                                      const int G,
+                                                                                      float S[8][STRIP_TILE]) {
+    const int per_row = 8 / G;
+    for (size_t s = s0; s < s0 + STRIP_TILE; s++) {
+        prefetch_row(v + s * HEAD_DIM);
+        __m256 acc[8];
+        for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+        _Pragma("GCC unroll 16") for (int c = 0; c < CHUNKS; c++) {
+            const __m256 x = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(k + s * HEAD_DIM + 8 * c)));
+            _Pragma("GCC unroll 8") for (int g = 0; g < G; g++) {
+                const int a = g * per_row + c % per_row;
+                acc[a] = _mm256_fmadd_ps(x, _mm256_load_ps(&q[g][8 * c]), acc[a]);
+            }
+        }
+        _Pragma("GCC unroll 8") for (int g = 0; g < G; g++) {
+            __m256 t = acc[g * per_row];
+            for (int i = 1; i < per_row; i++) t = _mm256_add_ps(t, acc[g * per_row + i]);
+            __m128 h = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+            h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            S[g][s - s0] = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+        }
+    }
+    for (int g = 0; g < G; g++)
+        for (int i = 0; i < STRIP_TILE; i += 8) {
+            const __m256 x = _mm256_sub_ps(_mm256_load_ps(&S[g][i]), _mm256_set1_ps(1.0f));
+            const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm256_sub_ps(x, n);
+            __m256 p = _mm256_set1_ps(0.0136f);
+            p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.0555f));
+            p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.2402f));
+            p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.6931f));
+            p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+            const __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+            _mm256_store_ps(&S[g][i], _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e)));
+        }
 }
 
 /* One kv head's keys in tiles of `tile` keys (tile 0: key by key), G FMAs per element. */
@@ -127,7 +181,40 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline float head
             }
             const char *next_k = (const char *)(k + (s0 + STRIP_TILE) * HEAD_DIM);
             size_t k_lines = prefetch && s0 + STRIP_TILE < keys ? STRIP_TILE * HEAD_DIM * 2 / 64 / 2 : 0;
-            values_strips(v, s0, G, nv, 0, CHUNKS, &next_k, &k_lines, out);
+            values_strips(v, s0, G, nv, 0, CHUNKS, &next_k, &k_lines, &q[0][s0 % HEAD_DIM], HEAD_DIM, out);
+        }
+        acc[0] = _mm256_add_ps(acc[0], _mm256_load_ps(out[0]));
+    } else if (tile == KERNELS) {   /* af_sdpa's calls for a one-head item, with its prefetches, one item a head */
+        static __thread float out[8][HEAD_DIM] __attribute__((aligned(32)));
+        static __thread float S[8][STRIP_TILE] __attribute__((aligned(32)));
+        const af_ukernel *uk = af_ukernel_current();
+        const char *k_rows[STRIP_TILE], *v_rows[STRIP_TILE];
+        const size_t tile_lines = STRIP_TILE * HEAD_DIM * 2 / 64;
+        float row_max[8], row_sum[8], alpha[8];
+        for (int g = 0; g < G; g++) row_max[g] = -INFINITY, row_sum[g] = 0.0f;
+        for (size_t s0 = 0; s0 < keys; s0 += STRIP_TILE) {
+            for (size_t j = 0; j < STRIP_TILE; j++)
+                k_rows[j] = (const char *)(k + (s0 + j) * HEAD_DIM), v_rows[j] = (const char *)(v + (s0 + j) * HEAD_DIM);
+            const af_prefetch this_v = {v_rows[0], tile_lines},
+                              next_k = {(const char *)(k + (s0 + STRIP_TILE) * HEAD_DIM),
+                                        s0 + STRIP_TILE < keys ? tile_lines / 2 : 0};
+            uk->scores_direct(G, STRIP_TILE, HEAD_DIM, &q[0][0], HEAD_DIM, k_rows, 0, AF_F16, &S[0][0], STRIP_TILE,
+                              this_v);
+            uk->softmax_step(G, STRIP_TILE, &S[0][0], STRIP_TILE, 0.088f, row_max, row_sum, alpha, 4);
+            for (int g = 0; g < G; g++)
+                if (alpha[g] != 1.0f) uk->scale_row(out[g], HEAD_DIM, alpha[g]);
+            uk->values_direct(G, HEAD_DIM, STRIP_TILE, &S[0][0], STRIP_TILE, v_rows, 0, AF_F16, &out[0][0], HEAD_DIM,
+                              next_k);
+        }
+        acc[0] = _mm256_add_ps(acc[0], _mm256_load_ps(out[0]));
+    } else if (tile == SCORED) {
+        static __thread float out[8][HEAD_DIM] __attribute__((aligned(32)));
+        static __thread float S[8][STRIP_TILE] __attribute__((aligned(32)));
+        for (size_t s0 = 0; s0 < keys; s0 += STRIP_TILE) {
+            scored_tile(k, v, s0, G, S);
+            const char *next_k = (const char *)(k + (s0 + STRIP_TILE) * HEAD_DIM);
+            size_t k_lines = s0 + STRIP_TILE < keys ? STRIP_TILE * HEAD_DIM * 2 / 64 / 2 : 0;
+            values_strips(v, s0, G, 8 / G, 0, CHUNKS, &next_k, &k_lines, &S[0][0], STRIP_TILE, out);
         }
         acc[0] = _mm256_add_ps(acc[0], _mm256_load_ps(out[0]));
     } else if (tile == PIPELINED) {
@@ -147,7 +234,9 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline float head
                     for (int i = 0; i < 8; i++) scores[i] = acc[i];
                 }
                 size_t no_lines = 0;
-                if (t > 0) values_strips(v, (t - 1) * STRIP_TILE, G, nv, c * nv, (c + 1) * nv, NULL, &no_lines, out);
+                if (t > 0)
+                    values_strips(v, (t - 1) * STRIP_TILE, G, nv, c * nv, (c + 1) * nv, NULL, &no_lines,
+                                  &q[0][(t - 1) * STRIP_TILE % HEAD_DIM], HEAD_DIM, out);
             }
         for (int i = 0; i < 8; i++) acc[i] = _mm256_add_ps(scores[i], _mm256_load_ps(out[0]));
     } else if (tile == 0) {
@@ -260,7 +349,7 @@ static void allocate(size_t s) {
 int main(void) {
     for (int g = 0; g < 8; g++)
         for (int e = 0; e < HEAD_DIM; e++) q[g][e] = 1e-3f;
-    const size_t tiles[] = {0, 64, 256, PV_IN_L1, STRIPS, STRIPS_PREFETCH, STRIPS_WIDE, PIPELINED,
+    const size_t tiles[] = {0, 64, 256, PV_IN_L1, STRIPS, STRIPS_PREFETCH, STRIPS_WIDE, SCORED, PIPELINED, KERNELS,
                              ATTNFORGE, ATTNFORGE_BF16, ATTNFORGE_BSHE, ATTNFORGE_BSHE_BF16};
     enum { ORDERS = sizeof tiles / sizeof tiles[0] };
     const int groups[] = {1, 2, 4, 8};
@@ -283,7 +372,9 @@ int main(void) {
                 else if (tiles[ti] == STRIPS) printf("  strips %3.0f%%", pct[ti][RUNS / 2]);
                 else if (tiles[ti] == STRIPS_PREFETCH) printf("  strips + prefetch %3.0f%%", pct[ti][RUNS / 2]);
                 else if (tiles[ti] == STRIPS_WIDE) printf("  wide strips %3.0f%%", pct[ti][RUNS / 2]);
+                else if (tiles[ti] == SCORED) printf("  scored %3.0f%%", pct[ti][RUNS / 2]);
                 else if (tiles[ti] == PIPELINED) printf("  pipelined %3.0f%%", pct[ti][RUNS / 2]);
+                else if (tiles[ti] == KERNELS) printf("  kernels %3.0f%%", pct[ti][RUNS / 2]);
                 else if (tiles[ti] == ATTNFORGE) printf("  attnforge %3.0f%%", pct[ti][RUNS / 2]);
                 else if (tiles[ti] == ATTNFORGE_BF16) printf(", bf16 %.0f%%", pct[ti][RUNS / 2]);
                 else if (tiles[ti] == ATTNFORGE_BSHE) printf(", (B,S,H,E) f16 %.0f%%", pct[ti][RUNS / 2]);
@@ -294,9 +385,10 @@ int main(void) {
             printf("\n");
         }
     allocate(256);   /* 512 KiB of K+V over 8 heads: each head's 64 KiB stays in L2 */
-    const size_t compute_orders[] = {0, 64, STRIPS, STRIPS_WIDE, PIPELINED, ATTNFORGE};
-    const char *compute_names[] = {"key by key", "tiles of 64", "strips", "wide strips", "pipelined", "attnforge"};
-    for (int order = 0; order < 6; order++) {
+    const size_t compute_orders[] = {0, 64, STRIPS, STRIPS_WIDE, SCORED, PIPELINED, KERNELS, ATTNFORGE};
+    const char *compute_names[] = {"key by key", "tiles of 64", "strips", "wide strips", "scored", "pipelined",
+                                   "kernels", "attnforge"};
+    for (int order = 0; order < 8; order++) {
     const size_t tile = compute_orders[order];
     printf("compute alone (K/V hot in L2), ns per key and kv head, one thread, %s:", compute_names[order]);
     for (int gi = 0; gi < 4; gi++) {
