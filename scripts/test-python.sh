@@ -24,8 +24,9 @@ fi
 
 # --system-site-packages: a torch already installed on the machine is used as it is (it is large).
 py="$venv/bin/python"
+made_here="$venv/.made-by-attnforge-test-python"   # only a venv this script made is ever removed
 venv_with_basics() {
-  [ -x "$py" ] || "$python" -m venv --system-site-packages "$venv"
+  [ -x "$py" ] || { "$python" -m venv --system-site-packages "$venv" && touch "$made_here"; }
   "$py" -m pip install -q --disable-pip-version-check numpy pytest "scikit-build-core>=0.10"
 }
 venv_with_basics
@@ -69,9 +70,13 @@ if ! "$py" -c "import torch" 2>/dev/null; then
     start=$(date +%s)
     if install_torch "$free_mb"; then
       echo "test-python: torch installed in $(( $(date +%s) - start ))s"
-    else
+    elif [ -e "$made_here" ]; then
       rm -rf "$venv"; venv_with_basics
       torch_missing "torch could not be installed whole (its partial install was removed with the venv)"
+    else
+      echo "test-python: torch could not be installed whole into $venv, which this script did not make, so it is" \
+           "left as it is: remove what pip left there (pip uninstall torch), or use a fresh AF_PYTHON_VENV" >&2
+      exit 1
     fi
   fi
 fi
