@@ -102,7 +102,7 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void value
             const uint16_t *row = v + s * HEAD_DIM + 8 * c;
             _Pragma("GCC unroll 8") for (int n = 0; n < nv; n++) {
                 const __m256 x = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(row + 8 * n)));
-                _Pragma("GCC unroll 8") for (int g = 0; g < G; g++)   /* q[g][s] stands for P[g][s] */
+                _Pragma("GCC unroll 8") for (int g = 0; g < G; g++)
                     o[g][n] = _mm256_fmadd_ps(_mm256_broadcast_ss(&P[(size_t)g * ldp + (s - s0)]), x, o[g][n]);
             }
         }

@@ -4,7 +4,8 @@
  * (scores_direct, softmax_step, values_direct of the ISA af_sdpa uses, with the prefetches af_sdpa hands them on
  * one-head items) run over a K/V tile held in L1: the compute time per key of one kv head, with no memory stalls.
  * The read pass `attnforge bench` divides by (bench/machine_peak.c: 256 MiB, best of 5), on 1 and 2 threads, gives
- * the memory time per key (the 2·E elements of its K and V rows); the FMA peak is the bench's too. From the two, on T threads (compute c per key on one core, memory m per key at the T-thread pass):
+ * the memory time per key (the 2·E elements of its K and V rows); the FMA peak is the bench's too. From the two, on
+ * T threads (compute c per key on one core, memory m per key at the T-thread pass):
  *   - "overlapped": the share of the read bandwidth a decode reaches if memory and compute overlap completely,
  *     min(1, m / (c / T)): no order of the work, prefetching or threading does better with these kernels;
  *   - "serial": the share if they do not overlap at all, m / (m + c / T).
@@ -65,45 +66,31 @@ static float out[MAX_G * LDO] __attribute__((aligned(64)));
 static char k_tile[KEYS * E * 4] __attribute__((aligned(64)));
 static char v_tile[KEYS * E * 4] __attribute__((aligned(64)));
 
-/* Nanoseconds per key of one batch of tile passes: scores (prefetching this tile's V, as af_sdpa's one-head items
- * do), the softmax step, and the values (prefetching half a K tile). The tiles hold dt's elements (fill_tiles). */
-static double kernels_ns_per_key(const af_ukernel *uk, af_dtype dt, int g) {
-    const size_t elem = dt == AF_F32 ? 4 : 2;
-    const char *k_rows[KEYS], *v_rows[KEYS];
-    for (int j = 0; j < KEYS; j++) k_rows[j] = k_tile + (size_t)j * E * elem, v_rows[j] = v_tile + (size_t)j * E * elem;
-    const size_t tile_lines = KEYS * E * elem / 64;
-    const int degree = dt == AF_BF16 ? 3 : dt == AF_F16 ? 4 : 5;   /* the output's precision, as af_sdpa picks */
-    float row_max[MAX_G], row_sum[MAX_G], alpha[MAX_G];
-    for (int r = 0; r < g; r++) row_max[r] = -INFINITY, row_sum[r] = 0.0f;
-    memset(out, 0, sizeof out);
-    enum { PASSES = 300 };
-    const double t0 = now();
-    for (int i = 0; i < PASSES; i++) {
-        uk->scores_direct(g, KEYS, E, q_rows, E, k_rows, 0, dt, scores, LDS, (af_prefetch){v_tile, tile_lines});
-        uk->softmax_step(g, KEYS, scores, LDS, 0.088f, row_max, row_sum, alpha, degree);
-        uk->values_direct(g, E, KEYS, scores, LDS, v_rows, 0, dt, out, LDO, (af_prefetch){k_tile, tile_lines / 2});
-    }
-    return (now() - t0) / PASSES / KEYS * 1e9;
-}
-
-/* The same passes split by kernel (part: 0 scores with their prefetches, 1 without, 2 the softmax step on a copy
- * of the scores, 3 values with their prefetches, 4 without): where a key's compute goes. */
-enum { PARTS = 5 };
-static double part_ns_per_key(const af_ukernel *uk, af_dtype dt, int g, int part) {
+/* Nanoseconds per key of one batch of passes over a tile (dt's elements, fill_tiles) of `part`:
+ *   WHOLE_TILE: scores (prefetching this tile's V, as af_sdpa's one-head items do), the softmax step, and the values
+ *   (prefetching half a K tile); or one kernel alone, to split that time: 0 the scores with their prefetches, 1
+ *   without, 2 the softmax step on a copy of the scores, 3 the values with their prefetches, 4 without. */
+enum { PARTS = 5, WHOLE_TILE = PARTS };
+static double ns_per_key(const af_ukernel *uk, af_dtype dt, int g, int part) {
     static float copy[MAX_G * LDS] __attribute__((aligned(64)));
     const size_t elem = dt == AF_F32 ? 4 : 2;
     const char *k_rows[KEYS], *v_rows[KEYS];
     for (int j = 0; j < KEYS; j++) k_rows[j] = k_tile + (size_t)j * E * elem, v_rows[j] = v_tile + (size_t)j * E * elem;
     const size_t tile_lines = KEYS * E * elem / 64;
     const af_prefetch none = {NULL, 0}, this_v = {v_tile, tile_lines}, half_k = {k_tile, tile_lines / 2};
-    const int degree = dt == AF_BF16 ? 3 : dt == AF_F16 ? 4 : 5;
+    const int degree = dt == AF_BF16 ? 3 : dt == AF_F16 ? 4 : 5;   /* the output's precision, as af_sdpa picks */
     float row_max[MAX_G], row_sum[MAX_G], alpha[MAX_G];
     for (int r = 0; r < g; r++) row_max[r] = -INFINITY, row_sum[r] = 0.0f;
-    uk->scores_direct(g, KEYS, E, q_rows, E, k_rows, 0, dt, scores, LDS, none);
+    if (part == WHOLE_TILE) memset(out, 0, sizeof out);
+    else uk->scores_direct(g, KEYS, E, q_rows, E, k_rows, 0, dt, scores, LDS, none);   /* the parts' input S */
     enum { PASSES = 300 };
     const double t0 = now();
     for (int i = 0; i < PASSES; i++) {
-        if (part == 0) uk->scores_direct(g, KEYS, E, q_rows, E, k_rows, 0, dt, scores, LDS, this_v);
+        if (part == WHOLE_TILE) {
+            uk->scores_direct(g, KEYS, E, q_rows, E, k_rows, 0, dt, scores, LDS, this_v);
+            uk->softmax_step(g, KEYS, scores, LDS, 0.088f, row_max, row_sum, alpha, degree);
+            uk->values_direct(g, E, KEYS, scores, LDS, v_rows, 0, dt, out, LDO, half_k);
+        } else if (part == 0) uk->scores_direct(g, KEYS, E, q_rows, E, k_rows, 0, dt, scores, LDS, this_v);
         else if (part == 1) uk->scores_direct(g, KEYS, E, q_rows, E, k_rows, 0, dt, scores, LDS, none);
         else if (part == 2) {
             memcpy(copy, scores, sizeof(float) * (size_t)g * LDS);
@@ -220,9 +207,8 @@ int main(void) {
         for (int d = 0; d < DTYPES; d++) {
             fill_tiles(dts[d]);
             for (int gi = 0; gi < GROUPS; gi++) {
-                ns[d][gi][run] = kernels_ns_per_key(uk, dts[d], 1 << gi);
-                for (int part = 0; part < PARTS; part++)
-                    part_ns[d][gi][part][run] = part_ns_per_key(uk, dts[d], 1 << gi, part);
+                ns[d][gi][run] = ns_per_key(uk, dts[d], 1 << gi, WHOLE_TILE);
+                for (int part = 0; part < PARTS; part++) part_ns[d][gi][part][run] = ns_per_key(uk, dts[d], 1 << gi, part);
             }
         }
 
