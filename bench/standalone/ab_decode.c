@@ -124,7 +124,8 @@ int main(int argc, char **argv) {
     const double gb = 2.0 * (double)kv * (double)elem / 1e9;
     printf("%s Hq/Hkv %d/%d S %d %s, %d threads: A %.2f ms (%.1f GB/s), B %.2f ms (%.1f GB/s), "
            "B/A %.3f (quartiles %.3f-%.3f, %d calls)\n",
-           dtype == AF_F32 ? "float32" : dtype == AF_F16 ? "float16" : "bfloat16", hq, hkv, seq, nhd ? "(B,S,H,E)" : "(B,H,S,E)", threads, t[0][calls / 2] * 1e3,
+           dtype == AF_F32 ? "float32" : dtype == AF_F16 ? "float16" : "bfloat16", hq, hkv, seq,
+           nhd ? "(B,S,H,E)" : "(B,H,S,E)", threads, t[0][calls / 2] * 1e3,
            gb / t[0][calls / 2], t[1][calls / 2] * 1e3, gb / t[1][calls / 2], ratio[calls / 2], ratio[calls / 4],
            ratio[3 * calls / 4], calls);
     return 0;
