@@ -146,6 +146,13 @@ AF_API bool af_isa_available(const char *name);
  * over with af_isa_available, rather than names written out. */
 AF_API const char *af_isa_name(int index);
 
+/* Open the CUDA backend now, as the first call on CUDA tensors would: libattnforge_cuda.so (docs/CUDA.md says where
+ * it is looked for), then the NVIDIA driver and the GPUs. AF_OK and *device_count >= 1; else
+ * AF_ERR_RUNTIME_UNAVAILABLE and af_last_error() saying which is missing. Either way `library` (library_size bytes,
+ * truncated to fit; NULL to skip) receives the path of the libattnforge_cuda.so loaded (also when the driver or a GPU
+ * is then missing), "" when none could be. `device_count` may be NULL. For diagnostics (`python -m attnforge`). */
+AF_API af_status af_load_cuda_backend(int *device_count, char *library, size_t library_size);
+
 /* ---------------------------------------------------------------- logging */
 typedef enum { AF_LOG_DEBUG = 10, AF_LOG_INFO = 20, AF_LOG_WARNING = 30, AF_LOG_ERROR = 40, AF_LOG_OFF = 100 } af_log_level;
 typedef void (*af_log_fn)(af_log_level level, const char *message, void *user);

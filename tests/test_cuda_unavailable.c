@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include <dlfcn.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -168,6 +169,57 @@ static void real_backend_without_driver(void **state) {
 #endif
 }
 
+/* ------------------------------------------------------------------ af_load_cuda_backend: what was loaded, or why not */
+
+static void load_reports_no_library_with_an_empty_path(void **state) {
+    char library[64] = "stale";
+    int count = -1;
+    assert_int_equal(af_load_cuda_backend(&count, library, 0), AF_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(af_last_error(), "library_size: must be at least 1"));
+    setenv("ATTNFORGE_CUDA_LIBRARY", "/nonexistent/x.so", 1);
+    assert_int_equal(af_load_cuda_backend(&count, library, sizeof library), AF_ERR_RUNTIME_UNAVAILABLE);
+    assert_non_null(strstr(af_last_error(), "ATTNFORGE_CUDA_LIBRARY=/nonexistent/x.so could not be opened"));
+    assert_string_equal(library, "");
+    assert_int_equal(count, 0);
+}
+
+/* The library loads, the driver is missing: the path of what was loaded comes back with the driver's message. */
+static void load_reports_the_library_when_the_driver_is_missing(void **state) {
+#ifdef AF_TEST_EMULATED_BACKEND
+    setenv("ATTNFORGE_CUDA_LIBRARY", AF_TEST_EMULATED_BACKEND, 1);
+    setenv("ATTNFORGE_EMU_CUDA", "nodriver", 1);
+    char library[PATH_MAX], tiny[8];
+    int count = -1;
+    assert_int_equal(af_load_cuda_backend(&count, library, sizeof library), AF_ERR_RUNTIME_UNAVAILABLE);
+    assert_non_null(strstr(af_last_error(), "found no NVIDIA driver"));
+    assert_string_equal(library, AF_TEST_EMULATED_BACKEND);
+    assert_int_equal(count, 0);
+    assert_int_equal(af_load_cuda_backend(NULL, tiny, sizeof tiny), AF_ERR_RUNTIME_UNAVAILABLE);
+    assert_memory_equal(tiny, AF_TEST_EMULATED_BACKEND, sizeof tiny - 1);   /* truncated to fit, terminated */
+    assert_int_equal(tiny[sizeof tiny - 1], '\0');
+    unsetenv("ATTNFORGE_EMU_CUDA");
+#else
+    skip();
+#endif
+}
+
+/* Last of all: once a backend is usable it stays loaded for the process. */
+static void load_reports_the_library_and_its_devices(void **state) {
+#ifdef AF_TEST_EMULATED_BACKEND
+    setenv("ATTNFORGE_CUDA_LIBRARY", AF_TEST_EMULATED_BACKEND, 1);
+    char library[PATH_MAX];
+    int count = 0;
+    assert_int_equal(af_load_cuda_backend(&count, library, sizeof library), AF_OK);
+    assert_string_equal(library, AF_TEST_EMULATED_BACKEND);
+    assert_true(count >= 1);
+    setenv("ATTNFORGE_CUDA_LIBRARY", "/nonexistent/x.so", 1);   /* kept for the process: the variable no longer matters */
+    assert_int_equal(af_load_cuda_backend(NULL, library, sizeof library), AF_OK);
+    assert_string_equal(library, AF_TEST_EMULATED_BACKEND);
+#else
+    skip();
+#endif
+}
+
 /* ------------------------------------------------------------------ the device rule (before any backend) */
 
 static void tensors_on_two_devices_are_named(void **state) {
@@ -246,6 +298,9 @@ int main(void) {
         cmocka_unit_test(emulated_without_driver),
         cmocka_unit_test(emulated_without_gpu),
         cmocka_unit_test(real_backend_without_driver),
+        cmocka_unit_test(load_reports_no_library_with_an_empty_path),
+        cmocka_unit_test(load_reports_the_library_when_the_driver_is_missing),
+        cmocka_unit_test(load_reports_the_library_and_its_devices),   /* last: it leaves the backend loaded */
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

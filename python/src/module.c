@@ -2,6 +2,9 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <limits.h>
+#include <stdio.h>
+
 #include "attnforge.h"
 #include "errors.h"
 #include "flash_binding.h"
@@ -72,6 +75,20 @@ static PyObject *module_isas(PyObject *m, PyObject *unused) {
     return list;
 }
 
+/* load_cuda_backend() -> (devices, library, error): af_load_cuda_backend's answer whole, for diagnostics: the path
+ * of the libattnforge_cuda.so loaded ("" if none) matters most when the driver or GPU then fails, so no raise. */
+static PyObject *module_load_cuda_backend(PyObject *m, PyObject *unused) {
+    char library[PATH_MAX + 64], error[1024];   /* error: af_last_error holds at most 1023 characters */
+    int devices = 0;
+    af_status status;
+    Py_BEGIN_ALLOW_THREADS   /* loading logs, and the log callback runs Python code */
+    status = af_load_cuda_backend(&devices, library, sizeof library);
+    snprintf(error, sizeof error, "%s", af_last_error());
+    Py_END_ALLOW_THREADS
+    if (status == AF_OK) return Py_BuildValue("(isO)", devices, library, Py_None);
+    return Py_BuildValue("(iss)", devices, library, error);
+}
+
 /* The samples file as the C library writes it, from JSON text or (is_path) a file; validates on the way. */
 static PyObject *samples_round_trip(const char *text, Py_ssize_t len, bool is_path) {
     af_samples *samples = NULL;
@@ -120,6 +137,8 @@ static PyMethodDef module_methods[] = {
     {"isas", module_isas, METH_NOARGS, "The ISAs compiled into this build, from 'portable' up."},
     {"get_isa", module_get_isa, METH_NOARGS, "The ISA in use."},
     {"isa_available", module_isa_available, METH_O, "Whether this machine can run the ISA."},
+    {"load_cuda_backend", module_load_cuda_backend, METH_NOARGS,
+     "Open the CUDA backend now: (devices, path of libattnforge_cuda.so or '', None or why it cannot run)."},
     {"samples_json", module_samples_json, METH_O, "Samples-file JSON as the C library reads and rewrites it."},
     {"load_samples", module_load_samples, METH_O, "A samples file, read by the C library, as its JSON."},
     {"_shutdown", module_shutdown, METH_NOARGS, "Detach the log callback (at interpreter exit)."},

@@ -1,7 +1,7 @@
 /* The CUDA backend loader: libattnforge_cuda.so is opened with dlopen on the first call on CUDA tensors, so this
  * library never links CUDA and runs wherever there is no GPU. Where to look: ATTNFORGE_CUDA_LIBRARY if set; else
- * beside the object that holds this code (libattnforge.so, or the executable it is linked into), where the build and
- * `make install` put it; else the library search path. */
+ * beside the object that holds this code (libattnforge.so, the executable it is linked into, or the Python module
+ * attnforge._C), where the build, `make install` and `pip install .` put it; else the library search path. */
 #include "sdpa/cuda_backend.h"
 
 #include <dlfcn.h>
@@ -20,6 +20,7 @@ static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
 static const af_cuda_backend_ops *loaded_ops;   /* under load_lock: the opened library (kept for the process) */
 static atomic_bool usable;                       /* the library is loaded and its probe found a GPU */
 static atomic_int device_count;                 /* what that probe found (the driver's count is fixed per process) */
+static char library_path[PATH_MAX + 64];         /* under load_lock: the library last loaded ("" if the last open failed) */
 
 static void log_from_backend(int level, const char *message) { af_log((af_log_level)level, "cuda: %s", message); }
 
@@ -79,12 +80,14 @@ static void *open_library(char *opened, size_t opened_size, char *why, size_t wh
 /* Open the library and check its entry and interface version; called under load_lock. */
 static af_status load_library(void) {
     char path[PATH_MAX + 64], why[PATH_MAX + 512];
+    library_path[0] = '\0';
     void *handle = open_library(path, sizeof path, why, sizeof why);
     if (!handle)
         return af_fail(AF_ERR_RUNTIME_UNAVAILABLE,
                        "attnforge's CUDA backend is not available: %s. It is built with attnforge when CMake finds "
-                       "nvcc (the CUDA toolkit) and installed beside libattnforge; build it that way, install it, or "
-                       "set ATTNFORGE_CUDA_LIBRARY to the path of %s", why, AF_CUDA_LIBRARY);
+                       "nvcc (the CUDA toolkit) and installed beside libattnforge (by `pip install .`: inside the "
+                       "attnforge package); build it that way, install it, or set ATTNFORGE_CUDA_LIBRARY to the path "
+                       "of %s", why, AF_CUDA_LIBRARY);
     const af_cuda_backend_ops *(*entry)(void) = NULL;
     void *symbol = dlsym(handle, AF_CUDA_ENTRY);
     memcpy(&entry, &symbol, sizeof entry);   /* object to function pointer, as POSIX dlsym intends */
@@ -113,6 +116,7 @@ static af_status load_library(void) {
     }
     ops->set_log(log_from_backend);
     loaded_ops = ops;
+    memcpy(library_path, path, sizeof library_path);
     af_log(AF_LOG_DEBUG, "loaded the CUDA backend from %s", path);
     return AF_OK;
 }
@@ -149,3 +153,19 @@ af_status af_cuda_backend_load(const af_cuda_backend_ops **ops) {
 bool af_cuda_backend_is_loaded(void) { return atomic_load(&usable); }
 
 int af_cuda_backend_device_count(void) { return atomic_load(&usable) ? atomic_load(&device_count) : 0; }
+
+af_status af_load_cuda_backend(int *count, char *library, size_t library_size) {
+    af_clear_error();
+    if (count) *count = 0;
+    if (library && library_size == 0)
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "library_size: must be at least 1 when library is given");
+    const af_cuda_backend_ops *ops;
+    const af_status st = af_cuda_backend_load(&ops);
+    if (count && st == AF_OK) *count = af_cuda_backend_device_count();
+    if (library) {
+        pthread_mutex_lock(&load_lock);
+        snprintf(library, library_size, "%s", library_path);
+        pthread_mutex_unlock(&load_lock);
+    }
+    return st;
+}
