@@ -114,32 +114,46 @@ def _driver_release():
     return version.value.decode() if ok else None
 
 
+def _gpu(cuda, index):
+    """Name, compute capability and memory of CUDA device `index`, or the error that hid them."""
+    device, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    name, memory = ctypes.create_string_buffer(256), ctypes.c_size_t()
+    code = cuda.cuDeviceGet(ctypes.byref(device), index)
+    for query in (lambda: cuda.cuDeviceGetName(name, len(name), device),
+                  lambda: cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, device),   # ..._COMPUTE_CAPABILITY_MAJOR
+                  lambda: cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, device),   # ..._COMPUTE_CAPABILITY_MINOR
+                  lambda: cuda.cuDeviceTotalMem_v2(ctypes.byref(memory), device)):
+        code = code or query()
+    if code != 0:
+        return f"cannot be queried: {_cuda_error(cuda, code)}"
+    return (f"{name.value.decode(errors='replace')}, compute capability {major.value}.{minor.value}, "
+            f"{memory.value / 2**30:.1f} GiB")
+
+
 def _driver():
     rows = [("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))]
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError as exc:
-        return _section("NVIDIA driver and GPUs", rows + [("driver", f"none: libcuda.so.1 could not be loaded ({exc})")])
+        rows.append(("driver", f"none: libcuda.so.1 could not be loaded ({exc})"))
+        return _section("NVIDIA driver and GPUs", rows)
     version = ctypes.c_int()
-    if cuda.cuDriverGetVersion(ctypes.byref(version)) == 0:
+    code = cuda.cuDriverGetVersion(ctypes.byref(version))
+    if code == 0:
         release = _driver_release()
         supports = f"supports CUDA {version.value // 1000}.{version.value % 1000 // 10}"
         rows.append(("driver", f"{release}, {supports}" if release else supports))
-    code = cuda.cuInit(0)
+    else:
+        rows.append(("driver", f"libcuda.so.1 loaded, but cuDriverGetVersion: {_cuda_error(cuda, code)}"))
     count = ctypes.c_int()
-    if code != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
-        return _section("NVIDIA driver and GPUs", rows + [("GPUs", f"none: cuInit: {_cuda_error(cuda, code)}")])
+    code, call = cuda.cuInit(0), "cuInit"
+    if code == 0:
+        code, call = cuda.cuDeviceGetCount(ctypes.byref(count)), "cuDeviceGetCount"
+    if code != 0:
+        rows.append(("GPUs", f"none: {call}: {_cuda_error(cuda, code)}"))
+        return _section("NVIDIA driver and GPUs", rows)
     rows.append(("GPUs", str(count.value)))
-    for index in range(count.value):
-        device, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
-        name, memory = ctypes.create_string_buffer(256), ctypes.c_size_t()
-        cuda.cuDeviceGet(ctypes.byref(device), index)
-        cuda.cuDeviceGetName(name, len(name), device)
-        cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, device)   # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
-        cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, device)   # ..._MINOR
-        cuda.cuDeviceTotalMem_v2(ctypes.byref(memory), device)
-        rows.append((f"GPU {index}", f"{name.value.decode(errors='replace')}, compute capability "
-                                     f"{major.value}.{minor.value}, {memory.value / 2**30:.1f} GiB"))
+    rows += [(f"GPU {index}", _gpu(cuda, index)) for index in range(count.value)]
     return _section("NVIDIA driver and GPUs", rows)
 
 

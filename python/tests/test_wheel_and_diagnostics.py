@@ -95,7 +95,8 @@ def test_the_variable_wins_over_the_package(tmp_path):
     devices, library, error = load_backend(tmp_path, ATTNFORGE_CUDA_LIBRARY=str(copy))
     assert library == str(copy), error
     assert_loaded_but_no_gpu_or_ready(devices, error)
-    backend = report_sections(run_python(["-m", "attnforge"], tmp_path, ATTNFORGE_CUDA_LIBRARY=str(copy)))["CUDA backend"]
+    report = report_sections(run_python(["-m", "attnforge"], tmp_path, ATTNFORGE_CUDA_LIBRARY=str(copy)))
+    backend = report["CUDA backend"]
     assert backend["ATTNFORGE_CUDA_LIBRARY"] == str(copy)
     assert backend["loaded"] == f"{copy} (ATTNFORGE_CUDA_LIBRARY)"
     assert backend["in this package"] == CARRIED
@@ -161,9 +162,25 @@ def test_the_report_says_why_this_isa(tmp_path, wanted):
                                      "build that this CPU and OS run")
 
 
+def test_the_report_names_the_drivers_error(tmp_path):
+    # the toolkit's stub libcuda answers every call with CUDA_ERROR_STUB_LIBRARY (34): the ctypes calls run for real
+    stub = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(NVCC or "/"))), "lib64", "stubs", "libcuda.so")
+    if not os.path.isfile(stub):
+        pytest.skip("no CUDA toolkit with a stub libcuda.so here")
+    (tmp_path / "libcuda.so.1").symlink_to(stub)
+    report = report_sections(run_python(["-m", "attnforge"], tmp_path, LD_LIBRARY_PATH=str(tmp_path)))
+    driver = report["NVIDIA driver and GPUs"]
+    assert driver["driver"].startswith("libcuda.so.1 loaded, but cuDriverGetVersion: "), driver
+    assert driver["GPUs"].startswith("none: cuInit: ") and "34" in driver["GPUs"], driver
+
+
 def test_python_m_attnforge_runs_without_torch(tmp_path):
-    # None in sys.modules makes `import torch` fail as it does where torch is not installed
-    hide_torch = "import runpy, sys; sys.modules['torch'] = None; runpy.run_module('attnforge', run_name='__main__')"
-    sections = report_sections(run_python(["-c", hide_torch], tmp_path))
-    assert sections["Python packages"]["torch"] == "not installed"
-    assert "status" in sections["CUDA backend"]
+    # -S: no site-packages, so the interpreter sees attnforge (through PYTHONPATH) and the standard library only
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "attnforge").symlink_to(PACKAGE)
+    sections = report_sections(run_python(["-S", "-m", "attnforge"], tmp_path, PYTHONPATH=str(alone)))
+    packages = sections["Python packages"]
+    assert [packages[name] for name in ("torch", "transformers", "numpy")] == ["not installed"] * 3
+    if os.path.isfile(CARRIED):
+        assert sections["CUDA backend"]["loaded"] == f"{CARRIED} (inside this package)"
