@@ -2,8 +2,8 @@
 # One command for a machine with an NVIDIA GPU (written for an H200 with nvcc 13 and PyTorch, no network; fits
 # 8 minutes): builds with the CUDA backend, runs ctest, `attnforge verify --device cuda` (the default cases and
 # random samples against the double reference), compute-sanitizer memcheck/racecheck on small cases, the compile
-# checks, the Python GPU tests (python/tests/test_cuda_gpu.py, where pytest and torch import), then
-# bench/cuda_compare.py (attnforge beside torch's SDPA backends), and, where the CPU has AVX-512/AMX,
+# checks, `python -m attnforge` and the Python GPU tests (python/tests/test_cuda_gpu.py, where pytest and torch
+# import), then bench/cuda_compare.py (attnforge beside torch's SDPA backends), and, where the CPU has AVX-512/AMX,
 # the ctest suites, `attnforge bench --isa avx512|amx --quick` and decode's compute floor
 # (bench/standalone/decode_compute.c). Each phase has a time budget (the time an early phase leaves goes to the
 # later ones); a phase's failure is reported and the later phases still run.
@@ -150,6 +150,8 @@ phase_build() {
     if [ -n "$ext" ]; then
         rm -rf "$build/pypkg" && mkdir -p "$build/pypkg/attnforge" &&
             cp "$root"/python/attnforge/*.py "$ext" "$build/pypkg/attnforge/"
+        # the backend inside the package, where the wheel carries it and the package finds it with no variable
+        if [ -f "$cuda_lib" ]; then cp "$cuda_lib" "$build/pypkg/attnforge/"; fi
         echo "python package: $build/pypkg"
     fi
     [ -f "$cuda_lib" ] || { has_gpu && echo "libattnforge_cuda.so was not built (nvcc not found?)" && return 1; }
@@ -291,6 +293,15 @@ phase_pytest() {
     py=$(python_bin)
     "$py" -c "import pytest, torch" 2>/dev/null || { echo "pytest or torch not importable"; return 77; }
     [ -d "$build/pypkg" ] && pypath=$build/pypkg
+    # the report a bug needs, on a GPU; the package's own backend (no ATTNFORGE_CUDA_LIBRARY) must be ready
+    local report
+    report=$(PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}" bounded 30 env -u ATTNFORGE_CUDA_LIBRARY \
+        "$py" -m attnforge 2>&1)
+    echo "$report"
+    if ! grep -qE '^  status: +ready, ' <<<"$report"; then
+        echo "python -m attnforge: the backend inside the package is not ready"
+        return 1
+    fi
     ATTNFORGE_CUDA_LIBRARY=$cuda_lib PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}" \
         bounded "$allowed" "$py" -m pytest -q -p no:cacheprovider "$root/python/tests/test_cuda_gpu.py"
 }
