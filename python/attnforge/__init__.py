@@ -12,7 +12,7 @@ only turns Python calls into C calls:
 import atexit as _atexit
 import logging as _logging
 
-from . import _C
+from . import _C, _register
 from ._C import (
     Error,
     FileError,
@@ -30,6 +30,9 @@ from ._samples import load_samples, samples_to_json, save_samples
 from .provider import SUPPORTED_FUNCTION, FlashAttention4KernelProvider
 
 __version__ = _C.__version__
+
+# torch.ops.attnforge.* exist as soon as torch is imported too (torch.export.load needs them)
+_register.register_operators()
 
 # Silent by default, like the C library: the embedding program configures the "attnforge" logger.
 _logging.getLogger("attnforge").addHandler(_logging.NullHandler())

@@ -51,12 +51,12 @@ def _check_hints(num_splits, pack_gqa, deterministic, min_seqlen_k=None, seqlen_
     _check_int("seqlen_k_per_split", seqlen_k_per_split, minimum=1)
 
 
-def resolve_window(causal, window_size, far):
+def resolve_window(causal, window_size):
     """FA4's (causal, window_size) → (causal, window): window None (no window) or (left, right). As FA4 resolves
     them: causal sets right = 0; a pair whose sum is negative ((-1, -1), (-1, 0)) is no window; (None, 0) is causal;
-    any other window is local (and causal is then False). A None side of a local window becomes `far` (more keys
-    than any sequence has: unbounded), not the C library's -1, which af_flash_attn would sum with the other side
-    by FA4's rule for ints ((0, None) is a window, (0, -1) is none)."""
+    any other window is local (and causal is then False). A None side of a local window stays None here (unbounded);
+    the kernel turns it into more keys than any sequence has, not the C library's -1, which af_flash_attn would sum
+    with the other side by FA4's rule for ints ((0, None) is a window, (0, -1) is none)."""
     if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
         raise TypeError(f"window_size: expected a (left, right) pair of ints or None, got {window_size!r}")
     left, right = window_size
@@ -71,7 +71,7 @@ def resolve_window(causal, window_size, far):
         return causal, None
     if left is None and right == 0:
         return True, None
-    return False, (far if left is None else int(left), far if right is None else int(right))
+    return False, (None if left is None else int(left), None if right is None else int(right))
 
 
 def _is_float8(x):
@@ -133,12 +133,23 @@ def _length_bound(cu_seqlens, fallback):
     return max(0, int((cu_seqlens[1:].long() - cu_seqlens[:-1].long()).max()))
 
 
-def _call(q, k, v, out, lse, far, softmax_scale, causal, window_size, learnable_sink, softcap, cu_seqlens_q=None,
-          cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, seqused_k=None, page_table=None, q_descale=None,
-          k_descale=None, v_descale=None):
-    causal, window = resolve_window(causal, window_size, far)
-    if softcap is None:
-        softcap = 0.0
+def run(q, k, v, softmax_scale, causal, window, softcap, learnable_sink, cu_seqlens_q=None, cu_seqlens_k=None,
+        max_seqlen_q=None, max_seqlen_k=None, seqused_k=None, page_table=None, q_descale=None, k_descale=None,
+        v_descale=None, return_lse=False, varlen=False):
+    """One af_flash_attn call on checked, resolved arguments (window from resolve_window): allocates (out, lse)
+    and runs the C library; the kernel of the attnforge::flash_attn operators and the NumPy path. Reads
+    cu_seqlens only where it is on the CPU (flash_attn_varlen_func's max_seqlen defaults; 0 for flash_attn_func,
+    whose lengths are the tensors')."""
+    varlen_q = cu_seqlens_q is not None
+    out, lse = _outputs(q, v, varlen_q, return_lse)
+    rows, keys = _bounds(_shape(q, "q"), _shape(k, "k"), varlen_q, cu_seqlens_k is not None, page_table)
+    if max_seqlen_q is None:
+        max_seqlen_q = _length_bound(cu_seqlens_q, rows) if varlen else 0
+    if max_seqlen_k is None:
+        max_seqlen_k = _length_bound(cu_seqlens_k, keys) if varlen else 0
+    far = rows + keys + 1   # more keys than any sequence has: an unbounded side of a window
+    if window is not None:
+        window = tuple(far if side is None else side for side in window)
     tensors = [exportable(t) for t in (q, k, v, learnable_sink, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table,
                                        q_descale, k_descale, v_descale)]
     (q, k, v, learnable_sink, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, q_descale, k_descale,
@@ -149,6 +160,19 @@ def _call(q, k, v, out, lse, far, softmax_scale, causal, window_size, learnable_
                   page_table=page_table, stream=call_stream(q), q_descale=q_descale, k_descale=k_descale,
                   v_descale=v_descale)
     return out, lse
+
+
+def _dispatch(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink, return_lse, varlen, **tensors):
+    """Checked arguments → the attnforge::flash_attn operator for torch tensors (so torch.compile and torch.export
+    keep the call in their graph), the C call directly for NumPy arrays."""
+    causal, window = resolve_window(causal, window_size)
+    softcap = 0.0 if softcap is None else softcap
+    if is_torch_tensor(q):
+        from . import _ops
+        return _ops.flash_attn(q, k, v, softmax_scale, causal, window, softcap, learnable_sink, return_lse, varlen,
+                               **tensors)
+    return run(q, k, v, softmax_scale, causal, window, softcap, learnable_sink, return_lse=return_lse, varlen=varlen,
+               **tensors)
 
 
 def flash_attn_func(q, k, v, qv=None, gather_kv_indices=None, softmax_scale=None, causal=False,
@@ -178,10 +202,8 @@ def flash_attn_func(q, k, v, qv=None, gather_kv_indices=None, softmax_scale=None
                           aux_scalars=aux_scalars, block_sparse_tensors=block_sparse_tensors,
                           block_sparse_tensors_bwd=block_sparse_tensors_bwd)
     _check_hints(num_splits, pack_gqa, deterministic)
-    out, lse = _outputs(q, v, False, return_lse)
-    rows, keys = _bounds(_shape(q, "q"), _shape(k, "k"), False, False, None)
-    return _call(q, k, v, out, lse, rows + keys + 1, softmax_scale, causal, window_size, learnable_sink, softcap,
-                 q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    return _dispatch(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink, return_lse, False,
+                     q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
 
 
 def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
@@ -212,13 +234,7 @@ def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=Non
     _check_hints(num_splits, pack_gqa, deterministic, min_seqlen_k, seqlen_k_per_split)
     _check_int("max_seqlen_q", max_seqlen_q, minimum=0)
     _check_int("max_seqlen_k", max_seqlen_k, minimum=0)
-    varlen_q = cu_seqlens_q is not None
-    out, lse = _outputs(q, v, varlen_q, return_lse)
-    rows, keys = _bounds(_shape(q, "q"), _shape(k, "k"), varlen_q, cu_seqlens_k is not None, page_table)
-    if max_seqlen_q is None:
-        max_seqlen_q = _length_bound(cu_seqlens_q, rows)
-    if max_seqlen_k is None:
-        max_seqlen_k = _length_bound(cu_seqlens_k, keys)
-    return _call(q, k, v, out, lse, rows + keys + 1, softmax_scale, causal, window_size, learnable_sink, softcap,
-                 cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, page_table, q_descale, k_descale,
-                 v_descale)
+    return _dispatch(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink, return_lse, True,
+                     cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                     max_seqlen_k=max_seqlen_k, seqused_k=seqused_k, page_table=page_table, q_descale=q_descale,
+                     k_descale=k_descale, v_descale=v_descale)

@@ -1,10 +1,10 @@
 """One SDPA call on torch tensors or NumPy arrays, like torch.nn.functional.scaled_dot_product_attention."""
 from . import _C
-from ._tensors import call_stream, exportable, new_lse, new_output
+from ._tensors import call_stream, exportable, is_torch_tensor, new_lse, new_output
 
 
-def _call(reference, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_bottom_right,
-          out, return_lse):
+def run(reference, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_bottom_right,
+        out, return_lse):
     query, key, value, attn_mask = (exportable(t) for t in (query, key, value, attn_mask))
     if out is None:
         out = new_output(query, value)
@@ -26,13 +26,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     log-sum-exp (B,Hq,L).
     causal_bottom_right=True is FlashAttention's alignment (row i sees keys j <= i + S - L).
     """
-    return _call(False, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_bottom_right,
-                 out, return_lse)
+    if out is None and is_torch_tensor(query):   # an operator torch.compile and torch.export keep in their graphs
+        from . import _ops
+        return _ops.sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_bottom_right,
+                         return_lse)
+    return run(False, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_bottom_right, out,
+               return_lse)
 
 
 def scaled_dot_product_attention_reference(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                            scale=None, enable_gqa=False, *, causal_bottom_right=False, out=None,
                                            return_lse=False):
     """The same call computed by the plain double-precision reference (slow; for checking)."""
-    return _call(True, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_bottom_right,
-                 out, return_lse)
+    return run(True, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_bottom_right,
+               out, return_lse)

@@ -16,7 +16,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from . import _C
+from . import _C, _ops
 from ._samples import sample_entry, samples_to_json, save_samples
 from .provider import SUPPORTED_FUNCTION, FlashAttention4KernelProvider
 
@@ -97,10 +97,9 @@ def _as_provider(provider_or_plan) -> FlashAttention4KernelProvider:
                     f"{type(provider_or_plan).__name__}")
 
 
-# Calls the plan does not cover (PlanMismatchError from the C guard, strict mode: other arguments, layout, or a
-# device of the other backend) and calls attnforge cannot run (a dtype or device it lacks, arguments PyTorch accepts
-# and it does not, a CUDA call on the general path where attnforge's CUDA backend is missing) go to PyTorch; PyTorch
-# then also raises for calls that are invalid for SDPA itself.
+# Calls attnforge cannot run after all (a CUDA call on the general path where attnforge's CUDA backend is missing, an
+# argument PyTorch accepts and attnforge's checks do not) go to PyTorch in eager mode; PyTorch then also raises for
+# calls that are invalid for SDPA itself. Traced code has decided from metadata before (attnforge._guard).
 _FALLBACK_ERRORS = (_C.InvalidArgumentError, _C.UnsupportedError, _C.PlanMismatchError, _C.RuntimeUnavailableError,
                     TypeError)
 
@@ -110,34 +109,44 @@ def _needs_autograd(args, kwargs):
         isinstance(t, torch.Tensor) and t.requires_grad for t in (*args, *kwargs.values()))
 
 
-def _routed(provider, pytorch_sdpa, warned, strict):
+def _dispatcher(previous, active, warned):
+    """F.scaled_dot_product_attention while apply() is in force: inside the module's forward (active holds its plan)
+    the guarded call, anywhere else the function that was there before. Plain Python over metadata and
+    torch.ops.attnforge operators, so torch.compile(fullgraph=True) and torch.export trace it without a break."""
     def scaled_dot_product_attention(*args, **kwargs):
-        if _needs_autograd(args, kwargs):   # attnforge has no backward pass: keep training correct
-            if not warned:
-                warned.append(True)
-                logger.warning("attnforge computes no gradients: SDPA calls that need autograd run on PyTorch; "
-                               "run the module under torch.no_grad() or torch.inference_mode() to use attnforge")
-            return pytorch_sdpa(*args, **kwargs)
+        if not active:
+            return previous(*args, **kwargs)
+        view, uncovered = active[-1]
+        if torch.compiler.is_compiling():
+            return _ops.guarded_call(view, args, kwargs, fallback=previous, uncovered=uncovered)
+        if not warned and _needs_autograd(args, kwargs):   # attnforge has no backward pass: keep training correct
+            warned.append(True)
+            logger.warning("attnforge computes no gradients: SDPA calls that need autograd run on PyTorch; "
+                           "run the module under torch.no_grad() or torch.inference_mode() to use attnforge")
         try:
-            return provider.infer(args, kwargs, strict=strict)
+            return _ops.guarded_call(view, args, kwargs, fallback=previous, uncovered=uncovered)
         except _FALLBACK_ERRORS as e:
             logger.debug("attnforge does not run this call (%s); using PyTorch's scaled_dot_product_attention", e)
-            return pytorch_sdpa(*args, **kwargs)
+            return previous(*args, **kwargs)
 
     scaled_dot_product_attention.__name__ = scaled_dot_product_attention.__qualname__ = SUPPORTED_FUNCTION
-    scaled_dot_product_attention.attnforge_provider = provider
     return scaled_dot_product_attention
 
 
 @contextlib.contextmanager
 def apply(module, provider_or_plan, uncovered="pytorch"):
     """Inside the block, module's F.scaled_dot_product_attention calls run on attnforge's provider while the
-    module runs (forward hooks, as the seed's KernelProviderRuntime); PyTorch's function is back after each
-    forward and after the block, also on exceptions.
+    module runs (forward hooks mark when it runs, as the seed's KernelProviderRuntime); PyTorch's function is back
+    after the block, also on exceptions.
 
-    Calls the plan does not cover (the C provider's per-call guard decides: device, form, mask, causality, scale,
-    GQA, layout) go to PyTorch's own SDPA; with uncovered="attnforge" they run on attnforge's general path with
-    their own arguments instead. Calls attnforge cannot run at all (autograd, float64, ...) go to PyTorch.
+    Calls the plan does not cover (the per-call guard decides: device, form, mask, causality, scale, GQA, layout)
+    go to PyTorch's own SDPA; with uncovered="attnforge" they run on attnforge's general path with their own
+    arguments instead. Calls attnforge cannot run at all (autograd, dropout, float64, ...) go to PyTorch.
+
+    torch.compile and torch.export trace through it: the guard decides from metadata at trace time, a covered call
+    becomes torch.ops.attnforge.provider_sdpa in the graph (carrying the plan), an uncovered one PyTorch's SDPA (or
+    torch.ops.attnforge.sdpa), with no graph break. Compile inside the block; a graph compiled there keeps attnforge
+    while it is in force (Dynamo guards on the function it traced and recompiles after the block).
 
     A cuda plan (recorded on CUDA tensors) runs the module's CUDA calls on attnforge's CUDA kernels, on any one
     CUDA device, enqueued on PyTorch's current stream; its CPU calls are not covered. A cpu plan does not cover
@@ -155,23 +164,23 @@ def apply(module, provider_or_plan, uncovered="pytorch"):
     if not provider.is_prepared:
         raise _C.NotPreparedError(f"Kernel provider {provider.name} must be prepared before it is applied")
     provider.load_runtime_dependencies()   # raises now rather than inside the forward pass
-    stack, warned = [], []
+    entry = (_ops.plan_view(provider), uncovered)
+    active, warned = [], []
 
     def before_forward(mod, inputs):
-        previous = _sdpa_function()
-        stack.append(previous)
-        _set_sdpa_function(_routed(provider, previous, warned, uncovered == "pytorch"))
+        active.append(entry)
 
     def after_forward(mod, inputs, output):
-        if stack:
-            _set_sdpa_function(stack.pop())
+        if active:
+            active.pop()
 
     pre = module.register_forward_pre_hook(before_forward)
     post = module.register_forward_hook(after_forward, always_call=True)
+    previous = _sdpa_function()
+    _set_sdpa_function(_dispatcher(previous, active, warned))
     try:
         yield provider
     finally:
         pre.remove()
         post.remove()
-        while stack:   # a forward that never reached its hook (e.g. an interrupted pre-hook chain)
-            _set_sdpa_function(stack.pop())
+        _set_sdpa_function(previous)

@@ -27,7 +27,7 @@ its own implementations and names containing "flash" for continuous batching, he
 """
 import torch
 
-from . import _C
+from . import _C, _flash
 from ._flash import flash_attn_func, flash_attn_varlen_func
 from ._sdpa import scaled_dot_product_attention
 
@@ -114,8 +114,9 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         out = _unmasked(query, key, value, scaling, bool(is_causal), sliding_window, softcap, sink)
     elif not softcap and sink is None:
         out = _masked_sdpa(query, key, value, attention_mask, scaling)
-    else:
-        out = _masked_rows(query, key, value, attention_mask, scaling, softcap, sink)
+    else:   # reads the mask's values: an operator of its own, so a compiled graph keeps it whole
+        from . import _ops
+        out = _ops.masked_rows(query, key, value, attention_mask, scaling, softcap, sink)
     return out, None
 
 
@@ -135,9 +136,9 @@ def _packed(query, key, value, kwargs, scaling, is_causal, sliding_window, softc
     if query.shape[0] != 1:
         raise _C.InvalidArgumentError(f"query: packed sequences come as a batch of 1, got {query.shape[0]}")
     cu_q, cu_k = kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"]
-    max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
-    max_q = int(max_q) if max_q is not None else int((cu_q[1:] - cu_q[:-1]).max())
-    max_k = int(max_k) if max_k is not None else int((cu_k[1:] - cu_k[:-1]).max())
+    max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")   # None: the kernel bounds them
+    max_q = int(max_q) if max_q is not None else None
+    max_k = int(max_k) if max_k is not None else None
     out, _ = flash_attn_varlen_func(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
                                     cu_seqlens_q=cu_q.to(torch.int32), cu_seqlens_k=cu_k.to(torch.int32),
                                     max_seqlen_q=max_q, max_seqlen_k=max_k, softmax_scale=scaling, causal=is_causal,
@@ -203,9 +204,10 @@ def _visible(mask, batch, L, S):
     return mask[:, 0].expand(batch, L, S)
 
 
-def _masked_rows(query, key, value, mask, scaling, softcap, sink):
+def masked_rows(query, key, value, mask, scaling, softcap, sink):
     """Softcap or sinks under a mask: query row (b, i) is sequence b * L + i of a varlen call whose keys are pages
-    of one token, the row's visible range [lo, lo + count) of batch b's keys."""
+    of one token, the row's visible range [lo, lo + count) of batch b's keys. The kernel of attnforge::masked_rows
+    (it reads the mask's values); its flash_attn_varlen_func call runs the C library directly."""
     B, Hq, L, E = query.shape
     S, Hkv, Ev = key.shape[2], key.shape[1], value.shape[-1]
     visible = _visible(mask, B, L, S)
@@ -224,7 +226,7 @@ def _masked_rows(query, key, value, mask, scaling, softcap, sink):
     v_pages = _nhd(value).reshape(B * S, 1, Hkv, Ev)
     q_rows = _nhd(query).reshape(B * L, Hq, E)
     cu_seqlens_q = torch.arange(B * L + 1, dtype=torch.int32, device=query.device)
-    out, _ = flash_attn_varlen_func(q_rows, k_pages, v_pages, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=1,
-                                    max_seqlen_k=width, seqused_k=count.reshape(B * L).to(torch.int32),
-                                    page_table=table, softmax_scale=scaling, softcap=softcap, learnable_sink=sink)
+    out, _ = _flash.run(q_rows, k_pages, v_pages, scaling, False, None, softcap, sink, cu_seqlens_q=cu_seqlens_q,
+                        max_seqlen_q=1, max_seqlen_k=width, seqused_k=count.reshape(B * L).to(torch.int32),
+                        page_table=table, varlen=True)
     return out.reshape(B, L, Hq, Ev)

@@ -64,7 +64,7 @@ def test_apply_loads_the_cuda_backend_on_entry():
     assert F.scaled_dot_product_attention is PYTORCH_SDPA
 
 
-def test_cpu_calls_under_a_cuda_plan_go_to_pytorch(monkeypatch):
+def test_cpu_calls_under_a_cuda_plan_go_to_pytorch(monkeypatch, af_log):
     provider = af.FlashAttention4KernelProvider.from_dict(CUDA_PLAN)
     # what apply() does after a successful load; here no backend exists, so the load is skipped for this test
     monkeypatch.setattr(provider, "load_runtime_dependencies", lambda: None)
@@ -85,8 +85,10 @@ def test_cpu_calls_under_a_cuda_plan_go_to_pytorch(monkeypatch):
     assert pytorch_calls == [torch.device("cpu")]
     stats = af._C._testing_stats(provider._c)
     assert stats["plan_calls"] == 0 and stats["general_calls"] == 0
+    af_log.clear()
     with torch.no_grad(), aft.apply(module, provider, uncovered="attnforge"):
         got = module(q, k, v)                    # attnforge's general path, on the CPU where the tensors are
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    assert af._C._testing_stats(provider._c)["general_calls"] == 1
+    general = [r for r in af_log.records if "running it on attnforge's general path" in r.getMessage()]
+    assert len(general) == 1 and "the plan runs on cuda" in general[0].getMessage()
     assert pytorch_calls == [torch.device("cpu")]

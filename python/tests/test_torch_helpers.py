@@ -67,7 +67,10 @@ def test_record_prepare_apply_gpt(keyword, dtype):
     assert provider.to_dict()["copy_free_layout"] is True
     assert provider.to_dict()["qkv_source"] == ("keyword_qkv" if keyword else "positional_qkv")
     with aft.apply(model, provider), torch.no_grad():
-        assert F.scaled_dot_product_attention is PYTORCH_SDPA   # patched only while the module runs
+        q = torch.randn(1, 2, 5, 16, dtype=dtype)
+        outside = F.scaled_dot_product_attention(q, q, q)   # inside the block, outside the module: PyTorch's
+        assert af._C._testing_stats(provider._c)["plan_calls"] == 0
+        torch.testing.assert_close(outside, PYTORCH_SDPA(q, q, q))
         got = model(x)
     assert F.scaled_dot_product_attention is PYTORCH_SDPA
     assert af._C._testing_stats(provider._c)["plan_calls"] == 2
@@ -107,7 +110,7 @@ def test_pytorch_function_is_restored_after_an_exception():
     assert F.scaled_dot_product_attention is PYTORCH_SDPA
 
 
-def test_transformer_encoder_layer():
+def test_transformer_encoder_layer(af_log):
     """nn.MultiheadAttention calls SDPA with six positionals, which the seed's subset refuses; apply() with
     another plan still gives PyTorch's output (the C guard sends those calls to PyTorch, or to attnforge's
     general path)."""
@@ -130,10 +133,12 @@ def test_transformer_encoder_layer():
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
         stats = af._C._testing_stats(other._c)
         assert stats["plan_calls"] == 0 and stats["general_calls"] == 0
+        af_log.clear()
         with aft.apply(layer, other, uncovered="attnforge"):   # attnforge's general path, the call's own arguments
             got = layer(x)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-        assert af._C._testing_stats(other._c)["general_calls"] == 1
+        general = [r for r in af_log.records if "running it on attnforge's general path" in r.getMessage()]
+        assert len(general) == 1 and "is_causal is false" in general[0].getMessage()
 
 
 def test_calls_attnforge_cannot_run_go_to_pytorch(af_log):

@@ -167,6 +167,8 @@ def test_errors_from_torch_tensors():
         af.scaled_dot_product_attention(x, x, x)
     with torch.no_grad():   # requires_grad under no_grad: exported as a view, no copy
         af.scaled_dot_product_attention(x, x, x)
+    m = torch.zeros(1, 1, 2, 4, device="meta")
+    shape_only = af.scaled_dot_product_attention(m, m, m)   # the operator's fake implementation: shapes, no data
+    assert shape_only.device.type == "meta" and shape_only.shape == (1, 1, 2, 4)
     with pytest.raises(af.UnsupportedError, match="query: cannot be read through DLPack: .*meta"):
-        m = torch.zeros(1, 1, 2, 4, device="meta")
-        af.scaled_dot_product_attention(m, m, m)
+        af.scaled_dot_product_attention(m, m, m, out=torch.empty(1, 1, 2, 4, device="meta"))   # the C call itself

@@ -1,0 +1,156 @@
+"""Routing decisions from metadata alone (devices, dtypes, shapes, strides, arguments), in plain Python so that
+torch.compile and torch.export decide them at trace time on fake tensors exactly as eager mode does:
+
+- refusal(args, kwargs): why attnforge cannot compute an SDPA call at all (None when it can);
+- PlanView.mismatch(args, kwargs): why a plan does not cover a call (None when it does) — the C guard's rules
+  (src/provider/infer.c, plan_mismatch) in the same order with the same words; tests/test_torch_ops.py checks both
+  agree on random calls.
+
+Nothing here reads tensor data, calls into C or imports torch at module level."""
+
+_ARG_NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+_QKV_NAMES = ("query", "key", "value")
+_FLOAT_DTYPES = ("torch.float32", "torch.float16", "torch.bfloat16")
+
+
+class Call:
+    """One F.scaled_dot_product_attention call bound to its parameters, as the C binding binds it (call_args.c):
+    q/k/v positional when at least three arguments came positionally, else by keyword."""
+
+    def __init__(self, args, kwargs):
+        if len(args) > len(_ARG_NAMES):
+            raise TypeError(f"scaled_dot_product_attention() takes at most {len(_ARG_NAMES)} positional arguments "
+                            f"({len(args)} given)")
+        slots = dict(zip(_ARG_NAMES, args))
+        for name, value in kwargs.items():
+            if name not in _ARG_NAMES:
+                raise TypeError(f"scaled_dot_product_attention() got an unexpected keyword argument {name!r}")
+            if name in slots:
+                raise TypeError(f"scaled_dot_product_attention() got multiple values for argument '{name}'")
+            slots[name] = value
+        for name in _QKV_NAMES:
+            if name not in slots:
+                raise TypeError(f"scaled_dot_product_attention() missing required argument '{name}'")
+        self.query, self.key, self.value = (slots[n] for n in _QKV_NAMES)
+        self.attn_mask = slots.get("attn_mask")
+        self.dropout_p = slots.get("dropout_p", 0.0)
+        self.is_causal = bool(slots.get("is_causal", False))
+        self.scale = slots.get("scale")
+        self.enable_gqa = bool(slots.get("enable_gqa", False))
+        self.keyword_qkv = len(args) < 3
+        self.qkv = (self.query, self.key, self.value)
+
+
+def _device_name(device) -> str:
+    return "cpu" if device.type == "cpu" else f"{device.type}:{device.index}"
+
+
+def _nhd_contiguous(shape, strides) -> bool:
+    """An HND view of NHD-contiguous memory (src/provider/layout.c): dims in the order B, L, H, D, each stride the
+    product of the sizes after it; size-1 dims do not count, an empty tensor is contiguous."""
+    for size in shape:
+        if size == 0:
+            return True
+    expected = 1
+    for d in (3, 1, 2, 0):
+        if shape[d] == 1:
+            continue
+        if strides[d] != expected:
+            return False
+        expected = expected * shape[d]
+    return True
+
+
+def refusal(args, kwargs, torch):
+    """Why attnforge cannot compute this SDPA call (a string for the DEBUG log), or None when it can: q/k/v
+    4-D float32/float16/bfloat16 torch tensors of one dtype on one CPU or CUDA device, a bool mask or one of
+    query's dtype, no dropout, no gradient needed. Shape errors are the call's own (attnforge and PyTorch both
+    refuse them) and are left to the kernel's checks."""
+    try:
+        call = Call(args, kwargs)
+    except TypeError as e:
+        return str(e)
+    for name, t in zip(_QKV_NAMES, call.qkv):
+        if not isinstance(t, torch.Tensor):
+            return f"{name} is not a torch.Tensor"
+        if t.dim() != 4:
+            return f"{name} has {t.dim()} dimensions, attnforge takes 4"
+    q = call.query
+    if str(q.dtype) not in _FLOAT_DTYPES:
+        return f"query dtype {q.dtype} is not float32, float16 or bfloat16"
+    for name, t in zip(_QKV_NAMES[1:], call.qkv[1:]):
+        if t.dtype != q.dtype:
+            return f"{name} dtype {t.dtype} does not match query's {q.dtype}"
+    if q.device.type not in ("cpu", "cuda"):
+        return f"query is on {q.device.type}, attnforge runs on cpu and cuda"
+    tensors = list(call.qkv)
+    if call.attn_mask is not None:
+        if not isinstance(call.attn_mask, torch.Tensor):
+            return "attn_mask is not a torch.Tensor"
+        if call.attn_mask.dtype != torch.bool and call.attn_mask.dtype != q.dtype:
+            return f"attn_mask dtype {call.attn_mask.dtype} is neither bool nor query's {q.dtype}"
+        tensors.append(call.attn_mask)
+    for t in tensors[1:]:
+        if t.device != q.device:
+            return f"tensors on different devices: query {_device_name(q.device)}, another {_device_name(t.device)}"
+    if call.dropout_p != 0.0:
+        return f"dropout_p = {call.dropout_p} (attnforge runs no dropout)"
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return "the call needs autograd (attnforge has no backward pass)"
+    return None
+
+
+class PlanView:
+    """The fields of a plan the per-call guard reads, and the plan's JSON (what the provider operator carries)."""
+
+    def __init__(self, plan: dict, plan_json: str, cpu_stands_for_cuda: bool = False):
+        self.json = plan_json
+        self.cpu_stands_for_cuda = cpu_stands_for_cuda   # the fa4 tests' hook (_fa4.testing.cpu_as_cuda)
+        self.backend = plan["backend"]
+        self.keyword_qkv = plan["qkv_source"] == "keyword_qkv"
+        kwargs = plan["flash_kwargs"]
+        self.causal = bool(kwargs.get("causal", False))
+        self.scale = kwargs.get("softmax_scale")
+        self.gqa = "pack_gqa" in kwargs
+        self.copy_free = bool(plan["copy_free_layout"])
+
+    def mismatch(self, call: Call):
+        """Why the plan does not cover the call, in the C guard's words, or None."""
+        names = [_device_name(t.device) for t in call.qkv]
+        if len(set(names)) != 1:
+            return f"q/k/v are on different devices: query {names[0]}, key {names[1]}, value {names[2]}"
+        on_cuda = call.query.device.type == "cuda" or (self.cpu_stands_for_cuda and call.query.device.type == "cpu")
+        if on_cuda != (self.backend != "cpu"):
+            return f"query, key and value are on {names[0]}, the plan runs on {self.backend}"
+        if call.keyword_qkv != self.keyword_qkv:
+            return (f"q/k/v passed as {_source_name(call.keyword_qkv)}, the plan has "
+                    f"{_source_name(self.keyword_qkv)}")
+        if call.attn_mask is not None:
+            return "the call has an attn_mask"
+        if call.dropout_p != 0.0:
+            return "the call has dropout_p != 0"
+        if call.is_causal != self.causal:
+            return f"is_causal is {str(call.is_causal).lower()}, the plan's is {str(self.causal).lower()}"
+        if (call.scale is None) != (self.scale is None) or (call.scale is not None and
+                                                            float(call.scale) != float(self.scale)):
+            return f"scale is {_scale_text(call.scale)}, the plan's is {_scale_text(self.scale)}"
+        gqa = call.query.shape[1] != call.key.shape[1]
+        if gqa != self.gqa:
+            return (f"query has {call.query.shape[1]} heads and key {call.key.shape[1]}: "
+                    f"{'grouped-query' if gqa else 'not grouped-query'}, the plan is "
+                    f"{'grouped-query' if self.gqa else 'not'}")
+        if gqa and not call.enable_gqa:
+            return "grouped-query heads without enable_gqa"
+        if self.copy_free:
+            for name, t in zip(_QKV_NAMES, call.qkv):
+                if not _nhd_contiguous(t.shape, t.stride()):
+                    return f"{name} is no longer an HND view of NHD-contiguous memory (the plan is copy-free)"
+        return None
+
+
+def _source_name(keyword: bool) -> str:
+    return "keyword_qkv" if keyword else "positional_qkv"
+
+
+def _scale_text(scale) -> str:
+    return "None" if scale is None else "%.17g" % float(scale)   # as the C guard prints it
