@@ -32,7 +32,7 @@ class _AfterTorchImport(importlib.abc.MetaPathFinder):
 
 
 def register_operators():
-    if "torch" in sys.modules:
+    if sys.modules.get("torch") is not None:   # None: an import of torch that failed or was blocked
         _register_now()
     elif not any(isinstance(f, _AfterTorchImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _AfterTorchImport())
