@@ -140,3 +140,39 @@ def test_flash_attn_float8_kv_matches_the_cpu(kv_dtype):
                               **{name: d.cpu() for name, d in descales.items()})[0]
     assert got.dtype == torch.float16
     torch.testing.assert_close(got.cpu(), want, atol=3e-3, rtol=3e-3)
+
+
+class CausalBlock(nn.Module):
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+def test_operator_captured_in_a_cuda_graph_and_replayed():
+    """The operator enqueues on the current stream and never synchronises: a torch.cuda.graph captures it."""
+    q, k, v = nhd(1, 8, 128, 64, torch.float16), nhd(1, 2, 128, 64, torch.float16), nhd(1, 2, 128, 64, torch.float16)
+    with torch.no_grad():
+        af.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)   # warm-up outside capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = af.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        q.copy_(torch.randn_like(q))   # new inputs in the captured buffers
+        graph.replay()
+        torch.cuda.synchronize()
+        want = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(out, want, atol=TOL[torch.float16], rtol=TOL[torch.float16])
+
+
+def test_compile_reduce_overhead_under_apply():
+    """torch.compile(mode="reduce-overhead") (CUDA graphs) with the plan's operator in the graph."""
+    q, k, v = nhd(1, 8, 128, 64, torch.float16), nhd(1, 2, 128, 64, torch.float16), nhd(1, 2, 128, 64, torch.float16)
+    module = CausalBlock()
+    provider = af.FlashAttention4KernelProvider(backend="attnforge")
+    assert provider.prepare(aft.record(module, q, k, v))
+    torch._dynamo.reset()
+    with torch.no_grad(), aft.apply(module, provider):
+        compiled = torch.compile(module, mode="reduce-overhead", fullgraph=True)
+        for _ in range(3):   # warm-up runs, then the recorded graph replays
+            got = compiled(q, k, v).clone()
+        want = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(got, want, atol=TOL[torch.float16], rtol=TOL[torch.float16])

@@ -1,4 +1,5 @@
-"""The README's ten-line example runs as written (record, prepare, save, load, apply)."""
+"""The README's ten-line example runs as written (record, prepare, save, load, apply), and so does its compile and
+export block after it, with attnforge's operators in both graphs."""
 import pathlib
 import re
 
@@ -31,3 +32,19 @@ def test_readme_example(tmp_path, monkeypatch):
             got = model(x)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     assert y.shape == (4, 128, 512)
+
+
+def test_readme_compile_and_export_block(tmp_path, monkeypatch):
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("## Python and PyTorch"):]
+    first, second = re.findall(r"```python\n(.*?)```", section, re.S)[:2]
+    assert "torch.compile" in second and "torch.export" in second
+    monkeypatch.chdir(tmp_path)
+    namespace = {"GPT": lambda: _GPT(dim=512, heads=8, kv_heads=8)}
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    exec(compile(first + second, str(README), "exec"), namespace)
+    program = namespace["program"]
+    assert [str(n.target) for n in program.graph.nodes].count("attnforge.provider_sdpa.default") == 2
+    assert namespace["y"].shape == (4, 100, 512)
+    torch._dynamo.reset()
