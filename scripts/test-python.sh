@@ -87,6 +87,17 @@ if ! "$py" -c "import transformers, sys; sys.exit(transformers.__version__ != '$
    && ! "$py" -m pip install -q --disable-pip-version-check "$transformers_pin"; then
   echo "test-python: WARNING: $transformers_pin could not be installed; the Transformers tests skip" >&2
 fi
+# NVIDIA AITune for attnforge.aitune (tests/test_aitune.py): pinned, with --no-deps, since its tensorrt dependency
+# downloads the real wheel from NVIDIA's own index at install time; its dependencies that install come first (those its
+# kernel_forge package loads; torch brings triton). Its TensorRT, ONNX and ModelOpt backends are not installed.
+aitune_pin="aitune==0.6.0"
+aitune_deps=("autowrapt>=1.0" "dill>=0.3.8" nvidia-ml-py nvtx "pandas>=2.3" psutil "tabulate>=0.9.0" "wrapt~=2.0")
+if ! "$py" -c "import importlib.metadata as m, sys, wrapt, dill, pandas, tabulate, psutil, nvtx, pynvml
+sys.exit(m.version('aitune') != '${aitune_pin#*==}')" 2>/dev/null \
+   && ! { "$py" -m pip install -q --disable-pip-version-check "${aitune_deps[@]}" \
+          && "$py" -m pip install -q --disable-pip-version-check --no-deps "$aitune_pin"; }; then
+  echo "test-python: WARNING: $aitune_pin could not be installed; the AITune tests skip" >&2
+fi
 "$py" -m pip install -q --disable-pip-version-check --no-build-isolation ./
 
 [ -n "$cli" ] && export ATTNFORGE_CLI="$(cd "$(dirname "$cli")" && pwd)/$(basename "$cli")"
