@@ -32,11 +32,16 @@ typedef struct {
 
 static void set_i32(test_tensor *t, int64_t i, int32_t v) { tt_set(t, &i, (double)v); }
 
+static void sink_misaligned(call *c) { c->t.sink.view.data = (char *)c->t.sink.view.data + 2; }
 static void query_on_cuda(call *c) { c->t.q.view.device = (af_device){AF_DEVICE_CUDA, 0}; }
 static void all_on_cuda(call *c) {   /* every tensor of the call on cuda:0 (nothing is read: the check refuses first) */
     test_tensor *all[] = {&c->t.q, &c->t.k, &c->t.v, &c->t.out, &c->t.lse, &c->t.sink, &c->t.cu_q, &c->t.cu_k,
                           &c->t.seqused_k, &c->t.page_table};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) all[i]->view.device = (af_device){AF_DEVICE_CUDA, 0};
+}
+static void cuda_value_misaligned(call *c) {   /* refused at the boundary, before the (absent) CUDA backend is needed */
+    all_on_cuda(c);
+    c->t.v.view.data = (char *)c->t.v.view.data + 1;
 }
 static void kv_on_cuda_1(call *c) { all_on_cuda(c); c->t.k.view.device.index = c->t.v.view.device.index = 1; }
 static void cu_q_float(call *c) { c->t.cu_q.view.dtype = AF_F32; }
@@ -141,6 +146,8 @@ static void out_not_query_under_f8_kv(call *c) { kv_f8(c, AF_F8E4M3); c->t.out.v
 #define INVALID AF_ERR_INVALID_ARGUMENT
 #define UNSUPPORTED AF_ERR_UNSUPPORTED
 static const rule rules[] = {
+    {"sink_misaligned", false, sink_misaligned, INVALID, "learnable_sink: data at 0x"},
+    {"cuda_value_misaligned", true, cuda_value_misaligned, INVALID, "value: data at 0x"},
     {"query_on_cuda", true, query_on_cuda, INVALID,
      "key: on cpu:0, but query is on cuda:0; every tensor of a call must be on one device"},
     {"kv_on_another_cuda", false, kv_on_cuda_1, INVALID, "key: on cuda:1, but query is on cuda:0"},

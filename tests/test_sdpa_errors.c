@@ -134,6 +134,18 @@ static void out_inside_key(call *c) { c->out_view.data = (char *)c->key.data + 4
 static void out_on_value(call *c) { c->out_view.data = c->value.data; }
 static void out_on_mask(call *c) { use_mask(c); c->out_view.data = c->attn_mask.data; }
 static void out_on_last_query_element(call *c) { c->out_view.data = (float *)c->query.data + B * HQ * L * E - 1; }
+static void query_misaligned(call *c) { c->query.data = (char *)c->query.data + 1; }   /* f32 at an odd byte */
+static void out_misaligned(call *c) { c->out_view.data = (char *)c->out_view.data + 2; }
+static void lse_misaligned(call *c) { c->lse_view.data = (char *)c->lse_view.data + 3; }
+static void additive_mask_misaligned(call *c) {   /* an f32 mask one byte off; a bool mask is never misaligned */
+    use_mask(c);
+    c->attn_mask.dtype = AF_F32;
+    c->attn_mask.data = (char *)c->attn_mask.data + 1;
+}
+static void f16_key_misaligned(call *c) {   /* every tensor f16, key one byte off its 2-byte elements */
+    c->query.dtype = c->key.dtype = c->value.dtype = c->out_view.dtype = AF_F16;
+    c->key.data = (char *)c->key.data + 1;
+}
 static void out_data_wraps_the_address_space(call *c) { c->out_view.data = (void *)(UINTPTR_MAX - 63); }
 static void query_data_wraps_the_address_space(call *c) {   /* its last element past the top of the address space */
     c->query.data = (void *)(UINTPTR_MAX - 4 * B * HQ * L * E + 5);
@@ -220,6 +232,11 @@ static const rule rules[] = {
     RULE(out_on_value, INVALID, "out: overlaps value's memory"),
     RULE(out_on_mask, INVALID, "out: overlaps attn_mask's memory"),
     RULE(out_on_last_query_element, INVALID, "out: overlaps query's memory"),
+    RULE(query_misaligned, INVALID, "query: data at 0x"),
+    RULE(out_misaligned, INVALID, "is not aligned to its 4-byte float32 elements"),
+    RULE(lse_misaligned, INVALID, "lse: data at 0x"),
+    RULE(additive_mask_misaligned, INVALID, "attn_mask: data at 0x"),
+    RULE(f16_key_misaligned, INVALID, "key: data at 0x"),
     RULE(out_data_wraps_the_address_space, INVALID, "out: data at 0xffffffffffffffc0 plus the view's 1920 bytes wraps"),
     RULE(query_data_wraps_the_address_space, INVALID, "query: data at"),
     RULE(lse_dtype, INVALID, "lse: dtype must be float32, got float16"),

@@ -123,6 +123,21 @@ def test_errors_name_the_argument_and_the_rule():
         af.scaled_dot_product_attention(q[0], q[0], q[0])
 
 
+def test_misaligned_arrays_are_refused_and_nothing_is_written():
+    raw = np.zeros(4 * 64 + 1, np.uint8)
+    odd = np.frombuffer(raw, np.float32, count=64, offset=1).reshape(1, 2, 4, 8)   # float32 one byte off
+    q = np.ones((1, 2, 4, 8), np.float32)
+    out = np.full((1, 2, 4, 8), 7.0, np.float32)
+    with pytest.raises(af.InvalidArgumentError, match="key: data at 0x[0-9a-f]+ is not aligned to its 4-byte float32"):
+        af.scaled_dot_product_attention(q, odd, q, out=out)
+    assert (out == 7.0).all()
+    out_raw = np.zeros(4 * 64 + 2, np.uint8)
+    odd_out = np.frombuffer(out_raw, np.float32, count=64, offset=2).reshape(1, 2, 4, 8)
+    with pytest.raises(af.InvalidArgumentError, match="out: data at"):
+        af.scaled_dot_product_attention(q, q, q, out=odd_out)
+    assert not out_raw.any()
+
+
 def test_unsupported_buffers_and_non_tensors():
     q = np.zeros((1, 1, 2, 4), np.float64)
     with pytest.raises(af.UnsupportedError, match="query: buffer format 'd' is not supported"):

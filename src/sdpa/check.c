@@ -21,8 +21,9 @@ static const char *shape_text(const af_tensor *t, char *buf, size_t size) {
 /* Byte span of a view: [0, *bytes) from t->data, and its element count. Beyond the sizes and strides themselves, the
  * offsets the kernels and the reference form must be representable: for a view with elements, the byte offset of its
  * last element (and so every partial sum of index·stride, all terms being >= 0) and every stride in bytes (a row
- * pitch, also along a size-1 dim) fit in int64, and data + span does not wrap the address space. A view with no
- * elements is never addressed (its strides are replaced in the problem: problem_strides), so its strides are free. */
+ * pitch, also along a size-1 dim) fit in int64, data is aligned to the element size, and data + span does not wrap
+ * the address space. A view with no elements is never addressed (its strides are replaced in the problem:
+ * problem_strides), so its strides are free. */
 static af_status view_span(const af_tensor *t, const char *name, int64_t *bytes, int64_t *numel) {
     if (t->ndim < 0 || t->ndim > AF_MAX_DIMS)
         return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: ndim %d is outside 0..%d", name, t->ndim, AF_MAX_DIMS);
@@ -58,6 +59,10 @@ static af_status view_span(const af_tensor *t, const char *name, int64_t *bytes,
     if (!t->data)
         return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: data is NULL but the view has %lld elements", name,
                        (long long)count);
+    if ((uintptr_t)t->data % (uint64_t)elem != 0)   /* a typed access there traps on a GPU and is UB on the CPU */
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: data at %p is not aligned to its %lld-byte %s elements; a "
+                       "tensor's data must start on a multiple of its element size", name, t->data, (long long)elem,
+                       af_dtype_name(t->dtype));
     if ((uintptr_t)t->data > UINTPTR_MAX - (uint64_t)span)
         return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: data at %p plus the view's %lld bytes wraps around the address "
                        "space", name, t->data, (long long)span);

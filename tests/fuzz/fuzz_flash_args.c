@@ -24,16 +24,17 @@ static void *make_view(byte_reader *r, af_tensor *t, int want_ndim, bool index_a
     for (int d = 0; d < t->ndim && d < AF_MAX_DIMS; d++) t->strides[d] = next_extent(r);
     if (kind & 0x08) t->device.type = AF_DEVICE_CUDA;   /* must be refused before anything is read */
     const int64_t bytes = reach_bytes(t, MAX_VIEW_ELEMENTS);
-    const size_t alloc = bytes > 0 ? (size_t)bytes : 4;
+    const size_t misaligned = ((kind >> 4) & 3) == 3;   /* data one byte off the allocation: refused */
+    const size_t alloc = (bytes > 0 ? (size_t)bytes : 4) + misaligned;
     uint8_t *mem = malloc(alloc);
     if (t->dtype == AF_I32)
-        for (size_t i = 0; i + 4 <= alloc; i += 4) {
+        for (size_t i = misaligned; i + 4 <= alloc; i += 4) {
             const int32_t v = (int8_t)next_byte(r) / 4;
             memcpy(mem + i, &v, 4);
         }
     else
         for (size_t i = 0; i < alloc; i++) mem[i] = next_byte(r);   /* anything, NaN and Inf included */
-    t->data = ((kind & 0x40) && bytes <= 0) || bytes == TOO_BIG ? NULL : mem;
+    t->data = ((kind & 0x40) && bytes <= 0) || bytes == TOO_BIG ? NULL : mem + misaligned;
     return mem;
 }
 

@@ -1,5 +1,6 @@
 /* libFuzzer harness for af_sdpa's argument checking: shapes, strides, dtypes, flags and masks decoded from
- * the input, data buffers sized exactly to what each view can reach (so ASan sees any stray access).
+ * the input, data buffers sized exactly to what each view can reach (so ASan sees any stray access), a quarter of
+ * them starting one byte off the allocation (UBSan sees any typed access through a misaligned pointer).
  * Invariants: no crash or sanitizer report; on error `out` is untouched; on success af_sdpa and the reference
  * agree on the status, and both write only inside `out`. */
 #include <math.h>
@@ -21,10 +22,11 @@ static void *make_view(byte_reader *r, af_tensor *t, int force_ndim) {
     for (int d = 0; d < t->ndim && d < AF_MAX_DIMS; d++) t->shape[d] = next_extent(r);
     for (int d = 0; d < t->ndim && d < AF_MAX_DIMS; d++) t->strides[d] = next_extent(r);
     int64_t bytes = reach_bytes(t, MAX_VIEW_ELEMENTS);
-    size_t alloc = bytes > 0 ? (size_t)bytes : 1;
+    const size_t misaligned = ((kind >> 4) & 3) == 3;   /* data one byte past the allocation's start: refused */
+    size_t alloc = (bytes > 0 ? (size_t)bytes : 1) + misaligned;
     uint8_t *mem = malloc(alloc);
     for (size_t i = 0; i < alloc; i++) mem[i] = next_byte(r);   /* values: anything, NaN and Inf included */
-    t->data = ((kind & 0x40) && bytes <= 0) || bytes == TOO_BIG ? NULL : mem;
+    t->data = ((kind & 0x40) && bytes <= 0) || bytes == TOO_BIG ? NULL : mem + misaligned;
     return mem;
 }
 
