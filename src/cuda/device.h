@@ -15,7 +15,8 @@
  *                                  AF_KERNEL(af_k, af_k_params, p, 128) { ... body ... }
  *   AF_LAUNCH(name, gx, gy, gz, threads, smem_bytes, stream, params)
  *                                  enqueues the kernel on grid (gx, gy, gz) of 1-D blocks; an expression of type
- *                                  cudaError_t (the launch error, cudaSuccess if none)
+ *                                  cudaError_t: this launch's own error, cudaSuccess if none (never an earlier
+ *                                  call's stale error: cudaLaunchKernel, not <<<>>> and cudaGetLastError)
  *   AF_SET_MAX_SMEM(name, bytes)   allows `bytes` (> 48 KiB) of dynamic shared memory; cudaError_t
  * Indices (1-D blocks)
  *   AF_THREAD_IDX, AF_BLOCK_DIM, AF_BLOCK_IDX_X/_Y/_Z, AF_GRID_DIM_X/_Y/_Z    (int)

@@ -9,11 +9,17 @@
 #define AF_DEVICE __device__ __forceinline__
 #define AF_KERNEL(name, Params, p, max_threads) \
     extern "C" __global__ void __launch_bounds__(max_threads) name(const Params p)
-/* The launch error (bad configuration) is reported by cudaGetLastError right after the launch. */
-#define AF_LAUNCH(name, gx, gy, gz, threads, smem_bytes, stream, params)                                        \
-    (name<<<dim3((unsigned)(gx), (unsigned)(gy), (unsigned)(gz)), (unsigned)(threads), (size_t)(smem_bytes),   \
-            (stream)>>>(params),                                                                                \
-     cudaGetLastError())
+/* A launch's own status: cudaLaunchKernel returns this launch's configuration error and never an earlier call's
+ * (`kernel<<<>>>` then cudaGetLastError would report, and clear, a stale error the caller's code left behind). */
+template <typename Params>
+static inline cudaError_t af_launch_kernel(const void *kernel, dim3 grid, unsigned threads, size_t smem_bytes,
+                                           cudaStream_t stream, Params params) {
+    void *args[1] = {&params};
+    return cudaLaunchKernel(kernel, grid, dim3(threads), args, smem_bytes, stream);
+}
+#define AF_LAUNCH(name, gx, gy, gz, threads, smem_bytes, stream, params)                                         \
+    af_launch_kernel((const void *)(name), dim3((unsigned)(gx), (unsigned)(gy), (unsigned)(gz)),                 \
+                     (unsigned)(threads), (size_t)(smem_bytes), (stream), (params))
 #define AF_SET_MAX_SMEM(name, bytes) \
     cudaFuncSetAttribute((const void *)(name), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(bytes))
 

@@ -122,8 +122,8 @@ cudaError_t af_emu_set_max_smem(af_emu_kernel *kernel, long long bytes);
 
 /* Defines `static void name(const Params p)`, its record (launch bound, smem attribute), the trampoline the
  * emulator calls per thread and a typed launcher that takes the parameters by value. Like the nvcc build's
- * `kernel<<<...>>>(p), cudaGetLastError()`, a launch returns (and clears) the thread's last error, which may be an
- * earlier call's. */
+ * cudaLaunchKernel, a launch returns its own status (also recorded as the thread's last error when it fails) and
+ * neither reports nor clears an earlier call's error. */
 #define AF_KERNEL(name, Params, p, max_threads)                                                                 \
     static void name(const Params p) AF_EMU_UNUSED;                                                             \
     AF_EMU_UNUSED static void name##_af_entry(const void *af_params) { name(*(const Params *)af_params); }      \
@@ -132,8 +132,7 @@ cudaError_t af_emu_set_max_smem(af_emu_kernel *kernel, long long bytes);
                                                       long long af_threads, long long af_smem,                 \
                                                       cudaStream_t af_stream, const Params af_params)          \
     {                                                                                                           \
-        af_emu_launch(&name##_af_kernel, af_gx, af_gy, af_gz, af_threads, af_smem, af_stream, &af_params);     \
-        return cudaGetLastError();                                                                              \
+        return af_emu_launch(&name##_af_kernel, af_gx, af_gy, af_gz, af_threads, af_smem, af_stream, &af_params); \
     }                                                                                                           \
     static void name(const Params p)
 

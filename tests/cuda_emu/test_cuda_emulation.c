@@ -453,7 +453,9 @@ static void launch_errors_run_nothing(void **state)
     assert_int_equal(AF_LAUNCH(count_kernel, 1, 1, 65536, 32, 0, NULL, p), cudaErrorInvalidConfiguration);
     assert_int_equal(AF_LAUNCH(count_kernel, 1, 1, 1, 32, 48 * 1024 + 16, NULL, p), cudaErrorInvalidValue);
     assert_int_equal(ran, 0);
-    assert_int_equal(cudaGetLastError(), cudaSuccess); /* AF_LAUNCH took the error, as cudaGetLastError does */
+    /* a failed launch also records its error, as cudaLaunchKernel does; the caller's cuda_fail clears it */
+    assert_int_equal(cudaGetLastError(), cudaErrorInvalidValue);
+    assert_int_equal(cudaGetLastError(), cudaSuccess);
 
     assert_int_equal(AF_SET_MAX_SMEM(count_kernel, 227 * 1024 + 1), cudaErrorInvalidValue);
     assert_int_equal(cudaGetLastError(), cudaErrorInvalidValue);
@@ -463,10 +465,12 @@ static void launch_errors_run_nothing(void **state)
     assert_int_equal(AF_LAUNCH(big_kernel, 2, 1, 1, 1024, 0, NULL, p), cudaSuccess);
     assert_int_equal(ran, 3);
 
-    /* like CUDA, a launch reports an earlier call's error that nobody took */
+    /* a launch reports its own status: an earlier call's error that nobody took stays for its caller */
+    (void)cudaGetLastError();
     assert_int_equal(cudaMemcpy(&ran, &ran, sizeof ran, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
-    assert_int_equal(AF_LAUNCH(count_kernel, 1, 1, 1, 32, 0, NULL, p), cudaErrorInvalidValue);
+    assert_int_equal(AF_LAUNCH(count_kernel, 1, 1, 1, 32, 0, NULL, p), cudaSuccess);
     assert_int_equal(ran, 4);
+    assert_int_equal(cudaGetLastError(), cudaErrorInvalidValue);
     assert_int_equal(AF_LAUNCH(count_kernel, 1, 1, 1, 32, 0, NULL, p), cudaSuccess);
 
     setenv("ATTNFORGE_EMU_CUDA", "nodriver", 1);
@@ -694,6 +698,19 @@ static void correct_tile_kernel_passes(void **state)
     unsetenv("ATTNFORGE_EMU_SEED");
 }
 
+/* A launch reports its own status: a stale error left by earlier code neither fails it nor is cleared by it, and a
+ * bad configuration fails it even when nothing was pending. */
+static void launch_reports_its_own_status(void **state)
+{
+    (void)state;
+    broken_params p = {tile_source, 0};
+    assert_int_equal(cudaSetDevice(7), cudaErrorInvalidDevice);   /* the caller's own failure, still pending */
+    assert_int_equal(AF_LAUNCH(tile_kernel, 2, 1, 1, 64, 1024, NULL, p), cudaSuccess);
+    assert_int_equal(cudaGetLastError(), cudaErrorInvalidDevice);   /* left for the caller to read */
+    assert_int_equal(AF_LAUNCH(tile_kernel, 2, 1, 1, 4096, 1024, NULL, p), cudaErrorInvalidConfiguration);
+    (void)cudaGetLastError();
+}
+
 static void checker_catches_broken_kernels(void **state)
 {
     (void)state;
@@ -718,6 +735,7 @@ int main(void)
         cmocka_unit_test(ex2_specials),
         cmocka_unit_test(pack_rounds_to_nearest_even),
         cmocka_unit_test(grid_runs_every_block_once_in_seeded_order),
+        cmocka_unit_test(launch_reports_its_own_status),
         cmocka_unit_test(launch_errors_run_nothing),
         cmocka_unit_test(concurrent_host_threads),
         cmocka_unit_test(runtime_memory_and_attributes),

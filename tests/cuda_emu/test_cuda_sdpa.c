@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -682,6 +683,24 @@ static void reference_is_refused_on_cuda(void **state) {
     error_call_free(&e);
 }
 
+/* A stale error that the caller's own CUDA code left pending (a failed cudaSetDevice in the backend's runtime) does
+ * not fail a call that enqueued correctly (launches report their own status), and it stays for the caller. */
+static void a_stale_cuda_error_is_not_reported_as_the_calls(void **state) {
+    void *backend = dlopen(getenv("ATTNFORGE_CUDA_LIBRARY"), RTLD_NOW | RTLD_NOLOAD);
+    assert_non_null(backend);
+    int (*set_device)(int) = (int (*)(int))dlsym(backend, "cudaSetDevice");
+    int (*last_error)(void) = (int (*)(void))dlsym(backend, "cudaGetLastError");
+    assert_true(set_device && last_error);
+    for (int dtype = 0; dtype < 2; dtype++) {   /* the tensor cores and the CUDA cores */
+        sdpa_case c = case_default(1, 2, 2, 9, 12, 16, 16);
+        c.dtype = dtype ? AF_F32 : AF_F16;
+        assert_int_not_equal(set_device(7), 0);
+        expect_case(&c);
+        assert_int_not_equal(last_error(), 0);
+    }
+    dlclose(backend);
+}
+
 static int setup(void **state) {
     if (!getenv("ATTNFORGE_CUDA_LIBRARY")) setenv("ATTNFORGE_CUDA_LIBRARY", AF_TEST_EMULATED_BACKEND, 1);
     unsetenv("ATTNFORGE_EMU_CUDA");
@@ -696,6 +715,7 @@ static int setup(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(float32_says_once_that_it_runs_on_the_cuda_cores),
+        cmocka_unit_test(a_stale_cuda_error_is_not_reported_as_the_calls),
         cmocka_unit_test(chosen_cases_match_the_reference),
         cmocka_unit_test(random_suite_matches_the_reference),
         cmocka_unit_test(strided_inputs_are_copied_with_a_warning),
