@@ -244,6 +244,69 @@ static cudaError_t make_copy(mma_operand *o, char *tight, char *padded, cudaStre
     return e;
 }
 
+/* ---------------------------------------------------------------- scratch memory */
+/* The backend's own stream-ordered pool per device, made on first use: its release threshold keeps freed memory for
+ * the next call instead of handing it back at every synchronisation (a new pool's threshold is 0), and the device's
+ * default pool, which other libraries may tune, is left as it is. A device without memory pools (some virtualised
+ * setups: cudaDevAttrMemoryPoolsSupported is 0) gets cudaMalloc/cudaFree, which synchronise. */
+typedef enum { POOL_UNKNOWN = 0, POOL_READY, POOL_NONE } pool_state;
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static pool_state pool_states[AF_MAX_CUDA_DEVICES];
+static cudaMemPool_t pools[AF_MAX_CUDA_DEVICES];
+
+static cudaError_t make_pool(int device, cudaMemPool_t *pool) {
+    int supported = 0;
+    cudaError_t e = cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device);
+    if (e != cudaSuccess || !supported) return e;
+    cudaMemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    if ((e = cudaMemPoolCreate(pool, &props)) != cudaSuccess) return e;
+    uint64_t keep_all = UINT64_MAX;
+    if ((e = cudaMemPoolSetAttribute(*pool, cudaMemPoolAttrReleaseThreshold, &keep_all)) != cudaSuccess) {
+        (void)cudaMemPoolDestroy(*pool);
+        *pool = NULL;
+    }
+    return e;
+}
+
+/* The device's pool, NULL where pools are not supported (or for devices past the cache: the default pool). */
+static cudaError_t pool_for(int device, cudaMemPool_t *pool) {
+    *pool = NULL;
+    if (device < 0 || device >= AF_MAX_CUDA_DEVICES) return cudaSuccess;
+    pthread_mutex_lock(&pool_lock);
+    cudaError_t e = cudaSuccess;
+    if (pool_states[device] == POOL_UNKNOWN) {
+        cudaMemPool_t made = NULL;
+        e = make_pool(device, &made);
+        if (e == cudaSuccess) {
+            pools[device] = made;
+            pool_states[device] = made ? POOL_READY : POOL_NONE;
+            if (!made) log_message(AF_LOG_INFO, "cuda:%d has no stream-ordered memory pools: attnforge's scratch "
+                                   "comes from cudaMalloc/cudaFree there, which synchronise", device);
+        }
+    }
+    *pool = pool_states[device] == POOL_READY ? pools[device] : NULL;
+    const bool none = pool_states[device] == POOL_NONE;
+    pthread_mutex_unlock(&pool_lock);
+    return e != cudaSuccess ? e : none ? cudaErrorNotSupported : cudaSuccess;
+}
+
+static cudaError_t scratch_alloc(int device, void **ptr, size_t bytes, cudaStream_t stream) {
+    cudaMemPool_t pool;
+    const cudaError_t e = pool_for(device, &pool);
+    if (e == cudaErrorNotSupported) return cudaMalloc(ptr, bytes);
+    if (e != cudaSuccess) return e;
+    return pool ? cudaMallocFromPoolAsync(ptr, bytes, pool, stream) : cudaMallocAsync(ptr, bytes, stream);
+}
+
+static cudaError_t scratch_free(int device, void *ptr, cudaStream_t stream) {
+    cudaMemPool_t pool;
+    return pool_for(device, &pool) == cudaErrorNotSupported ? cudaFree(ptr) : cudaFreeAsync(ptr, stream);
+}
+
 static int mma_forward(const af_problem *p, const af_cuda_device *dev, cudaStream_t stream, char *err, size_t size) {
     af_problem run = *p;
     mma_operand operands[3];
@@ -275,7 +338,9 @@ static int mma_forward(const af_problem *p, const af_cuda_device *dev, cudaStrea
 
     char *scratch = NULL;
     cudaError_t e;
-    if (scratch_bytes > 0 && (e = cudaMallocAsync((void **)&scratch, scratch_bytes, stream)) != cudaSuccess)
+    int device = 0;
+    if ((e = cudaGetDevice(&device)) != cudaSuccess) return cuda_fail(err, size, e, "reading the current device");
+    if (scratch_bytes > 0 && (e = scratch_alloc(device, (void **)&scratch, scratch_bytes, stream)) != cudaSuccess)
         return cuda_fail(err, size, e, "allocating the tensor-core path's scratch on the stream");
     if (warning[0])
         log_message(AF_LOG_WARNING, "copying %s to contiguous memory before the tensor-core kernels: they need the "
@@ -292,7 +357,7 @@ static int mma_forward(const af_problem *p, const af_cuda_device *dev, cudaStrea
     }
     if (e == cudaSuccess) e = af_cuda_mma_forward(&run, dev, workspace_bytes ? scratch + workspace_offset : NULL, stream);
     const cudaError_t launch = e;
-    if (scratch && (e = cudaFreeAsync(scratch, stream)) != cudaSuccess && launch == cudaSuccess)
+    if (scratch && (e = scratch_free(device, scratch, stream)) != cudaSuccess && launch == cudaSuccess)
         return cuda_fail(err, size, e, "freeing the tensor-core path's scratch on the stream");
     if (launch != cudaSuccess) return cuda_fail(err, size, launch, "launching the tensor-core kernels");
     return AF_OK;

@@ -71,8 +71,31 @@ enum cudaDeviceAttr {
     cudaDevAttrMultiProcessorCount = 16,
     cudaDevAttrComputeCapabilityMajor = 75,
     cudaDevAttrComputeCapabilityMinor = 76,
-    cudaDevAttrMaxSharedMemoryPerBlockOptin = 97
+    cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
+    cudaDevAttrMemoryPoolsSupported = 115
 };
+
+/* Stream-ordered memory pools: the fields the backend sets (CUDA's names and values) */
+typedef struct af_emu_mem_pool *cudaMemPool_t;
+enum cudaMemAllocationType { cudaMemAllocationTypeInvalid = 0, cudaMemAllocationTypePinned = 1 };
+enum cudaMemAllocationHandleType { cudaMemHandleTypeNone = 0 };
+enum cudaMemLocationType { cudaMemLocationTypeInvalid = 0, cudaMemLocationTypeDevice = 1 };
+struct cudaMemLocation {
+    enum cudaMemLocationType type;
+    int id;
+};
+struct cudaMemPoolProps {
+    enum cudaMemAllocationType allocType;
+    enum cudaMemAllocationHandleType handleTypes;
+    struct cudaMemLocation location;
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char reserved[54];
+};
+enum cudaMemPoolAttr { cudaMemPoolAttrReleaseThreshold = 4 };
+typedef struct cudaMemPoolProps cudaMemPoolProps;
+typedef enum cudaMemPoolAttr cudaMemPoolAttr;
 
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 
@@ -103,6 +126,14 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaM
 cudaError_t cudaMemset(void *dev_ptr, int value, size_t count);
 cudaError_t cudaMemsetAsync(void *dev_ptr, int value, size_t count, cudaStream_t stream);
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, const void *ptr);
+cudaError_t cudaMemPoolCreate(cudaMemPool_t *pool, const struct cudaMemPoolProps *props);
+cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool);
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr, void *value);
+cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr, void *value);
+cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPool_t pool, cudaStream_t stream);
+/* The emulation's own, for tests: pools made so far, allocations served from them, and the release threshold of the
+ * last pool set (0 when none). ATTNFORGE_EMU_CUDA=nopools makes cudaDevAttrMemoryPoolsSupported 0. */
+void af_emu_pool_stats(long *pools, long *pooled_allocations, unsigned long long *release_threshold);
 cudaError_t cudaDriverGetVersion(int *version);
 cudaError_t cudaRuntimeGetVersion(int *version);
 

@@ -12,5 +12,7 @@
 cudaError_t af_emu_availability(void);
 /* Records `err` as the calling thread's last error unless it is cudaSuccess; returns it. */
 cudaError_t af_emu_fail(cudaError_t err);
+/* cudaDevAttrMemoryPoolsSupported: 1, or 0 under ATTNFORGE_EMU_CUDA=nopools (cuda_emulated_pool.c) */
+int af_emu_pools_supported(void);
 
 #endif

@@ -142,6 +142,7 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
     case cudaDevAttrComputeCapabilityMajor: *value = 9; return cudaSuccess;
     case cudaDevAttrComputeCapabilityMinor: *value = 0; return cudaSuccess;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = AF_EMU_OPTIN_SMEM; return cudaSuccess;
+    case cudaDevAttrMemoryPoolsSupported: *value = af_emu_pools_supported(); return cudaSuccess;
     }
     return af_emu_fail(cudaErrorInvalidValue);
 }

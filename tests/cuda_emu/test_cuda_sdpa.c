@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "attnforge.h"
 #include "case_gen.h"
@@ -701,6 +703,60 @@ static void a_stale_cuda_error_is_not_reported_as_the_calls(void **state) {
     dlclose(backend);
 }
 
+/* The scratch of the tensor-core path (copies of q/k/v it cannot read in place) comes from the backend's own pool:
+ * made once per device, its release threshold the largest (freed memory is kept for the next call); where the device
+ * has no pools it comes from cudaMalloc/cudaFree, and the results are the same. */
+typedef void (*pool_stats_fn)(long *pools, long *allocations, unsigned long long *threshold);
+
+static pool_stats_fn backend_pool_stats(void) {
+    void *backend = dlopen(getenv("ATTNFORGE_CUDA_LIBRARY"), RTLD_NOW | RTLD_NOLOAD);
+    assert_non_null(backend);
+    pool_stats_fn stats = (pool_stats_fn)dlsym(backend, "af_emu_pool_stats");
+    assert_non_null(stats);
+    dlclose(backend);   /* still loaded: libattnforge holds it */
+    return stats;
+}
+
+static sdpa_case copied_case(uint64_t seed) {
+    sdpa_case c = case_default(1, 2, 2, 24, 40, 64, 64);
+    c.dtype = AF_F16;
+    c.q_layout = LAYOUT_SLICED;   /* the tensor cores cannot read it in place: copied into scratch */
+    c.seed = seed;
+    return c;
+}
+
+static void scratch_without_memory_pools_uses_cudamalloc(void **state) {   /* first: no pool is made before it */
+    fflush(NULL);
+    const pid_t child = fork();
+    if (child == 0) {   /* the pool choice is made once per process: the device without pools is a child's */
+        setenv("ATTNFORGE_EMU_CUDA", "nopools", 1);
+        char why[1024] = "";
+        const sdpa_case c = copied_case(5);
+        long pools, allocations;
+        unsigned long long threshold;
+        const bool ok = run_case(&c, why, sizeof why);
+        backend_pool_stats()(&pools, &allocations, &threshold);
+        if (!ok) fprintf(stderr, "without pools: %s\n", why);
+        _exit(ok && pools == 0 && allocations == 0 && strstr(log_text, "has no stream-ordered memory pools") ? 0 : 1);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+static void scratch_comes_from_a_pool_that_keeps_its_memory(void **state) {
+    long pools, allocations;
+    unsigned long long threshold;
+    for (uint64_t seed = 1; seed <= 2; seed++) {
+        const sdpa_case c = copied_case(seed);
+        expect_case(&c);
+    }
+    backend_pool_stats()(&pools, &allocations, &threshold);
+    assert_int_equal(pools, 1);   /* one pool for the device, made once */
+    assert_true(allocations >= 2);
+    assert_true(threshold == UINT64_MAX);
+}
+
 static int setup(void **state) {
     if (!getenv("ATTNFORGE_CUDA_LIBRARY")) setenv("ATTNFORGE_CUDA_LIBRARY", AF_TEST_EMULATED_BACKEND, 1);
     unsetenv("ATTNFORGE_EMU_CUDA");
@@ -714,8 +770,10 @@ static int setup(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(scratch_without_memory_pools_uses_cudamalloc),
         cmocka_unit_test(float32_says_once_that_it_runs_on_the_cuda_cores),
         cmocka_unit_test(a_stale_cuda_error_is_not_reported_as_the_calls),
+        cmocka_unit_test(scratch_comes_from_a_pool_that_keeps_its_memory),
         cmocka_unit_test(chosen_cases_match_the_reference),
         cmocka_unit_test(random_suite_matches_the_reference),
         cmocka_unit_test(strided_inputs_are_copied_with_a_warning),
