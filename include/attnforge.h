@@ -153,6 +153,15 @@ AF_API const char *af_isa_name(int index);
  * is then missing), "" when none could be. `device_count` may be NULL. For diagnostics (`python -m attnforge`). */
 AF_API af_status af_load_cuda_backend(int *device_count, char *library, size_t library_size);
 
+/* The index arrays of af_flash_attn calls on CUDA tensors (cu_seqlens_q/k, seqused_k, page_table) are device memory
+ * that the call never reads on the host, so that it stays asynchronous and can be captured in a CUDA graph: the
+ * device checks them (docs/CUDA.md). A bad entry never makes a kernel read or write out of bounds; the rows of its
+ * sequence get out = NaN and lse = NaN (or are not written, when its cu_seqlens_q entries are at fault), and the
+ * first violation is recorded in a sticky status of the device. This waits for all work on `device`, then returns
+ * AF_OK when nothing was recorded since the last check, else AF_ERR_INVALID_ARGUMENT with af_last_error() naming
+ * the array, the entry and the rule, and clears the record. Not during stream capture (it synchronises). */
+AF_API af_status af_cuda_check_errors(int device);
+
 /* ---------------------------------------------------------------- logging */
 typedef enum { AF_LOG_DEBUG = 10, AF_LOG_INFO = 20, AF_LOG_WARNING = 30, AF_LOG_ERROR = 40, AF_LOG_OFF = 100 } af_log_level;
 typedef void (*af_log_fn)(af_log_level level, const char *message, void *user);

@@ -151,8 +151,6 @@ static const rule rules[] = {
     {"query_on_cuda", true, query_on_cuda, INVALID,
      "key: on cpu:0, but query is on cuda:0; every tensor of a call must be on one device"},
     {"kv_on_another_cuda", false, kv_on_cuda_1, INVALID, "key: on cuda:1, but query is on cuda:0"},
-    /* the index arrays of a CUDA call are read through the backend (copy_index_arrays): none here */
-    {"paged_on_cuda", true, all_on_cuda, AF_ERR_RUNTIME_UNAVAILABLE, "CUDA"},
     {"cu_q_float", true, cu_q_float, INVALID, "cu_seqlens_q: must be int32, got float32"},
     {"cu_q_shape", true, cu_q_shape, INVALID, "page_table: expected shape (batch_size, max_pages) with batch_size 1"},
     {"cu_q_first", true, cu_q_first, INVALID, "cu_seqlens_q: must start at 0, got 1"},
@@ -229,6 +227,22 @@ static flash_case base_case(bool paged) {
         c.page_size = 8;
     }
     return c;
+}
+
+/* The index arrays of a CUDA call are never read by the host (the device checks them, docs/CUDA.md): the host's
+ * checks pass, af_flash_attn goes on to the backend (none here) and the reference refuses the CUDA tensors. */
+static void paged_on_cuda_is_not_read_on_the_host(void **state) {
+    (void)state;
+    call c;
+    memset(&c, 0, sizeof c);
+    const flash_case fc = base_case(true);
+    assert_true(flash_case_build(&fc, &c.t));
+    all_on_cuda(&c);
+    assert_int_equal(af_flash_attn(&c.t.args, &c.t.out.view, &c.t.lse.view), AF_ERR_RUNTIME_UNAVAILABLE);
+    assert_non_null(strstr(af_last_error(), "CUDA backend is not available"));
+    assert_int_equal(af_flash_attn_reference(&c.t.args, &c.t.out.view, &c.t.lse.view), AF_ERR_UNSUPPORTED);
+    assert_non_null(strstr(af_last_error(), "query: on cuda:0; the reference reads host memory"));
+    flash_case_free(&c.t);
 }
 
 static void each_rule(void **state) {
@@ -310,6 +324,7 @@ static void int32_dtype(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(each_rule),
+        cmocka_unit_test(paged_on_cuda_is_not_read_on_the_host),
         cmocka_unit_test(null_arguments),
         cmocka_unit_test(int32_dtype),
         cmocka_unit_test(sdpa_refuses_float8),

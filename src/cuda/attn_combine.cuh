@@ -29,7 +29,7 @@ typedef struct {
     int splits, Ev, bf16;
     int64_t total_rows, Hkv, group, rows, L;   /* rows = group·L packed rows per (batch, kv head), L the longest */
     const int32_t *cu_seqlens_q;      /* varlen (NULL otherwise): sequence b's L_b rows start at entry b */
-    int64_t cu_seqlens_q_stride;
+    int64_t cu_seqlens_q_stride, total_q;   /* total_q: the packed rows its entries are checked against */
     char *out;                        /* f16/bf16 */
     int64_t out_stride[4];
     float *lse;                       /* NULL or f32 (B, Hq, L) */
@@ -45,14 +45,22 @@ AF_KERNEL(af_combine_kernel, af_combine_params, p, AF_COMBINE_THREADS) {
     if (row >= p.total_rows) return;   /* the whole warp: no collective follows for it */
     /* packed row r of (batch b, kv head hk): head hk·group + r / L_b, query r % L_b of the batch's sequence */
     const int64_t bhk = row / p.rows, r = row % p.rows, b = bhk / p.Hkv, hk = bhk % p.Hkv;
-    const af_sequence sq = af_sequence_at(p.cu_seqlens_q, p.cu_seqlens_q_stride, NULL, 0, NULL, 0, p.L, 0, b);
+    af_sequence sq;   /* entries checked as the attention kernel does: a SKIP sequence has no rows */
+    (void)af_sequence_checked(p.cu_seqlens_q, p.cu_seqlens_q_stride, NULL, 0, NULL, 0, p.L, 0, p.total_q, 0, b, &sq);
     if (r >= p.group * sq.L) return;   /* past a short sequence's rows (varlen): no partial, no output */
     const int64_t h = hk * p.group + r / sq.L, i = sq.q0 + r % sq.L;
-    float lse_max = -INFINITY;
-    for (int s = lane; s < p.splits; s += 32) lse_max = fmaxf(lse_max, p.part_lse[s * p.total_rows + row]);
-    for (int x = 16; x > 0; x >>= 1) lse_max = fmaxf(lse_max, af_shfl_xor(lse_max, x));
+    float lse_max = -INFINITY, nan = 0.0f;   /* nan: a split found a bad index (its LSE is NaN), fmaxf would drop it */
+    for (int s = lane; s < p.splits; s += 32) {
+        const float lse = p.part_lse[s * p.total_rows + row];
+        lse_max = fmaxf(lse_max, lse);
+        if (lse != lse) nan = 1.0f;
+    }
+    for (int x = 16; x > 0; x >>= 1) {
+        lse_max = fmaxf(lse_max, af_shfl_xor(lse_max, x));
+        nan = fmaxf(nan, af_shfl_xor(nan, x));
+    }
     const float sink = p.sink ? af_load_scalar(p.sink, (af_dtype)p.sink_dtype, h * p.sink_stride) : -INFINITY;
-    lse_max = sink != sink ? sink : fmaxf(lse_max, sink);   /* a NaN sink makes the row NaN */
+    lse_max = sink != sink || nan != 0.0f ? NAN : fmaxf(lse_max, sink);   /* a NaN sink or partial: the row is NaN */
     float sum = 0.0f;
     if (lse_max != -INFINITY)
         for (int s = lane; s < p.splits; s += 32)

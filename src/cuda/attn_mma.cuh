@@ -77,6 +77,7 @@ typedef struct {
     const int32_t *page_table;     /* NULL, or key j of batch b in page page_table[b·pt0 + j / page_size·pt1], row
                                       j % page_size: k_stride[0] / v_stride[0] then step pages */
     int64_t page_table_stride[2], page_size;
+    int64_t total_q, total_k, num_pages;   /* the bounds every index entry is checked against (af_sequence_checked) */
     int E, Ev;
     int out_pairs;                 /* out's last dim is contiguous and 4-byte aligned at even columns */
     int double_buffer;             /* 2 K/V buffers (else 1, when shared memory is short) */
@@ -121,6 +122,21 @@ AF_DEVICE int af_mma_copy_offset(int row, int chunk, int hd, int elem) {
 AF_DEVICE af_sequence af_mma_sequence(const af_mma_params *p, int64_t b) {
     return af_sequence_at(p->cu_seqlens_q, p->cu_seqlens_q_stride, p->cu_seqlens_k, p->cu_seqlens_k_stride,
                           p->seqused_k, p->seqused_stride, p->L, p->S, b);
+}
+
+/* af_mma_sequence with every index entry checked before use: AF_SEQ_OK, _POISON or _SKIP (problem.h). */
+AF_DEVICE int af_mma_sequence_checked(const af_mma_params *p, int64_t b, af_sequence *sq) {
+    return af_sequence_checked(p->cu_seqlens_q, p->cu_seqlens_q_stride, p->cu_seqlens_k, p->cu_seqlens_k_stride,
+                               p->seqused_k, p->seqused_stride, p->L, p->S, p->total_q, p->total_k, b, sq);
+}
+
+/* Whether every page entry of keys [lo, hi) of batch b is a page of the pool: each warp checks them all (its lanes
+ * share the entries), so every thread of the CTA gets the same answer without shared memory or a barrier. */
+AF_DEVICE int af_mma_pages_valid(const af_mma_params *p, int64_t b, int64_t lo, int64_t hi) {
+    float bad = af_pages_valid(p->page_table, p->page_table_stride, p->page_size, p->num_pages, b, lo, hi, af_lane(),
+                               32) ? 0.0f : 1.0f;
+    for (int x = 16; x > 0; x >>= 1) bad = fmaxf(bad, af_shfl_xor(bad, x));
+    return bad == 0.0f;
 }
 
 /* The keys [*lo, *hi) query row i of sequence `sq` may see (problem.h's af_key_range_of). */
@@ -395,7 +411,8 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16, 
     if (bhk >= p.heads) return;   /* the fold of B·Hkv into grid x has a ragged end */
     const int64_t b = bhk / p.Hkv, hk = bhk % p.Hkv;
     const int64_t r0 = (int64_t)(AF_BLOCK_IDX_X % p.row_blocks) * AF_MMA_BR;
-    const af_sequence sq = af_mma_sequence(&p, b);   /* varlen: the grid covers the longest sequence's rows */
+    af_sequence sq;   /* varlen: the grid covers the longest sequence's rows; a SKIP sequence has none */
+    int bad = af_mma_sequence_checked(&p, b, &sq) != AF_SEQ_OK;
     const int64_t rows = p.group * sq.L;
     if (r0 >= rows) return;   /* past this sequence's rows: nothing to compute or store (the combine skips them) */
     const int warp_live = r0 + 16 * warp < rows;
@@ -410,8 +427,11 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16, 
     af_mma_key_range(&p, &sq, wraps ? sq.L - 1 : (r_end - 1) % sq.L, &lo_max, &hi_max);
     const int64_t tiles = (hi_max + AF_MMA_BC - 1) / AF_MMA_BC, t_first = lo_min / AF_MMA_BC;
     int64_t t_begin = (int64_t)AF_BLOCK_IDX_Z * p.tiles_per_split;
-    const int64_t t_end = t_begin + p.tiles_per_split < tiles ? t_begin + p.tiles_per_split : tiles;
+    int64_t t_end = t_begin + p.tiles_per_split < tiles ? t_begin + p.tiles_per_split : tiles;
     if (t_begin < t_first) t_begin = t_first;   /* tiles before the window: never loaded (a split may be empty) */
+    if (!bad && p.page_table)   /* the pages this CTA reads, checked before any is */
+        bad = !af_mma_pages_valid(&p, b, t_begin * AF_MMA_BC, t_end * AF_MMA_BC < sq.S ? t_end * AF_MMA_BC : sq.S);
+    if (bad) t_end = t_begin;   /* no key read; l = NaN below makes its rows (or its partials) NaN */
 
     char *smem_q = af_shared_memory();
     const int tile_bytes = AF_MMA_BC * hd * 2;
@@ -433,7 +453,7 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16, 
     float o[AF_MMA_HD_MAX / 8][4];
     AF_MMA_UNROLL
     for (int d = 0; d < hd / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {bad ? NAN : 0.0f, bad ? NAN : 0.0f};
     uint32_t qf[AF_MMA_HD_MAX / 16][4];   /* used up to AF_MMA_Q_REGS_MAX_HD */
 
     const int q_f8 = f8 && p.q_float8;   /* Q staged in K's second stage, free until the loop's first copy */

@@ -183,6 +183,9 @@ cudaError_t af_cuda_mma_forward(const af_problem *p, const af_cuda_device *dev, 
     prm.cu_seqlens_k = p->cu_seqlens_k;
     prm.cu_seqlens_q_stride = p->cu_seqlens_q_stride;
     prm.cu_seqlens_k_stride = p->cu_seqlens_k_stride;
+    prm.total_q = p->total_q;
+    prm.total_k = p->total_k;
+    prm.num_pages = p->num_pages;
     prm.page_table = p->page_table;
     prm.page_table_stride[0] = p->page_table_stride[0];
     prm.page_table_stride[1] = p->page_table_stride[1];
@@ -229,6 +232,7 @@ cudaError_t af_cuda_mma_forward(const af_problem *p, const af_cuda_device *dev, 
     cp.group = p->group;
     cp.rows = p->group * p->L;
     cp.L = p->L;
+    cp.total_q = p->total_q;
     cp.cu_seqlens_q = p->cu_seqlens_q;
     cp.cu_seqlens_q_stride = p->cu_seqlens_q_stride;
     cp.out = p->out;

@@ -119,7 +119,10 @@ AF_DEVICE void af_simt_block(const af_simt_params prm, int64_t block, const int 
     const int lane = af_lane(), warp = af_warp();
     const int64_t first_row = block % prm.row_blocks * AF_SIMT_WARPS, bh = block / prm.row_blocks;
     const int64_t hk = bh % p->Hkv, b = bh / p->Hkv, row = first_row + warp;
-    const af_sequence seq = af_sequence_of(p, b);   /* varlen: blocks past its rows have nothing to do */
+    af_sequence seq;   /* varlen: blocks past its rows have nothing to do; entries checked before use */
+    int bad = af_sequence_checked(p->cu_seqlens_q, p->cu_seqlens_q_stride, p->cu_seqlens_k, p->cu_seqlens_k_stride,
+                                  p->seqused_k, p->seqused_k_stride, p->L, p->S, p->total_q, p->total_k, b,
+                                  &seq) != AF_SEQ_OK;
     const int64_t rows = p->group * seq.L;   /* per (batch, kv head): row r is head hk·group + r / L, query r % L */
     const int active = row < rows;
     const int64_t h = hk * p->group + (active ? row / seq.L : 0), i = active ? row % seq.L : 0;
@@ -133,6 +136,13 @@ AF_DEVICE void af_simt_block(const af_simt_params prm, int64_t block, const int 
         if (w_lo < first) first = w_lo;
         if (w_hi > keys) keys = w_hi;
     }
+    if (!bad && p->page_table) {   /* the pages of the block's keys, before any is read: every warp gets one answer */
+        float page_bad = af_pages_valid(p->page_table, p->page_table_stride, p->page_size, p->num_pages, b, first,
+                                        keys, lane, 32) ? 0.0f : 1.0f;
+        for (int o = 16; o > 0; o >>= 1) page_bad = fmaxf(page_bad, af_shfl_xor(page_bad, o));
+        bad = page_bad != 0.0f;
+    }
+    if (bad) keys = 0;   /* no key read; l = NaN below makes its rows NaN */
 
     /* No barrier before these stores: a warp's q row is read by that warp alone, whose lanes all passed the
      * previous block's shuffles after their last read (the scores depend on it); p_smem is next written after
@@ -149,7 +159,7 @@ AF_DEVICE void af_simt_block(const af_simt_params prm, int64_t block, const int 
     float acc[32];
     AF_SIMT_UNROLL
     for (int c = 0; c < slots; c++) acc[c] = 0.0f;
-    float m = -INFINITY, l = 0.0f;   /* running max (log2 units) and sum of weights; equal on every lane */
+    float m = -INFINITY, l = bad ? NAN : 0.0f;   /* running max (log2 units) and sum of weights; equal on every lane */
 
     for (int64_t key0 = first / AF_SIMT_KEYS * AF_SIMT_KEYS; key0 < keys; key0 += AF_SIMT_KEYS) {
         const int live = key0 < hi && key0 + AF_SIMT_KEYS > lo && hi > lo;   /* this row sees a key of the tile */

@@ -17,6 +17,7 @@
 #include "cuda/attn_mma_launch.cuh"
 #include "cuda/attn_simt.cuh"
 #include "cuda/copy_4d.cuh"
+#include "cuda/validate_indices.cuh"
 
 #ifdef __cplusplus
 #define AF_EXTERN_C extern "C"
@@ -425,6 +426,8 @@ static int forward_on_device(int device, void *context, char *err, size_t size) 
     if (dev.cc_major < 8)   /* the library holds code for sm_80 and newer only (mma.sync bf16, cp.async) */
         return fail(err, size, AF_ERR_UNSUPPORTED, "cuda:%d has compute capability %d.%d; attnforge's CUDA kernels "
                     "need 8.0 (Ampere) or newer", device, dev.cc_major, dev.cc_minor);
+    const cudaError_t checked = af_cuda_validate_indices(p, call->stream);   /* reports; the kernels stay safe alone */
+    if (checked != cudaSuccess) return cuda_fail(err, size, checked, "launching the index arrays' check");
     if (choose_path(p, &dev) == PATH_TENSOR_CORES_SM80) return mma_forward(p, &dev, call->stream, err, size);
     note_simt_once(p);
     const cudaError_t e = af_cuda_simt_forward(p, &dev, call->stream);
@@ -507,9 +510,27 @@ static int synchronize(int device, void *stream, char *err, size_t size) {
     return with_device(device, synchronize_on_device, &call, err, size);
 }
 
+/* The device's sticky index status (validate_indices.cuh): waits for the device's work, reads it and clears it. */
+static int index_errors_on_device(int device, void *context, char *err, size_t size) {
+    af_index_status status, clear;
+    memset(&clear, 0, sizeof clear);
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e == cudaSuccess) e = cudaMemcpyFromSymbol(&status, af_index_status_word, sizeof status);
+    if (e == cudaSuccess && status.rule != AF_INDEX_OK)
+        e = cudaMemcpyToSymbol(af_index_status_word, &clear, sizeof clear);
+    if (e != cudaSuccess) return cuda_fail(err, size, e, "reading the index arrays' device-side status");
+    if (status.rule == AF_INDEX_OK) return AF_OK;
+    af_index_status_message(&status, device, err, size);
+    return AF_ERR_INVALID_ARGUMENT;
+}
+
+static int index_errors(int device, char *err, size_t size) {
+    return with_device(device, index_errors_on_device, NULL, err, size);
+}
+
 /* ---------------------------------------------------------------- the entry libattnforge looks up */
 static const af_cuda_backend_ops backend_ops = {AF_CUDA_BACKEND_ABI_VERSION, "cuda", probe, forward, set_log,
-                                                device_alloc, device_free, copy, synchronize};
+                                                device_alloc, device_free, copy, synchronize, index_errors};
 
 AF_EXTERN_C __attribute__((visibility("default"))) const af_cuda_backend_ops *af_cuda_backend(void) {
     return &backend_ops;

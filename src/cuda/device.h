@@ -40,6 +40,10 @@
  *   void af_cp_async_commit(void)  cp.async.commit_group
  *   void af_cp_async_wait_0(void), af_cp_async_wait_1(void), af_cp_async_wait_2(void)
  *                                  cp.async.wait_group N
+ * Global memory
+ *   AF_DEVICE_GLOBAL               a variable in global memory, one per device (`__device__`); the host reads and
+ *                                  writes it with cudaMemcpyFromSymbol / cudaMemcpyToSymbol (synchronous)
+ *   unsigned af_atomic_cas(unsigned *address, unsigned compare, unsigned value)    atomicCAS: the old value
  * Numbers
  *   float af_ex2(float x)          ex2.approx.ftz.f32
  *   uint32_t af_pack_f16x2(float lo, float hi), af_pack_bf16x2(float lo, float hi)
@@ -51,7 +55,9 @@
  * cudaGetDeviceCount, cudaGetDevice, cudaSetDevice, cudaDeviceGetAttribute with cudaDevAttrMultiProcessorCount,
  * cudaDevAttrComputeCapabilityMajor/Minor, cudaDevAttrMaxSharedMemoryPerBlockOptin, cudaMallocAsync,
  * cudaFreeAsync, cudaMemsetAsync, cudaPointerGetAttributes (cudaPointerAttributes .type/.device,
- * cudaMemoryTypeDevice/Managed), cudaDriverGetVersion, cudaRuntimeGetVersion. */
+ * cudaMemoryTypeDevice/Managed), cudaDriverGetVersion, cudaRuntimeGetVersion, cudaDeviceSynchronize,
+ * cudaMemcpyFromSymbol, cudaMemcpyToSymbol. Nothing a call on CUDA tensors enqueues may synchronise or copy
+ * synchronously (it may run during stream capture): the emulation refuses those during a capture, as CUDA does. */
 #ifndef AF_CUDA_DEVICE_H
 #define AF_CUDA_DEVICE_H
 #include <stdint.h>

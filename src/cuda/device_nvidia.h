@@ -160,4 +160,11 @@ AF_DEVICE uint16_t af_float_to_bf16(float x)
     return h;
 }
 
+/* Device globals and atomics (validate_indices.cuh's status word) */
+#define AF_DEVICE_GLOBAL __device__
+AF_DEVICE unsigned int af_atomic_cas(unsigned int *address, unsigned int compare, unsigned int value)
+{
+    return atomicCAS(address, compare, value);
+}
+
 #endif

@@ -108,7 +108,7 @@ static af_status load_library(void) {
                        AF_VERSION_STRING, AF_CUDA_BACKEND_ABI_VERSION, AF_CUDA_LIBRARY);
     }
     if (!ops->probe || !ops->forward || !ops->set_log || !ops->device_alloc || !ops->device_free || !ops->copy ||
-        !ops->synchronize) {
+        !ops->synchronize || !ops->index_errors) {
         dlclose(handle);
         return af_fail(AF_ERR_RUNTIME_UNAVAILABLE,
                        "attnforge's CUDA backend is not available: %s leaves functions of its interface NULL; "
@@ -168,4 +168,18 @@ af_status af_load_cuda_backend(int *count, char *library, size_t library_size) {
         pthread_mutex_unlock(&load_lock);
     }
     return st;
+}
+
+af_status af_cuda_check_errors(int device) {
+    af_clear_error();
+    if (device < 0) return af_fail(AF_ERR_INVALID_ARGUMENT, "device: must be >= 0, got %d", device);
+    const af_cuda_backend_ops *ops;
+    af_status st = af_cuda_backend_load(&ops);
+    if (st != AF_OK) return st;
+    if (device >= af_cuda_backend_device_count())
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "device: cuda:%d, but this machine has %d CUDA device(s)", device,
+                       af_cuda_backend_device_count());
+    char err[1024] = "";
+    const int status = ops->index_errors(device, err, sizeof err);
+    return status == AF_OK ? AF_OK : af_fail((af_status)status, "%s", err);
 }

@@ -12,7 +12,7 @@
 extern "C" {
 #endif
 
-#define AF_CUDA_BACKEND_ABI_VERSION 3   /* 3: af_problem gained the FlashAttention features */
+#define AF_CUDA_BACKEND_ABI_VERSION 4   /* 4: index arrays checked on the device (af_problem's bounds, index_errors) */
 #define AF_CUDA_LIBRARY "libattnforge_cuda.so"        /* ATTNFORGE_CUDA_LIBRARY overrides the path */
 #define AF_CUDA_ENTRY "af_cuda_backend"               /* const af_cuda_backend_ops *af_cuda_backend(void) */
 
@@ -37,6 +37,9 @@ typedef struct {
     int (*device_free)(int device, void *ptr, char *err, size_t err_size);
     int (*copy)(int device, void *dst, const void *src, size_t bytes, bool to_device, char *err, size_t err_size);
     int (*synchronize)(int device, void *stream, char *err, size_t err_size);
+    /* The first index-array violation the device-side check found on `device` since the last call (AF_OK: none;
+     * else AF_ERR_INVALID_ARGUMENT and the rule in err), then cleared. Synchronises the device: not during capture. */
+    int (*index_errors)(int device, char *err, size_t err_size);
 } af_cuda_backend_ops;
 
 /* libattnforge side: open the backend on first need and keep it for the process; a failure is not cached.

@@ -1,7 +1,8 @@
 /* af_flash_attn's boundary: every rule of an af_flash_args call, checked once (FlashAttention-4's wording where it
  * has one), and the checked af_problem the driver and the reference share. NHD tensors become the problem's
  * (B, H, seq, dim) strides by permutation; varlen and paged K/V keep their int32 arrays, which are read here to
- * check them, and later by the kernels per sequence. */
+ * check them on the CPU (on CUDA only their shapes: the kernels check the values), and later by the kernels per
+ * sequence. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -9,7 +10,6 @@
 #include "core/alloc.h"
 #include "core/status.h"
 #include "sdpa/check.h"
-#include "sdpa/cuda_backend.h"
 #include "sdpa/problem.h"
 
 #define AF_MAX_HEAD_DIM 1024   /* as af_sdpa (check.c) */
@@ -77,13 +77,20 @@ static af_status check_int32(const af_tensor *t, const char *name, int ndim) {
     return AF_OK;
 }
 
-/* cu_seqlens: shape (B + 1,), first 0, non-decreasing, last == the packed tensor's rows. */
-static af_status check_cu_seqlens(const af_tensor *cu, const char *name, int64_t B, int64_t total, const char *of) {
+/* cu_seqlens' dtype and shape (B + 1,): what a host can check without reading device memory. */
+static af_status check_cu_seqlens_shape(const af_tensor *cu, const char *name, int64_t B) {
     af_status st = check_int32(cu, name, 1);
     if (st != AF_OK) return st;
     if (cu->shape[0] != B + 1)
         return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: must have shape (batch_size + 1,) = (%lld,), got (%lld,)", name,
                        (long long)(B + 1), (long long)cu->shape[0]);
+    return AF_OK;
+}
+
+/* cu_seqlens: shape (B + 1,), first 0, non-decreasing, last == the packed tensor's rows. */
+static af_status check_cu_seqlens(const af_tensor *cu, const char *name, int64_t B, int64_t total, const char *of) {
+    af_status st = check_cu_seqlens_shape(cu, name, B);
+    if (st != AF_OK) return st;
     if (at32(cu, 0) != 0) return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: must start at 0, got %d", name, at32(cu, 0));
     for (int64_t b = 0; b < B; b++)
         if (at32(cu, b + 1) < at32(cu, b))
@@ -95,8 +102,18 @@ static af_status check_cu_seqlens(const af_tensor *cu, const char *name, int64_t
     return AF_OK;
 }
 
-/* Devices first: every tensor on the query's device (on CUDA the int32 arrays are device memory: their checks read
- * host copies, copy_index_arrays). */
+/* seqused_k's dtype and shape (B,). */
+static af_status check_seqused_shape(const af_tensor *used, int64_t B) {
+    af_status st = check_int32(used, "seqused_k", 1);
+    if (st != AF_OK) return st;
+    if (used->shape[0] != B)
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "seqused_k: must have shape (batch_size,) = (%lld,), got (%lld,)",
+                       (long long)B, (long long)used->shape[0]);
+    return AF_OK;
+}
+
+/* Devices first: every tensor on the query's device (on CUDA the int32 arrays are device memory, whose values the
+ * kernels check: cuda_sequence_bounds). */
 static af_status check_devices(const flash_view *views) {
     const af_device d = views[V_Q].t->device;
     for (int i = 0; i < V_COUNT; i++) {
@@ -108,55 +125,6 @@ static af_status check_devices(const flash_view *views) {
             return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: on %s:%d, but query is on %s:%d; every tensor of a call "
                            "must be on one device", views[i].name, t->device.type == AF_DEVICE_CUDA ? "cuda" : "cpu",
                            t->device.index, d.type == AF_DEVICE_CUDA ? "cuda" : "cpu", d.index);
-    }
-    return AF_OK;
-}
-
-/* The index arrays of a call on CUDA, copied to host memory so that check_sequences reads them: the call's stream is
- * synchronised first (they may have been written on it), then each array's bytes are copied. h->args is `a` with
- * those views moved onto the copies (freed by free_index_copies); the problem keeps the device pointers. */
-enum { INDEX_ARRAYS = 4 };
-typedef struct {
-    af_flash_args args;
-    af_tensor views[INDEX_ARRAYS];
-    void *copies[INDEX_ARRAYS];
-} index_copies;
-
-static void free_index_copies(index_copies *h) {
-    for (int i = 0; i < INDEX_ARRAYS; i++) af_free(h->copies[i]);
-}
-
-static af_status copy_index_arrays(const af_flash_args *a, const flash_view *views, index_copies *h) {
-    memset(h, 0, sizeof *h);
-    h->args = *a;
-    const af_tensor **slots[INDEX_ARRAYS] = {&h->args.cu_seqlens_q, &h->args.cu_seqlens_k, &h->args.seqused_k,
-                                             &h->args.page_table};
-    const af_cuda_backend_ops *ops = NULL;
-    const int device = a->query->device.index;
-    char err[1024] = "";
-    for (int i = 0; i < INDEX_ARRAYS; i++) {
-        const flash_view *v = &views[V_CU_Q + i];
-        if (!v->t || v->bytes == 0) continue;
-        if ((uintptr_t)v->t->data % 4 != 0)   /* check_int32's rule, on the device pointer */
-            return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: data at %p is not 4-byte aligned", v->name, v->t->data);
-        if (!ops) {
-            af_status st = af_cuda_backend_load(&ops);
-            if (st != AF_OK) return st;
-            if (device >= af_cuda_backend_device_count())
-                return af_fail(AF_ERR_INVALID_ARGUMENT, "query: on cuda:%d but this machine has %d CUDA device(s)",
-                               device, af_cuda_backend_device_count());
-            const int status = ops->synchronize(device, a->stream, err, sizeof err);
-            if (status != AF_OK) return af_fail((af_status)status, "%s: reading it to check it: %s", v->name, err);
-        }
-        if (!(h->copies[i] = af_alloc((size_t)v->bytes)))
-            return af_fail(AF_ERR_NO_MEMORY, "out of memory: a host copy of %s (%lld bytes)", v->name,
-                           (long long)v->bytes);
-        const int status = ops->copy(device, h->copies[i], v->t->data, (size_t)v->bytes, false, err, sizeof err);
-        if (status != AF_OK) return af_fail((af_status)status, "%s: reading it to check it: %s", v->name, err);
-        h->views[i] = *v->t;
-        h->views[i].data = h->copies[i];
-        h->views[i].device = (af_device){AF_DEVICE_CPU, 0};
-        *slots[i] = &h->views[i];
     }
     return AF_OK;
 }
@@ -302,12 +270,7 @@ static af_status check_sequences(const af_flash_args *a, const flash_shape *s, a
     }
     if (s->varlen_k && (st = check_cu_seqlens(a->cu_seqlens_k, "cu_seqlens_k", s->B, k->shape[0], "key")) != AF_OK)
         return st;
-    if (a->seqused_k) {
-        if ((st = check_int32(a->seqused_k, "seqused_k", 1)) != AF_OK) return st;
-        if (a->seqused_k->shape[0] != s->B)
-            return af_fail(AF_ERR_INVALID_ARGUMENT, "seqused_k: must have shape (batch_size,) = (%lld,), got (%lld,)",
-                           (long long)s->B, (long long)a->seqused_k->shape[0]);
-    }
+    if (a->seqused_k && (st = check_seqused_shape(a->seqused_k, s->B)) != AF_OK) return st;
     int64_t capacity = 0;
     if (s->paged && __builtin_mul_overflow(s->max_pages, s->page_size, &capacity))
         return af_fail(AF_ERR_INVALID_ARGUMENT, "page_table: %lld pages of %lld keys pass 2^63 keys",
@@ -335,6 +298,31 @@ static af_status check_sequences(const af_flash_args *a, const flash_shape *s, a
             }
         if ((a->seqused_k || s->varlen_k || s->paged) && keys > p->S) p->S = keys;
     }
+    return AF_OK;
+}
+
+/* On CUDA the index arrays are device memory that the call must not wait for (it may be enqueued during stream
+ * capture): only their dtypes and shapes are checked here, and L and S become bounds every sequence must respect,
+ * which the kernels check entry by entry (problem.h's af_sequence_checked; docs/CUDA.md). */
+static af_status cuda_sequence_bounds(const af_flash_args *a, const flash_shape *s, af_problem *p) {
+    const af_tensor *k = a->key;
+    af_status st;
+    p->L = s->Lq;
+    p->S = s->varlen_k || s->paged ? 0 : k->shape[1];
+    if (s->varlen_q) {   /* shape checked by check_layout */
+        if (a->max_seqlen_q == 0 && s->total_q > 0)
+            return af_fail(AF_ERR_INVALID_ARGUMENT, "max_seqlen_q: 0, but query has %lld rows (some sequence has "
+                           "rows)", (long long)s->total_q);
+        p->L = a->max_seqlen_q < s->total_q ? a->max_seqlen_q : s->total_q;
+    }
+    if (s->varlen_k) {
+        if ((st = check_cu_seqlens_shape(a->cu_seqlens_k, "cu_seqlens_k", s->B)) != AF_OK) return st;
+        p->S = a->max_seqlen_k < k->shape[0] ? a->max_seqlen_k : k->shape[0];
+    }
+    if (a->seqused_k && (st = check_seqused_shape(a->seqused_k, s->B)) != AF_OK) return st;
+    if (s->paged && __builtin_mul_overflow(s->max_pages, s->page_size, &p->S))
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "page_table: %lld pages of %lld keys pass 2^63 keys",
+                       (long long)s->max_pages, (long long)s->page_size);
     return AF_OK;
 }
 
@@ -407,15 +395,12 @@ af_status af_flash_check(const af_flash_args *a, const af_tensor *out, const af_
     if ((st = check_scalars(a)) != AF_OK || (st = check_layout(a, &s)) != AF_OK ||
         (st = check_descales(a, s.B, s.Hkv)) != AF_OK)
         return st;
-    if (a->query->device.type == AF_DEVICE_CUDA) {   /* the index arrays' contents, from host copies */
-        index_copies h;
-        st = copy_index_arrays(a, views, &h);
-        if (st == AF_OK) st = check_sequences(&h.args, &s, p);
-        free_index_copies(&h);
-        if (st != AF_OK) return st;
-    } else if ((st = check_sequences(a, &s, p)) != AF_OK) {
-        return st;
-    }
+    for (int i = V_CU_Q; i <= V_PAGES; i++)   /* check_int32's rule, before a CUDA call leaves the values unread */
+        if (views[i].t && views[i].bytes > 0 && (uintptr_t)views[i].t->data % 4 != 0)
+            return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: data at %p is not 4-byte aligned", views[i].name,
+                           views[i].t->data);
+    st = a->query->device.type == AF_DEVICE_CUDA ? cuda_sequence_bounds(a, &s, p) : check_sequences(a, &s, p);
+    if (st != AF_OK) return st;
     if ((st = check_outputs(a, &s, views)) != AF_OK || (st = set_window(a, p)) != AF_OK) return st;
 
     p->dtype = a->query->dtype;
@@ -469,5 +454,8 @@ af_status af_flash_check(const af_flash_args *a, const af_tensor *out, const af_
         p->page_table_stride[1] = a->page_table->strides[1];
         p->page_size = s.page_size;
     }
+    p->total_q = s.total_q;
+    p->total_k = s.varlen_k ? a->key->shape[0] : 0;
+    p->num_pages = s.num_pages;
     return AF_OK;
 }

@@ -52,6 +52,11 @@ typedef struct {
     const int32_t *page_table;
     int64_t page_table_stride[2];
     int64_t page_size;
+    /* The bounds an untrusted index entry is checked against before use (on CUDA the arrays live in device memory and
+     * no host reads them; the kernels check every entry, af_sequence_checked): the packed tensors' rows (total_q,
+     * total_k) and the paged pool's pages. With varlen / paged K/V on CUDA, L and S are then bounds too
+     * (min(max_seqlen_q, total_q); min(max_seqlen_k, total_k), pages · page_size, or the key tensor's S). */
+    int64_t total_q, total_k, num_pages;
     /* float8 descales: NULL (= 1) or f32 (B, Hkv), elements `*_stride` apart. Scores of (batch b, kv head hk) are
      * scale·q_descale·k_descale·(q·k); its output rows are multiplied by v_descale (before the sink joins). */
     const float *q_descale, *k_descale, *v_descale;
@@ -82,6 +87,47 @@ AF_HOST_DEVICE static inline af_sequence af_sequence_at(const int32_t *cu_q, int
     }
     if (used) s.S = used[b * used_stride];
     return s;
+}
+
+/* What a kernel may do with sequence b whose index entries no host has read (CUDA): AF_SEQ_OK; AF_SEQ_POISON: its
+ * query rows are known but its keys are not (cu_seqlens_k outside [0, total_k] or decreasing, seqused_k outside
+ * [0, its keys], more keys than S): no key is read, its rows get out = NaN and lse = NaN; AF_SEQ_SKIP: its rows are
+ * unknown (cu_seqlens_q outside [0, total_q] or decreasing, more rows than L): nothing of it is read or written. */
+enum { AF_SEQ_OK = 0, AF_SEQ_POISON = 1, AF_SEQ_SKIP = 2 };
+
+/* af_sequence_at with every entry checked before use; a POISON sequence has no keys, a SKIP one no rows either. L and
+ * S bound the lengths (the launch covers them), total_q / total_k the packed tensors' rows. */
+AF_HOST_DEVICE static inline int af_sequence_checked(const int32_t *cu_q, int64_t cu_q_stride, const int32_t *cu_k,
+                                                     int64_t cu_k_stride, const int32_t *used, int64_t used_stride,
+                                                     int64_t L, int64_t S, int64_t total_q, int64_t total_k, int64_t b,
+                                                     af_sequence *s) {
+    *s = af_sequence_at(cu_q, cu_q_stride, cu_k, cu_k_stride, used, used_stride, L, S, b);
+    if (cu_q && (s->q0 < 0 || s->L < 0 || s->L > L || s->q0 > total_q - s->L)) {
+        s->q0 = s->L = s->k0 = s->S = 0;
+        return AF_SEQ_SKIP;
+    }
+    int64_t keys = S;   /* fixed or paged K/V: S is the key tensor's length or the table's capacity */
+    if (cu_k) keys = cu_k[(b + 1) * cu_k_stride] - (int64_t)s->k0;
+    const int bad_k = cu_k && (s->k0 < 0 || keys < 0 || s->k0 > total_k - keys);
+    if (bad_k || (used && (s->S < 0 || s->S > keys)) || s->S > S) {
+        s->k0 = s->S = 0;
+        return AF_SEQ_POISON;
+    }
+    return AF_SEQ_OK;
+}
+
+/* Whether the page entries of sequence b's keys [lo, hi) all lie in [0, num_pages): `lanes` readers, this one
+ * `lane`, each checks every lanes-th entry (the caller combines their answers). */
+AF_HOST_DEVICE static inline int af_pages_valid(const int32_t *page_table, const int64_t *page_table_stride,
+                                                int64_t page_size, int64_t num_pages, int64_t b, int64_t lo,
+                                                int64_t hi, int lane, int lanes) {
+    if (!page_table || hi <= lo) return 1;
+    const int64_t first = lo / page_size, end = (hi + page_size - 1) / page_size;
+    for (int64_t page = first + lane; page < end; page += lanes) {
+        const int32_t index = page_table[b * page_table_stride[0] + page * page_table_stride[1]];
+        if (index < 0 || index >= num_pages) return 0;
+    }
+    return 1;
 }
 
 AF_HOST_DEVICE static inline af_sequence af_sequence_of(const af_problem *p, int64_t b) {

@@ -708,11 +708,13 @@ static cudaError_t check_launch(const af_emu_kernel *k, long long gx, long long 
 cudaError_t af_emu_launch(af_emu_kernel *kernel, long long gx, long long gy, long long gz, long long threads,
                           long long smem_bytes, cudaStream_t stream, const void *params)
 {
-    (void)stream;
     if (current_block)
         report("kernel %s launched from inside kernel %s (not supported)", kernel->name,
                current_block->kernel->name);
-    cudaError_t err = check_launch(kernel, gx, gy, gz, threads, smem_bytes);
+    cudaError_t err = af_emu_capture_enqueue(stream);   /* the legacy stream during a capture */
+    if (err != cudaSuccess)
+        return err;
+    err = check_launch(kernel, gx, gy, gz, threads, smem_bytes);
     if (err != cudaSuccess)
         return af_emu_fail(err);
 

@@ -37,6 +37,10 @@ typedef enum cudaError {
     cudaErrorLaunchOutOfResources = 701,
     cudaErrorLaunchFailure = 719,
     cudaErrorNotSupported = 801,
+    cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
+    cudaErrorStreamCaptureImplicit = 906,
+    cudaErrorIllegalState = 401,
     cudaErrorUnknown = 999
 } cudaError_t;
 
@@ -137,6 +141,33 @@ void af_emu_pool_stats(long *pools, long *pooled_allocations, unsigned long long
 cudaError_t cudaDriverGetVersion(int *version);
 cudaError_t cudaRuntimeGetVersion(int *version);
 
+/* ---- Streams and stream capture (cuda_emulated_capture.c: the global mode's rules) ---- */
+typedef struct CUgraph_st *cudaGraph_t;
+enum cudaStreamCaptureMode {
+    cudaStreamCaptureModeGlobal = 0,
+    cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed = 2
+};
+enum cudaStreamCaptureStatus {
+    cudaStreamCaptureStatusNone = 0,
+    cudaStreamCaptureStatusActive = 1,
+    cudaStreamCaptureStatusInvalidated = 2
+};
+cudaError_t cudaStreamCreate(cudaStream_t *stream);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus *status);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
+
+/* ---- Device globals: a `static` variable of the backend (one emulated device); the symbol copies are synchronous,
+ * as CUDA's (refused during a capture) ---- */
+#define AF_DEVICE_GLOBAL static
+cudaError_t af_emu_copy_symbol(void *dst, const void *src, size_t count);
+#define cudaMemcpyFromSymbol(dst, symbol, count) af_emu_copy_symbol((dst), &(symbol), (count))
+#define cudaMemcpyToSymbol(symbol, src, count) af_emu_copy_symbol(&(symbol), (src), (count))
+
 /* ---- Kernels and launches ---- */
 typedef struct af_emu_kernel {
     const char *name;
@@ -223,6 +254,13 @@ float af_f16_to_float(uint16_t h);
 float af_bf16_to_float(uint16_t h);
 uint16_t af_float_to_f16(float x);
 uint16_t af_float_to_bf16(float x);
+
+/* ---- Atomics (global memory) ---- */
+static inline unsigned int af_atomic_cas(unsigned int *address, unsigned int compare, unsigned int value)
+{
+    __atomic_compare_exchange_n(address, &compare, value, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    return compare;   /* the old value, as atomicCAS returns */
+}
 
 #ifdef __cplusplus
 }

@@ -12,6 +12,10 @@
 cudaError_t af_emu_availability(void);
 /* Records `err` as the calling thread's last error unless it is cudaSuccess; returns it. */
 cudaError_t af_emu_fail(cudaError_t err);
+/* During a stream capture: a call that waits for the device fails (cudaErrorStreamCaptureUnsupported) and invalidates
+ * the capture; work enqueued on the legacy stream fails (cudaErrorStreamCaptureImplicit). cudaSuccess otherwise. */
+cudaError_t af_emu_capture_blocking(void);
+cudaError_t af_emu_capture_enqueue(cudaStream_t stream);
 /* cudaDevAttrMemoryPoolsSupported: 1, or 0 under ATTNFORGE_EMU_CUDA=nopools (cuda_emulated_pool.c) */
 int af_emu_pools_supported(void);
 

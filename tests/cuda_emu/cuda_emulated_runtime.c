@@ -1,5 +1,6 @@
 /* The host runtime subset of src/cuda/device.h on host memory: allocations live in a registry so that pointer
- * queries and copies can tell emulated device memory from other memory; streams run synchronously. */
+ * queries and copies can tell emulated device memory from other memory; streams run synchronously (and obey the
+ * capture rules of cuda_emulated_capture.c). */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +62,13 @@ static const error_entry error_table[] = {
     {cudaErrorLaunchOutOfResources, "cudaErrorLaunchOutOfResources", "too many resources requested for launch"},
     {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
     {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
+    {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported",
+     "operation not permitted when stream is capturing"},
+    {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated",
+     "operation failed due to a previous error during capture"},
+    {cudaErrorStreamCaptureImplicit, "cudaErrorStreamCaptureImplicit",
+     "operation would make the legacy stream depend on a capturing blocking stream"},
+    {cudaErrorIllegalState, "cudaErrorIllegalState", "the operation is not permitted in the current state"},
     {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
 };
 
@@ -150,14 +158,14 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
 cudaError_t cudaDeviceSynchronize(void)
 {
     AF_EMU_REQUIRE_RUNTIME();
-    return cudaSuccess;
+    return af_emu_capture_blocking();
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 {
     (void)stream;
     AF_EMU_REQUIRE_RUNTIME();
-    return cudaSuccess;
+    return af_emu_capture_blocking();
 }
 
 cudaError_t cudaDriverGetVersion(int *version)
@@ -237,7 +245,7 @@ static int registry_contains(const void *p, size_t bytes)
     return found;
 }
 
-cudaError_t cudaMalloc(void **dev_ptr, size_t size)
+static cudaError_t alloc_now(void **dev_ptr, size_t size)
 {
     if (!dev_ptr)
         return af_emu_fail(cudaErrorInvalidValue);
@@ -256,7 +264,7 @@ cudaError_t cudaMalloc(void **dev_ptr, size_t size)
     return cudaSuccess;
 }
 
-cudaError_t cudaFree(void *dev_ptr)
+static cudaError_t free_now(void *dev_ptr)
 {
     AF_EMU_REQUIRE_RUNTIME();
     if (!dev_ptr)
@@ -267,19 +275,32 @@ cudaError_t cudaFree(void *dev_ptr)
     return cudaSuccess;
 }
 
+/* cudaMalloc and cudaFree may synchronise: refused during a capture (global mode). */
+cudaError_t cudaMalloc(void **dev_ptr, size_t size)
+{
+    const cudaError_t capture = af_emu_capture_blocking();
+    return capture != cudaSuccess ? capture : alloc_now(dev_ptr, size);
+}
+
+cudaError_t cudaFree(void *dev_ptr)
+{
+    const cudaError_t capture = af_emu_capture_blocking();
+    return capture != cudaSuccess ? capture : free_now(dev_ptr);
+}
+
 cudaError_t cudaMallocAsync(void **dev_ptr, size_t size, cudaStream_t stream)
 {
-    (void)stream;
-    return cudaMalloc(dev_ptr, size);
+    const cudaError_t capture = af_emu_capture_enqueue(stream);
+    return capture != cudaSuccess ? capture : alloc_now(dev_ptr, size);
 }
 
 cudaError_t cudaFreeAsync(void *dev_ptr, cudaStream_t stream)
 {
-    (void)stream;
-    return cudaFree(dev_ptr);
+    const cudaError_t capture = af_emu_capture_enqueue(stream);
+    return capture != cudaSuccess ? capture : free_now(dev_ptr);
 }
 
-cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
+static cudaError_t copy_now(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
 {
     AF_EMU_REQUIRE_RUNTIME();
     if ((unsigned)kind > (unsigned)cudaMemcpyDefault)
@@ -297,13 +318,19 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpy
     return cudaSuccess;
 }
 
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind, cudaStream_t stream)
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
 {
-    (void)stream;
-    return cudaMemcpy(dst, src, count, kind);
+    const cudaError_t capture = af_emu_capture_blocking();
+    return capture != cudaSuccess ? capture : copy_now(dst, src, count, kind);
 }
 
-cudaError_t cudaMemset(void *dev_ptr, int value, size_t count)
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind, cudaStream_t stream)
+{
+    const cudaError_t capture = af_emu_capture_enqueue(stream);
+    return capture != cudaSuccess ? capture : copy_now(dst, src, count, kind);
+}
+
+static cudaError_t memset_now(void *dev_ptr, int value, size_t count)
 {
     AF_EMU_REQUIRE_RUNTIME();
     if (count == 0)
@@ -314,10 +341,16 @@ cudaError_t cudaMemset(void *dev_ptr, int value, size_t count)
     return cudaSuccess;
 }
 
+cudaError_t cudaMemset(void *dev_ptr, int value, size_t count)
+{
+    const cudaError_t capture = af_emu_capture_blocking();
+    return capture != cudaSuccess ? capture : memset_now(dev_ptr, value, count);
+}
+
 cudaError_t cudaMemsetAsync(void *dev_ptr, int value, size_t count, cudaStream_t stream)
 {
-    (void)stream;
-    return cudaMemset(dev_ptr, value, count);
+    const cudaError_t capture = af_emu_capture_enqueue(stream);
+    return capture != cudaSuccess ? capture : memset_now(dev_ptr, value, count);
 }
 
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, const void *ptr)

@@ -549,47 +549,6 @@ static void flash_chosen_cases_match_the_reference(void **state) {
     expect_flash_case(&steps);
 }
 
-/* A CUDA call's int32 arrays are device memory: af_flash_attn reads copies of them to check them (after a
- * synchronize), so a bad page index or cu_seqlens is refused with the CPU's message and nothing is written. */
-static void flash_index_arrays_on_cuda_are_checked(void **state) {
-    for (int broken = 0; broken < 3; broken++) {
-        flash_case c = flash_case_default(3, 4, 2, 5, 40, 16, 16);
-        c.kv = broken == 2 ? KV_VARLEN : KV_PAGED;
-        c.varlen_q = broken == 2;
-        c.seqused = broken != 2;
-        c.page_size = 7;
-        flash_tensors t;
-        assert_true(flash_case_build(&c, &t));
-        const int64_t at[2] = {1, 0};
-        const char *want = "page_table: [1, 0] =";
-        if (broken == 0) tt_set(&t.page_table, at, (double)t.k.view.shape[0]);   /* one past the last page */
-        if (broken == 1) {   /* more keys used than the table's pages hold */
-            const int64_t b = 2;
-            tt_set(&t.seqused_k, &b, 1000.0);
-            want = "seqused_k: [2] = 1000 is outside";
-        }
-        if (broken == 2) {   /* a decreasing cu_seqlens_k */
-            const int64_t i = 1;
-            tt_set(&t.cu_k, &i, tt_get(&t.cu_k, &(int64_t){2}) + 1);
-            want = "cu_seqlens_k: must be non-decreasing";
-        }
-        tt_fill_bytes(&t.out, TT_SENTINEL_BYTE);
-        unsigned char *before = tt_snapshot(&t.out);
-        af_flash_args args = t.args;
-        device_tensor in[FLASH_INPUTS], out;
-        flash_inputs_to_device(&t, &args, in);
-        to_device(&out, &t.out);
-        assert_int_equal(af_flash_attn(&args, &out.view, NULL), AF_ERR_INVALID_ARGUMENT);
-        if (!strstr(af_last_error(), want)) fail_msg("expected \"%s\" in: %s", want, af_last_error());
-        to_host(&t.out, &out);
-        assert_true(tt_same_as(&t.out, before));   /* nothing written */
-        free(before);
-        flash_inputs_free(in);
-        device_free(&out);
-        flash_case_free(&t);
-    }
-}
-
 static void strided_inputs_are_copied_with_a_warning(void **state) {
     sdpa_case c = case_default(1, 2, 2, 24, 40, 64, 64);
     c.dtype = AF_F16;
@@ -782,7 +741,6 @@ int main(void) {
         cmocka_unit_test(float8_under_a_half_query_runs_on_the_tensor_cores),
         cmocka_unit_test(flash_float8_on_the_tensor_cores),
         cmocka_unit_test(flash_float8_suite_matches_the_reference),
-        cmocka_unit_test(flash_index_arrays_on_cuda_are_checked),
         cmocka_unit_test(tensors_on_another_device_are_named),
         cmocka_unit_test(host_memory_passed_as_cuda_is_named),
         cmocka_unit_test(reference_is_refused_on_cuda),
