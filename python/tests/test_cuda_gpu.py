@@ -142,6 +142,30 @@ def test_flash_attn_float8_kv_matches_the_cpu(kv_dtype):
     torch.testing.assert_close(got.cpu(), want, atol=3e-3, rtol=3e-3)
 
 
+def test_paged_decode_captured_in_a_cuda_graph_and_replayed():
+    """A paged decode reads its page table and seqused_k on the device only (docs/CUDA.md): torch.cuda.graph captures
+    it, and a replay after the table, the lengths and the query changed in place matches the CPU."""
+    torch.manual_seed(4)
+    pages = torch.randn(8, 16, 2, 64, dtype=torch.float16, device="cuda")
+    table = torch.tensor([[5, 0, 7], [3, 1, 2]], dtype=torch.int32, device="cuda")
+    used = torch.tensor([40, 9], dtype=torch.int32, device="cuda")
+    q = torch.randn(2, 1, 4, 64, dtype=torch.float16, device="cuda")
+    with torch.no_grad():
+        af.flash_attn_varlen_func(q, pages, pages, page_table=table, seqused_k=used)   # warm-up outside capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = af.flash_attn_varlen_func(q, pages, pages, page_table=table, seqused_k=used)[0]
+        table.copy_(torch.tensor([[1, 2, 3], [6, 4, 0]], dtype=torch.int32))   # the next step's cache, in place
+        used.copy_(torch.tensor([17, 48], dtype=torch.int32))
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        torch.cuda.synchronize()
+    want = af.flash_attn_varlen_func(q.cpu(), pages.cpu(), pages.cpu(), page_table=table.cpu(),
+                                     seqused_k=used.cpu())[0]
+    torch.testing.assert_close(out.cpu(), want, atol=3e-3, rtol=3e-3)
+
+
 class CausalBlock(nn.Module):
     def forward(self, q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
