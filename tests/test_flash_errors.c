@@ -45,6 +45,8 @@ static void cuda_value_misaligned(call *c) {   /* refused at the boundary, befor
 }
 static void kv_on_cuda_1(call *c) { all_on_cuda(c); c->t.k.view.device.index = c->t.v.view.device.index = 1; }
 static void cu_q_float(call *c) { c->t.cu_q.view.dtype = AF_F32; }
+static void cu_q_broadcast(call *c) { c->t.cu_q.view.strides[0] = 0; }   /* every entry the first */
+static void page_table_broadcast(call *c) { c->t.page_table.view.strides[1] = 0; }
 static void cu_q_shape(call *c) { c->t.cu_q.view.shape[0] -= 1; }
 static void cu_q_first(call *c) { set_i32(&c->t.cu_q, 0, 1); }
 static void cu_q_decreasing(call *c) { set_i32(&c->t.cu_q, 1, 10); }   /* [0, 10, 9] */
@@ -152,6 +154,8 @@ static const rule rules[] = {
      "key: on cpu:0, but query is on cuda:0; every tensor of a call must be on one device"},
     {"kv_on_another_cuda", false, kv_on_cuda_1, INVALID, "key: on cuda:1, but query is on cuda:0"},
     {"cu_q_float", true, cu_q_float, INVALID, "cu_seqlens_q: must be int32, got float32"},
+    {"cu_q_broadcast", true, cu_q_broadcast, INVALID, "cu_seqlens_q: stride[0] is 0 over"},
+    {"page_table_broadcast", true, page_table_broadcast, INVALID, "page_table: stride[1] is 0 over"},
     {"cu_q_shape", true, cu_q_shape, INVALID, "page_table: expected shape (batch_size, max_pages) with batch_size 1"},
     {"cu_q_first", true, cu_q_first, INVALID, "cu_seqlens_q: must start at 0, got 1"},
     {"cu_q_decreasing", true, cu_q_decreasing, INVALID, "cu_seqlens_q: must be non-decreasing"},

@@ -65,13 +65,20 @@ static af_status check_descales(const af_flash_args *a, int64_t B, int64_t Hkv) 
 
 static int32_t at32(const af_tensor *t, int64_t i) { return ((const int32_t *)t->data)[i * t->strides[0]]; }
 
-/* An int32 index array: dtype, ndim and 4-byte alignment (the kernels read it as int32_t). */
+/* An int32 index array: dtype, ndim, entries of its own and 4-byte alignment (the kernels read it as int32_t). A
+ * broadcast (stride 0) dim is refused: every entry is read once, so a stride-0 view of 2^48 entries in 4 bytes
+ * would keep the checks busy for days (found by fuzz_flash_args). */
 static af_status check_int32(const af_tensor *t, const char *name, int ndim) {
     if (t->dtype != AF_I32)
         return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: must be int32, got %s", name, af_dtype_name(t->dtype));
     if (t->ndim != ndim)
         return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: expected %d dimension%s, got %d", name, ndim, ndim == 1 ? "" : "s",
                        t->ndim);
+    for (int d = 0; d < ndim; d++)
+        if (t->shape[d] > 1 && t->strides[d] == 0)
+            return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: stride[%d] is 0 over %lld entries; an index array holds each "
+                           "of its entries (pass a contiguous copy, not a broadcast view)", name, d,
+                           (long long)t->shape[d]);
     if ((uintptr_t)t->data % 4 != 0)
         return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: data at %p is not 4-byte aligned", name, t->data);
     return AF_OK;

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every fuzz_* binary in $1 from its seed corpus; exits non-zero on any finding.
+# Runs every fuzz_* binary in $1 from its seed corpus; exits non-zero on any finding (an input that runs over 30 s,
+# a hang, is one).
 #   run_fuzzers.sh BIN_DIR [SECONDS]       each harness for SECONDS (default 60), FUZZ_JOBS (default: the cores)
 #                                          harnesses at a time: `make fuzz`, CI
 #   FUZZ_RUNS=N [FUZZ_WORKERS=W] [FUZZ_ONLY=REGEX] run_fuzzers.sh BIN_DIR
@@ -28,14 +29,14 @@ fuzz_one() {   # one harness, its report on stdout; non-zero on a finding
   failed=0
   if [ -z "$runs" ]; then
     echo "fuzz: $name for ${seconds}s (seeds: $seeds)"
-    "$fuzzer" -max_total_time="$seconds" -print_final_stats=1 -artifact_prefix="$artifacts/" \
+    "$fuzzer" -max_total_time="$seconds" -timeout=30 -print_final_stats=1 -artifact_prefix="$artifacts/" \
       "$work" "$seeds" "${regressions[@]}" > "$work.log" 2>&1 || failed=1
   else
     echo "fuzz: $name to $runs executions in $workers process(es) (seeds: $seeds)"
     : > "$work.log"
     pids=()
     for w in $(seq 1 "$workers"); do
-      "$fuzzer" -runs=$(( (runs + workers - 1) / workers )) -seed="$w" -print_final_stats=1 \
+      "$fuzzer" -runs=$(( (runs + workers - 1) / workers )) -seed="$w" -timeout=30 -print_final_stats=1 \
         -artifact_prefix="$artifacts/" "$work" "$seeds" "${regressions[@]}" > "$work.$w.log" 2>&1 &
       pids+=($!)
     done
