@@ -20,11 +20,11 @@
 
 #include "attnforge.h"
 #include "flash_case.h"
+#include "emu_backend_tensor.h"
 #include "sdpa/cuda_backend.h"
 #include "test_tensor.h"
 
 static const af_cuda_backend_ops *ops;
-static const af_device cuda0 = {AF_DEVICE_CUDA, 0};
 
 /* The emulation's capture calls, from the backend's own copy of the emulated runtime (it is the one the call uses). */
 typedef int (*stream_create_fn)(void **stream);
@@ -46,36 +46,9 @@ enum { CAPTURE_UNSUPPORTED = 900, CAPTURE_INVALIDATED = 901, CAPTURE_ACTIVE = 1 
 
 /* ------------------------------------------------------------------ device copies */
 
-typedef struct {
-    void *memory;
-    af_tensor view;
-} device_tensor;
-
-static void to_device(device_tensor *d, const test_tensor *t) {
-    char err[512];
-    memset(d, 0, sizeof *d);
-    d->view = t->view;
-    d->view.device = cuda0;
-    if (!t->memory || t->bytes == 0) {
-        d->view.data = NULL;
-        return;
-    }
-    if (ops->device_alloc(0, t->bytes, &d->memory, err, sizeof err) != AF_OK) fail_msg("device_alloc: %s", err);
-    if (ops->copy(0, d->memory, t->memory, t->bytes, true, err, sizeof err) != AF_OK) fail_msg("copy: %s", err);
-    d->view.data = (char *)d->memory + ((const unsigned char *)t->view.data - t->memory);
-}
-
-static void to_host(test_tensor *t, const device_tensor *d) {
-    char err[512];
-    if (d->memory && ops->copy(0, t->memory, d->memory, t->bytes, false, err, sizeof err) != AF_OK)
-        fail_msg("copy: %s", err);
-}
-
-static void device_free(device_tensor *d) {
-    char err[512];
-    if (d->memory && ops->device_free(0, d->memory, err, sizeof err) != AF_OK) fail_msg("device_free: %s", err);
-    d->memory = NULL;
-}
+static void to_device(device_tensor *d, const test_tensor *t) { backend_to_device(ops, d, t); }
+static void to_host(test_tensor *t, const device_tensor *d) { backend_to_host(ops, t, d); }
+static void device_free(device_tensor *d) { backend_device_free(ops, d); }
 
 enum { INPUTS = 8 };
 typedef struct {

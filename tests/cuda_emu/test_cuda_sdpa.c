@@ -21,6 +21,7 @@
 #include "attnforge.h"
 #include "case_gen.h"
 #include "flash_case.h"
+#include "emu_backend_tensor.h"
 #include "sdpa/cuda_backend.h"
 #include "test_tensor.h"
 
@@ -50,37 +51,9 @@ static void log_reset(void) {
 
 /* ------------------------------------------------------------------ device copies of test tensors */
 
-typedef struct {
-    void *memory;     /* device allocation holding the whole backing buffer of the host tensor */
-    af_tensor view;   /* the host tensor's view, moved onto the device allocation */
-} device_tensor;
-
-static void to_device(device_tensor *d, const test_tensor *t) {
-    char err[512];
-    memset(d, 0, sizeof *d);
-    d->view = t->view;
-    d->view.device = cuda0;
-    if (!t->memory || t->bytes == 0) {   /* an empty view: never read, and no memory to point at */
-        d->view.data = NULL;
-        return;
-    }
-    if (ops->device_alloc(0, t->bytes, &d->memory, err, sizeof err) != AF_OK) fail_msg("device_alloc: %s", err);
-    if (ops->copy(0, d->memory, t->memory, t->bytes, true, err, sizeof err) != AF_OK) fail_msg("copy: %s", err);
-    d->view.data = (char *)d->memory + ((const unsigned char *)t->view.data - t->memory);
-    d->view.device = cuda0;
-}
-
-static void to_host(test_tensor *t, const device_tensor *d) {
-    char err[512];
-    if (!d->memory) return;
-    if (ops->copy(0, t->memory, d->memory, t->bytes, false, err, sizeof err) != AF_OK) fail_msg("copy: %s", err);
-}
-
-static void device_free(device_tensor *d) {
-    char err[512];
-    if (d->memory && ops->device_free(0, d->memory, err, sizeof err) != AF_OK) fail_msg("device_free: %s", err);
-    d->memory = NULL;
-}
+static void to_device(device_tensor *d, const test_tensor *t) { backend_to_device(ops, d, t); }
+static void to_host(test_tensor *t, const device_tensor *d) { backend_to_host(ops, t, d); }
+static void device_free(device_tensor *d) { backend_device_free(ops, d); }
 
 typedef struct {
     device_tensor q, k, v, mask, out, lse;
