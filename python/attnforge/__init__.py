@@ -65,6 +65,15 @@ def isa_available(name: str) -> bool:
     return _C.isa_available(name)
 
 
+def cuda_check_errors(device=0) -> None:
+    """Raise InvalidArgumentError for the first bad cu_seqlens / seqused_k / page_table entry that flash_attn calls on
+    CUDA device `device` (an int or a torch.device) met since the last check, and clear the record; None when there
+    was none. On CUDA those arrays are checked on the device so that calls stay asynchronous and capturable: a bad
+    entry gives its sequence's rows NaN (docs/CUDA.md). This waits for the device's work; not during graph capture."""
+    index = getattr(device, "index", device)
+    _C.cuda_check_errors(0 if index is None else index)
+
+
 def isas() -> list:
     """The ISAs compiled into this build, from "portable" up; isa_available says which run here."""
     return _C.isas()
@@ -77,5 +86,6 @@ __all__ = [
     "scaled_dot_product_attention", "scaled_dot_product_attention_reference",
     "flash_attn_func", "flash_attn_varlen_func",
     "samples_to_json", "save_samples", "load_samples",
-    "set_num_threads", "get_num_threads", "set_isa", "get_isa", "isa_available", "isas", "__version__",
+    "set_num_threads", "get_num_threads", "set_isa", "get_isa", "isa_available", "isas", "cuda_check_errors",
+    "__version__",
 ]

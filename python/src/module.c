@@ -89,6 +89,23 @@ static PyObject *module_load_cuda_backend(PyObject *m, PyObject *unused) {
     return Py_BuildValue("(iss)", devices, library, error);
 }
 
+/* cuda_check_errors(device) -> None: af_cuda_check_errors; raises the error for the first bad index array entry
+ * recorded on the device since the last check (InvalidArgumentError), or why the check could not run. */
+static PyObject *module_cuda_check_errors(PyObject *m, PyObject *arg) {
+    const long device = PyLong_AsLong(arg);
+    if (device == -1 && PyErr_Occurred()) return NULL;
+    if (device < 0 || device > INT_MAX) {
+        PyErr_Format(PyExc_ValueError, "device: a CUDA device index is >= 0, got %ld", device);
+        return NULL;
+    }
+    af_status status;
+    Py_BEGIN_ALLOW_THREADS   /* it waits for the device's work */
+    status = af_cuda_check_errors((int)device);
+    Py_END_ALLOW_THREADS
+    if (status != AF_OK) return afpy_raise_status(status);
+    Py_RETURN_NONE;
+}
+
 /* The samples file as the C library writes it, from JSON text or (is_path) a file; validates on the way. */
 static PyObject *samples_round_trip(const char *text, Py_ssize_t len, bool is_path) {
     af_samples *samples = NULL;
@@ -137,6 +154,8 @@ static PyMethodDef module_methods[] = {
     {"isas", module_isas, METH_NOARGS, "The ISAs compiled into this build, from 'portable' up."},
     {"get_isa", module_get_isa, METH_NOARGS, "The ISA in use."},
     {"isa_available", module_isa_available, METH_O, "Whether this machine can run the ISA."},
+    {"cuda_check_errors", module_cuda_check_errors, METH_O,
+     "cuda_check_errors(device): raise the first bad index array entry the device recorded since the last check."},
     {"load_cuda_backend", module_load_cuda_backend, METH_NOARGS,
      "Open the CUDA backend now: (devices, path of libattnforge_cuda.so or '', None or why it cannot run)."},
     {"samples_json", module_samples_json, METH_O, "Samples-file JSON as the C library reads and rewrites it."},

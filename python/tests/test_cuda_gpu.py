@@ -166,6 +166,26 @@ def test_paged_decode_captured_in_a_cuda_graph_and_replayed():
     torch.testing.assert_close(out.cpu(), want, atol=3e-3, rtol=3e-3)
 
 
+def test_a_bad_page_gives_nan_rows_and_is_reported_by_cuda_check_errors():
+    """A page index past the pool: the call returns without reading it, its sequence's rows are NaN, the other
+    sequence matches the CPU, and attnforge.cuda_check_errors names the entry once."""
+    torch.manual_seed(5)
+    pages = torch.randn(8, 16, 2, 64, dtype=torch.float16, device="cuda")
+    table = torch.tensor([[5, 0, 7], [3, 99, 2]], dtype=torch.int32, device="cuda")   # 99: no such page
+    used = torch.tensor([40, 40], dtype=torch.int32, device="cuda")
+    q = torch.randn(2, 1, 4, 64, dtype=torch.float16, device="cuda")
+    af.cuda_check_errors(q.device)   # nothing pending from earlier tests
+    with torch.no_grad():
+        out = af.flash_attn_varlen_func(q, pages, pages, page_table=table, seqused_k=used)[0]
+    with pytest.raises(af.InvalidArgumentError, match=r"page_table: \[1, 1\] = 99"):
+        af.cuda_check_errors(q.device)
+    af.cuda_check_errors(q.device)   # cleared by the check that reported it
+    assert torch.isnan(out[1].float()).all()
+    want = af.flash_attn_varlen_func(q[:1].cpu(), pages.cpu(), pages.cpu(), page_table=table[:1].cpu(),
+                                     seqused_k=used[:1].cpu())[0]
+    torch.testing.assert_close(out[:1].cpu(), want, atol=3e-3, rtol=3e-3)
+
+
 class CausalBlock(nn.Module):
     def forward(self, q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)

@@ -152,3 +152,12 @@ def test_cuda_calls_under_a_cuda_plan_need_the_backend():
     cpu_plan = af.FlashAttention4KernelProvider.from_dict({**CUDA_PLAN, "backend": "cpu"})
     with pytest.raises(af.PlanMismatchError, match="query, key and value are on cuda:2, the plan runs on cpu"):
         cpu_plan._c.infer((q, k, v), {"is_causal": True}, out, None, True)
+
+
+def test_cuda_check_errors_needs_the_backend_and_a_valid_device():
+    expected = loader_message()
+    with pytest.raises(af.RuntimeUnavailableError) as raised:
+        af.cuda_check_errors(0)
+    assert str(raised.value) == expected
+    with pytest.raises(ValueError, match="device: a CUDA device index is >= 0, got -1"):
+        af.cuda_check_errors(-1)
