@@ -61,15 +61,19 @@ def _nhd_contiguous(shape, strides) -> bool:
     return True
 
 
-def refusal(args, kwargs, torch):
-    """Why attnforge cannot compute this SDPA call (a string for the DEBUG log), or None when it can: q/k/v
+def bind(args, kwargs):
+    """(Call, None), or (None, why) when the arguments do not bind as SDPA's (the reason for the DEBUG log)."""
+    try:
+        return Call(args, kwargs), None
+    except TypeError as e:
+        return None, str(e)
+
+
+def refusal(call, torch):
+    """Why attnforge cannot compute this bound SDPA call (a string for the DEBUG log), or None when it can: q/k/v
     4-D float32/float16/bfloat16 torch tensors of one dtype on one CPU or CUDA device, a bool mask or one of
     query's dtype, no dropout, no gradient needed. Shape errors are the call's own (attnforge and PyTorch both
     refuse them) and are left to the kernel's checks."""
-    try:
-        call = Call(args, kwargs)
-    except TypeError as e:
-        return str(e)
     for name, t in zip(_QKV_NAMES, call.qkv):
         if not isinstance(t, torch.Tensor):
             return f"{name} is not a torch.Tensor"

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from . import _C, _flash, _sdpa
-from ._guard import Call, PlanView
+from ._guard import Call, PlanView, bind
 from ._guard import refusal as _refusal
 
 logger = logging.getLogger("attnforge")
@@ -140,7 +140,8 @@ def plan_view(provider) -> Optional[PlanView]:
 def refusal(args, kwargs):
     """Why attnforge cannot compute this F.scaled_dot_product_attention(*args, **kwargs) call, from metadata alone
     (a reason for the DEBUG log), or None when it can."""
-    return _refusal(args, kwargs, torch)
+    call, why = bind(args, kwargs)
+    return why if call is None else _refusal(call, torch)
 
 
 def guarded_call(view, args, kwargs, *, fallback, uncovered="pytorch"):
@@ -148,11 +149,12 @@ def guarded_call(view, args, kwargs, *, fallback, uncovered="pytorch"):
     graph takes the same branch as eager mode: a call the plan covers → attnforge::provider_sdpa; one it does not
     cover → attnforge::sdpa when uncovered == "attnforge", else fallback(*args, **kwargs); a call attnforge cannot
     compute (autograd, dropout, float64, ...) → fallback. view: plan_view(provider), or None for no plan."""
-    why = refusal(args, kwargs)
+    call, why = bind(args, kwargs)   # bound once: the refusal and the plan's guard read the same Call
+    if why is None:
+        why = _refusal(call, torch)
     if why is not None:
         _debug("attnforge does not run this call (%s); using PyTorch's scaled_dot_product_attention", why)
         return fallback(*args, **kwargs)
-    call = Call(args, kwargs)
     mismatch = view.mismatch(call) if view is not None else "no plan"
     if mismatch is None:
         return _provider_op(view.json, call.query, call.key, call.value, call.is_causal,

@@ -42,7 +42,7 @@ static af_status check_dtypes(const af_tensor *q, const af_tensor *k, const af_t
     return AF_OK;
 }
 
-/* q/k/v_descale: only with float8 K/V (FA4's message); f32 (B, Hkv), 4-byte aligned (read as float). */
+/* q/k/v_descale: only with float8 K/V (FA4's message); f32 (B, Hkv) (aligned: af_view_span's rule for every view). */
 static af_status check_descales(const af_flash_args *a, int64_t B, int64_t Hkv) {
     const af_tensor *d[3] = {a->q_descale, a->k_descale, a->v_descale};
     static const char *const names[3] = {"q_descale", "k_descale", "v_descale"};
@@ -57,15 +57,13 @@ static af_status check_descales(const af_flash_args *a, int64_t B, int64_t Hkv) 
         const int64_t want[2] = {B, Hkv};
         af_status st = af_check_shape(d[i], names[i], 2, want);
         if (st != AF_OK) return st;
-        if ((uintptr_t)d[i]->data % 4 != 0)
-            return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: data at %p is not 4-byte aligned", names[i], d[i]->data);
     }
     return AF_OK;
 }
 
 static int32_t at32(const af_tensor *t, int64_t i) { return ((const int32_t *)t->data)[i * t->strides[0]]; }
 
-/* An int32 index array: dtype, ndim, entries of its own and 4-byte alignment (the kernels read it as int32_t). A
+/* An int32 index array: dtype, ndim and entries of its own (4-byte alignment is af_view_span's rule for every view). A
  * broadcast (stride 0) dim is refused: every entry is read once, so a stride-0 view of 2^48 entries in 4 bytes
  * would keep the checks busy for days (found by fuzz_flash_args). */
 static af_status check_int32(const af_tensor *t, const char *name, int ndim) {
@@ -79,8 +77,6 @@ static af_status check_int32(const af_tensor *t, const char *name, int ndim) {
             return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: stride[%d] is 0 over %lld entries; an index array holds each "
                            "of its entries (pass a contiguous copy, not a broadcast view)", name, d,
                            (long long)t->shape[d]);
-    if ((uintptr_t)t->data % 4 != 0)
-        return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: data at %p is not 4-byte aligned", name, t->data);
     return AF_OK;
 }
 
@@ -402,10 +398,6 @@ af_status af_flash_check(const af_flash_args *a, const af_tensor *out, const af_
     if ((st = check_scalars(a)) != AF_OK || (st = check_layout(a, &s)) != AF_OK ||
         (st = check_descales(a, s.B, s.Hkv)) != AF_OK)
         return st;
-    for (int i = V_CU_Q; i <= V_PAGES; i++)   /* check_int32's rule, before a CUDA call leaves the values unread */
-        if (views[i].t && views[i].bytes > 0 && (uintptr_t)views[i].t->data % 4 != 0)
-            return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: data at %p is not 4-byte aligned", views[i].name,
-                           views[i].t->data);
     st = a->query->device.type == AF_DEVICE_CUDA ? cuda_sequence_bounds(a, &s, p) : check_sequences(a, &s, p);
     if (st != AF_OK) return st;
     if ((st = check_outputs(a, &s, views)) != AF_OK || (st = set_window(a, p)) != AF_OK) return st;
