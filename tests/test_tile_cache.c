@@ -22,6 +22,7 @@ typedef struct {
     int applicable;            /* "flash:" lines whose call had more than one row block per kv head */
     int cache_on, cache_off;   /* ... of those, with and without "tile cache on" */
     int single_block;          /* lines with one row block per kv head: the cache cannot apply */
+    int own_products;          /* lines of calls on a kernel's own-format products (AMX, vdpbf16ps): no tile cache */
     char isa_single[64];       /* the ISA of the last such line and its block rows, for the skip message */
 } log_count;
 
@@ -35,6 +36,10 @@ static void count_flash_lines(af_log_level level, const char *message, void *use
     int rows;
     if (sscanf(message, "flash: isa %31[^,], %lld row blocks (of %d rows)", isa, &groups, &rows) != 3)
         fail_msg("unexpected driver log line: %s", message);
+    if (strstr(message, "own-format products")) {   /* they pack their own tiles each block (driver.c) */
+        c->own_products++;
+        return;
+    }
     if (groups / c->heads <= 1) {   /* one block per head: nothing for a next block to reuse */
         c->single_block++;
         snprintf(c->isa_single, sizeof c->isa_single, "%s (%d-row blocks)", isa, rows);
@@ -59,6 +64,8 @@ static void check_case(const sdpa_case *c) {
     if (count.applicable == 0 || count.cache_off != 0)
         fail_msg("%s: the tile cache was on in %d calls and off in %d of %d with several row blocks a head (want on "
                  "in all, and at least one)", desc, count.cache_on, count.cache_off, count.applicable);
+    if (count.own_products)
+        print_message("note: %d calls ran on own-format products, which keep no tile cache\n", count.own_products);
     if (count.single_block)
         print_message("note: %d calls had one row block a head (last: isa %s), so the cache could not apply there\n",
                       count.single_block, count.isa_single);

@@ -16,13 +16,18 @@
 static af_ukernel amx_table = {.isa = "amx"};
 #endif
 
+#ifdef AF_HAVE_AVX512
+/* "avx512": the AVX-512 table, plus the vdpbf16ps products for bf16 where the CPU has AVX512-BF16 (complete_tables). */
+static af_ukernel avx512_table = {.isa = "avx512"};
+#endif
+
 /* Best first. An entry is compiled in only when the build has that ISA's file (AF_HAVE_*). */
 static const af_ukernel *const registry[] = {
 #ifdef AF_HAVE_AMX
     &amx_table,
 #endif
 #ifdef AF_HAVE_AVX512
-    &af_ukernel_avx512,
+    &avx512_table,
 #endif
 #ifdef AF_HAVE_AVX2
     &af_ukernel_avx2,
@@ -48,7 +53,23 @@ static _Atomic(const af_ukernel *) current;
 static const af_ukernel *initial;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
+#ifdef AF_HAVE_AVX512_BF16
+/* AVX512-BF16 products on the avx512 table: where the CPU has them, unless ATTNFORGE_AVX512_BF16=0 (A/B timing). */
+static bool use_avx512_bf16(void) {
+    const char *env = getenv("ATTNFORGE_AVX512_BF16");
+    return af_cpu()->avx512_bf16 && !(env && strcmp(env, "0") == 0);
+}
+#endif
+
 static void complete_tables(void) {
+#ifdef AF_HAVE_AVX512
+    avx512_table = af_ukernel_avx512;
+#ifdef AF_HAVE_AVX512_BF16
+    if (use_avx512_bf16()) avx512_table.products = &af_products_avx512_bf16;
+#endif
+    af_log(AF_LOG_DEBUG, "dispatch: avx512 %s vdpbf16ps products for bf16 (cpu avx512_bf16 %d)",
+           avx512_table.products ? "with" : "without", af_cpu()->avx512_bf16);
+#endif
 #ifdef AF_HAVE_AMX
     amx_table = af_ukernel_avx512;
     amx_table.isa = "amx";

@@ -88,7 +88,7 @@ static inline void x86_transpose8(__m256 r[8]) {
 }
 
 /* kt[e][j] = K_j[e]: whole 8-key × 8-element blocks through registers, the ragged edges element by element. */
-static void x86_pack_kt(int cols, int E, const void *k, size_t key_stride, af_dtype dtype, float *kt, int ldkt) {
+__attribute__((unused)) static void x86_pack_kt(int cols, int E, const void *k, size_t key_stride, af_dtype dtype, float *kt, int ldkt) {
     const char *base = k;
     const size_t elem = af_elem_bytes(dtype);
     const int full_keys = cols / 8 * 8, full_elems = E / 8 * 8;
