@@ -74,6 +74,24 @@ typedef struct {                 /* a strided view, like a torch.Tensor */
 /* A contiguous (row-major) view of `data` with the given shape. */
 AF_API af_tensor af_tensor_contiguous(void *data, af_dtype dtype, int ndim, const int64_t *shape);
 
+/* ---------------------------------------------------------------- CUDA workspace from the caller's allocator
+ * Some CUDA calls need device memory beyond their tensors (copies of q/k/v the tensor cores cannot read in place,
+ * split-KV partial results). It comes from attnforge's own stream-ordered pool on each device unless the call names
+ * an allocator: a caller that has one (PyTorch's caching allocator, RMM, a serving engine's arena) passes it so that
+ * memory it already holds serves attnforge too and stays in its accounting (docs/CUDA.md, "Workspace"). */
+typedef struct {
+    /* `bytes` (> 0) of memory of CUDA device `device`, 256-byte aligned, for work enqueued on `stream` (the call's
+     * cudaStream_t); NULL when it cannot (the call then fails with AF_ERR_NO_MEMORY naming the workspace, and writes
+     * nothing). Runs on the calling thread inside the call, with `device` current, at most once a call; under a
+     * stream capture of the caller's it runs during the capture, so it must not synchronise. */
+    void *(*alloc)(size_t bytes, int device, void *stream, void *user);
+    /* Takes back what alloc gave, once the call's work that uses it is enqueued on `stream` (not run): like
+     * cudaFreeAsync, the memory may be reused only by work ordered after it on `stream`, as PyTorch's caching
+     * allocator and cudaMallocAsync pools do. Exactly once for each pointer alloc returned, also when the call fails. */
+    void (*free)(void *ptr, size_t bytes, int device, void *stream, void *user);
+    void *user;                  /* handed to both */
+} af_cuda_allocator;
+
 /* ---------------------------------------------------------------- one SDPA call */
 typedef struct {                 /* torch.nn.functional.scaled_dot_product_attention's arguments */
     const af_tensor *query, *key, *value;  /* (B,Hq,L,E), (B,Hkv,S,E), (B,Hkv,S,Ev) */
@@ -87,6 +105,8 @@ typedef struct {                 /* torch.nn.functional.scaled_dot_product_atten
                                               Explicit option of its own; never combined with is_causal. */
     void *stream;                          /* CUDA tensors: the cudaStream_t the call is enqueued on (NULL = the
                                               legacy default stream); ignored on the CPU */
+    const af_cuda_allocator *workspace;    /* CUDA tensors: where scratch memory comes from (NULL = attnforge's own
+                                              pool); ignored on the CPU */
 } af_sdpa_args;                  /* zero-initialised = SDPA's defaults */
 
 /* out (B,Hq,L,Ev) in query's dtype, any non-overlapping strides; lse NULL or f32 (B,Hq,L), natural log.
@@ -121,6 +141,7 @@ typedef struct {
     const af_tensor *seqused_k;      /* NULL or int32 (B,): keys used by each sequence (paged K/V needs it) */
     const af_tensor *page_table;     /* paged K/V: int32 (B, max_pages) page indices, else NULL */
     void *stream;                    /* as af_sdpa_args.stream */
+    const af_cuda_allocator *workspace;  /* as af_sdpa_args.workspace */
     /* float8 K/V only (FA3/FA4's descales): NULL (= 1) or f32 (B, Hkv). Scores use scale·(q·k)·q_descale·k_descale,
      * the output sum_j p_j·v_j·v_descale, each at the (batch, kv head) the row reads. */
     const af_tensor *q_descale, *k_descale, *v_descale;

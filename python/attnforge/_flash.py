@@ -5,7 +5,7 @@ the FA4 features attnforge does not implement, only when they are set."""
 import numbers
 
 from . import _C
-from ._tensors import call_stream, exportable, is_torch_tensor, _torch
+from ._tensors import call_stream, call_workspace, exportable, is_torch_tensor, _torch
 
 # FA4 arguments attnforge cannot honour: an error names the argument when it is set (not None).
 _NOT_IMPLEMENTED = {
@@ -158,7 +158,7 @@ def run(q, k, v, softmax_scale, causal, window, softcap, learnable_sink, cu_seql
                   learnable_sink=learnable_sink, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                   max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k), seqused_k=seqused_k,
                   page_table=page_table, stream=call_stream(q), q_descale=q_descale, k_descale=k_descale,
-                  v_descale=v_descale)
+                  v_descale=v_descale, workspace=call_workspace(q))
     return out, lse
 
 

@@ -1,6 +1,6 @@
 """One SDPA call on torch tensors or NumPy arrays, like torch.nn.functional.scaled_dot_product_attention."""
 from . import _C
-from ._tensors import call_stream, exportable, is_torch_tensor, new_lse, new_output
+from ._tensors import call_stream, call_workspace, exportable, is_torch_tensor, new_lse, new_output
 
 
 def run(reference, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_bottom_right,
@@ -11,7 +11,8 @@ def run(reference, query, key, value, attn_mask, dropout_p, is_causal, scale, en
     lse = new_lse(query) if return_lse else None
     kwargs = {"attn_mask": attn_mask, "dropout_p": dropout_p, "is_causal": is_causal, "scale": scale,
               "enable_gqa": enable_gqa}
-    _C.sdpa((query, key, value), kwargs, out, lse, causal_bottom_right, reference, call_stream(query))
+    _C.sdpa((query, key, value), kwargs, out, lse, causal_bottom_right, reference, call_stream(query),
+            call_workspace(query))
     return (out, lse) if return_lse else out
 
 

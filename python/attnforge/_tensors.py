@@ -34,6 +34,18 @@ def call_stream(query):
     return None
 
 
+def call_workspace(query):
+    """Where a CUDA call's scratch comes from (copies of q/k/v the tensor cores cannot read in place, split-KV
+    partials): for torch CUDA tensors PyTorch's caching allocator, as (alloc, free) for the binding's `workspace`
+    argument, so memory PyTorch already holds serves attnforge too, shows in torch.cuda.memory_stats, and under
+    torch.cuda.graph comes from the graph's private pool (stream-ordered, no synchronisation); None otherwise
+    (attnforge's own pool on each device)."""
+    if is_torch_tensor(query) and query.device.type == "cuda":
+        cuda = _torch().cuda
+        return cuda.caching_allocator_alloc, cuda.caching_allocator_delete
+    return None
+
+
 def _shape(x):
     shape = getattr(x, "shape", None)
     return tuple(shape) if shape is not None else None

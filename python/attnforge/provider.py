@@ -8,7 +8,7 @@ import os
 from . import _C, _fa4
 from ._samples import _entries
 from ._sdpa import scaled_dot_product_attention
-from ._tensors import call_stream, exportable, new_lse, new_output
+from ._tensors import call_stream, call_workspace, exportable, new_lse, new_output
 
 SUPPORTED_FUNCTION = _C.SUPPORTED_FUNCTION   # "scaled_dot_product_attention"
 BACKENDS = ("auto", "attnforge", "fa4")
@@ -152,7 +152,7 @@ class FlashAttention4KernelProvider:
         query = args[0] if args else kwargs.get("query")
         value = args[2] if len(args) > 2 else kwargs.get("value")
         out = new_output(query, value)
-        self._c.infer(args, kwargs, out, None, strict, call_stream(query))
+        self._c.infer(args, kwargs, out, None, strict, call_stream(query), call_workspace(query))
         return out
 
     def infer_with_lse(self, *args, **kwargs):
@@ -164,7 +164,7 @@ class FlashAttention4KernelProvider:
         query = args[0] if args else kwargs.get("query")
         value = args[2] if len(args) > 2 else kwargs.get("value")
         out, lse = new_output(query, value), new_lse(query)
-        self._c.infer(args, kwargs, out, lse, False, call_stream(query))
+        self._c.infer(args, kwargs, out, lse, False, call_stream(query), call_workspace(query))
         return out, lse
 
     def load_runtime_dependencies(self) -> None:

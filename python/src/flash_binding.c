@@ -6,6 +6,7 @@
 #include "errors.h"
 #include "sdpa_binding.h"
 #include "tensors.h"
+#include "workspace.h"
 
 /* The call's input tensors, in the order they are borrowed (and released). */
 enum { IN_QUERY, IN_KEY, IN_VALUE, IN_SINK, IN_CU_Q, IN_CU_K, IN_SEQUSED_K, IN_PAGE_TABLE, IN_Q_DESCALE,
@@ -53,18 +54,19 @@ PyObject *afpy_flash_attn(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"query", "key", "value", "out", "lse", "scale", "causal", "window", "softcap",
                                "learnable_sink", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
                                "seqused_k", "page_table", "reference", "stream", "q_descale", "k_descale",
-                               "v_descale", NULL};
+                               "v_descale", "workspace", NULL};
     PyObject *objects[N_INPUTS] = {0};
     PyObject *out_obj, *lse_obj = Py_None, *scale_obj = Py_None, *window = Py_None, *stream_obj = Py_None;
+    PyObject *workspace_obj = Py_None;
     int causal = 0, reference = 0;
     double softcap = 0.0;
     long long max_seqlen_q = 0, max_seqlen_k = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|O$OpOdOOOLLOOpOOOO:flash_attn", keywords,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|O$OpOdOOOLLOOpOOOOO:flash_attn", keywords,
                                      &objects[IN_QUERY], &objects[IN_KEY], &objects[IN_VALUE], &out_obj, &lse_obj,
                                      &scale_obj, &causal, &window, &softcap, &objects[IN_SINK], &objects[IN_CU_Q],
                                      &objects[IN_CU_K], &max_seqlen_q, &max_seqlen_k, &objects[IN_SEQUSED_K],
                                      &objects[IN_PAGE_TABLE], &reference, &stream_obj, &objects[IN_Q_DESCALE],
-                                     &objects[IN_K_DESCALE], &objects[IN_V_DESCALE]))
+                                     &objects[IN_K_DESCALE], &objects[IN_V_DESCALE], &workspace_obj))
         return NULL;
     af_flash_args a;
     memset(&a, 0, sizeof a);
@@ -81,6 +83,9 @@ PyObject *afpy_flash_attn(PyObject *self, PyObject *args, PyObject *kwargs) {
     uintptr_t stream;
     if (afpy_stream_from_object(stream_obj, &stream) < 0) return NULL;
     a.stream = (void *)stream;   /* read by af_flash_attn for CUDA tensors only */
+    afpy_workspace workspace;
+    if (afpy_workspace_from_object(workspace_obj, &workspace) < 0) return NULL;
+    a.workspace = afpy_workspace_allocator(&workspace);
 
     afpy_tensor inputs[N_INPUTS];
     if (borrow_inputs(objects, stream, inputs) < 0) return NULL;
@@ -108,6 +113,6 @@ PyObject *afpy_flash_attn(PyObject *self, PyObject *args, PyObject *kwargs) {
     afpy_tensor_release(&out);
     afpy_tensor_release(&lse);
     release_inputs(inputs);
-    if (status != AF_OK) return afpy_raise_status(status);
+    if (status != AF_OK) return afpy_workspace_raise(&workspace, status);
     Py_RETURN_NONE;
 }

@@ -144,7 +144,8 @@ static PyObject *module_shutdown(PyObject *m, PyObject *unused) {
 
 static PyMethodDef module_methods[] = {
     {"sdpa", (PyCFunction)(void (*)(void))afpy_sdpa, METH_VARARGS | METH_KEYWORDS,
-     "sdpa(args, kwargs, out, lse=None, causal_bottom_right=False, reference=False): af_sdpa into out."},
+     "sdpa(args, kwargs, out, lse=None, causal_bottom_right=False, reference=False, stream=None, workspace=None): "
+     "af_sdpa into out."},
     {"flash_attn", (PyCFunction)(void (*)(void))afpy_flash_attn, METH_VARARGS | METH_KEYWORDS,
      "flash_attn(query, key, value, out, lse=None, *, ...): af_flash_attn (or its reference) into out."},
     {"version", module_version, METH_NOARGS, "The linked library's version."},

@@ -5,6 +5,7 @@
 #include "call_args.h"
 #include "errors.h"
 #include "sdpa_binding.h"
+#include "workspace.h"
 
 /* ---------------------------------------------------------------- life */
 
@@ -53,7 +54,7 @@ static PyObject *provider_prepare(afpy_provider *self, PyObject *arg) {
     Py_END_ALLOW_THREADS
     if (status != AF_OK) return afpy_raise_status(status);
     bool ok;
-    Py_BEGIN_ALLOW_THREADS   /* the write lock waits for running infers; they never need the GIL */
+    Py_BEGIN_ALLOW_THREADS   /* the write lock waits for running infers, which may take the GIL (workspace.c) */
     pthread_rwlock_wrlock(&self->lock);
     ok = af_provider_prepare(self->provider, samples);
     pthread_rwlock_unlock(&self->lock);
@@ -115,20 +116,25 @@ static af_qkv_source call_source(const afpy_provider *self, PyObject *args, af_q
     return plan.qkv_source == AF_QKV_POSITIONAL ? AF_QKV_KEYWORD : AF_QKV_POSITIONAL;
 }
 
-/* infer(args: tuple, kwargs: dict, out, lse=None, strict=False, stream=None) -> None: runs the plan into out. A
- * call that does not match the plan runs on the general path, or with strict=True raises PlanMismatchError unrun.
- * stream: the cudaStream_t (an int) a CUDA call is enqueued on, None = the legacy default stream. */
+/* infer(args: tuple, kwargs: dict, out, lse=None, strict=False, stream=None, workspace=None) -> None: runs the plan
+ * into out. A call that does not match the plan runs on the general path, or with strict=True raises
+ * PlanMismatchError unrun. stream: the cudaStream_t (an int) a CUDA call is enqueued on, None = the legacy default
+ * stream; workspace: None or (alloc, free), where a CUDA call's scratch comes from (workspace.h). */
 static PyObject *provider_infer(afpy_provider *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"args", "kwargs", "out", "lse", "strict", "stream", NULL};
-    PyObject *call_args, *call_kwargs, *out_obj, *lse_obj = Py_None, *stream_obj = Py_None;
+    static char *keywords[] = {"args", "kwargs", "out", "lse", "strict", "stream", "workspace", NULL};
+    PyObject *call_args, *call_kwargs, *out_obj, *lse_obj = Py_None, *stream_obj = Py_None, *workspace_obj = Py_None;
     int strict = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O|OpO:infer", keywords, &PyTuple_Type, &call_args,
-                                     &PyDict_Type, &call_kwargs, &out_obj, &lse_obj, &strict, &stream_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O|OpOO:infer", keywords, &PyTuple_Type, &call_args,
+                                     &PyDict_Type, &call_kwargs, &out_obj, &lse_obj, &strict, &stream_obj,
+                                     &workspace_obj))
         return NULL;
     uintptr_t stream;
     if (afpy_stream_from_object(stream_obj, &stream) < 0) return NULL;
+    afpy_workspace workspace;
+    if (afpy_workspace_from_object(workspace_obj, &workspace) < 0) return NULL;
     afpy_call call;
     if (afpy_call_parse(call_args, call_kwargs, stream, &call) < 0) return NULL;
+    call.args.workspace = afpy_workspace_allocator(&workspace);
     afpy_tensor out = {0}, lse = {0};
     if (afpy_outputs_from_objects(out_obj, lse_obj, stream, &out, &lse) < 0) {
         afpy_call_release(&call);
@@ -146,7 +152,7 @@ static PyObject *provider_infer(afpy_provider *self, PyObject *args, PyObject *k
     afpy_tensor_release(&out);
     afpy_tensor_release(&lse);
     afpy_call_release(&call);
-    if (status != AF_OK) return afpy_raise_status(status);
+    if (status != AF_OK) return afpy_workspace_raise(&workspace, status);
     Py_RETURN_NONE;
 }
 
@@ -207,7 +213,7 @@ static PyMethodDef provider_methods[] = {
     {"from_json", (PyCFunction)provider_from_json, METH_O | METH_CLASS, "A prepared provider from plan JSON."},
     {"load", (PyCFunction)provider_load, METH_O | METH_CLASS, "A prepared provider from a plan file."},
     {"infer", (PyCFunction)(void (*)(void))provider_infer, METH_VARARGS | METH_KEYWORDS,
-     "infer(args, kwargs, out, lse=None, strict=False, stream=None): run one SDPA call into out."},
+     "infer(args, kwargs, out, lse=None, strict=False, stream=None, workspace=None): run one SDPA call into out."},
     {"check_call", (PyCFunction)(void (*)(void))provider_check_call, METH_VARARGS | METH_KEYWORDS,
      "check_call(args, kwargs, stream=None): PlanMismatchError unless infer would run this call with the plan."},
     {"load_runtime_dependencies", (PyCFunction)provider_load_runtime, METH_NOARGS, "Load the plan's backend now."},

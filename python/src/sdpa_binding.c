@@ -2,6 +2,7 @@
 
 #include "call_args.h"
 #include "errors.h"
+#include "workspace.h"
 
 int afpy_outputs_from_objects(PyObject *out_obj, PyObject *lse_obj, uintptr_t stream, afpy_tensor *out,
                               afpy_tensor *lse) {
@@ -14,15 +15,18 @@ int afpy_outputs_from_objects(PyObject *out_obj, PyObject *lse_obj, uintptr_t st
 }
 
 PyObject *afpy_sdpa(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"args", "kwargs", "out", "lse", "causal_bottom_right", "reference", "stream", NULL};
-    PyObject *call_args, *call_kwargs, *out_obj, *lse_obj = Py_None, *stream_obj = Py_None;
+    static char *keywords[] = {"args", "kwargs", "out", "lse", "causal_bottom_right", "reference", "stream",
+                               "workspace", NULL};
+    PyObject *call_args, *call_kwargs, *out_obj, *lse_obj = Py_None, *stream_obj = Py_None, *workspace_obj = Py_None;
     int bottom_right = 0, reference = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O|OppO:sdpa", keywords, &PyTuple_Type, &call_args,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O|OppOO:sdpa", keywords, &PyTuple_Type, &call_args,
                                      &PyDict_Type, &call_kwargs, &out_obj, &lse_obj, &bottom_right, &reference,
-                                     &stream_obj))
+                                     &stream_obj, &workspace_obj))
         return NULL;
     uintptr_t stream;
     if (afpy_stream_from_object(stream_obj, &stream) < 0) return NULL;
+    afpy_workspace workspace;
+    if (afpy_workspace_from_object(workspace_obj, &workspace) < 0) return NULL;
     afpy_call call;
     if (afpy_call_parse(call_args, call_kwargs, stream, &call) < 0) return NULL;
     afpy_tensor out = {0}, lse = {0};
@@ -31,6 +35,7 @@ PyObject *afpy_sdpa(PyObject *self, PyObject *args, PyObject *kwargs) {
         return NULL;
     }
     call.args.causal_bottom_right = bottom_right;
+    call.args.workspace = afpy_workspace_allocator(&workspace);   /* read by af_sdpa for CUDA tensors only */
     af_tensor *lse_view = lse_obj != Py_None ? &lse.view : NULL;
     af_status status;
     Py_BEGIN_ALLOW_THREADS   /* the views hold their memory; nothing here touches Python objects */
@@ -39,6 +44,6 @@ PyObject *afpy_sdpa(PyObject *self, PyObject *args, PyObject *kwargs) {
     afpy_tensor_release(&out);
     afpy_tensor_release(&lse);
     afpy_call_release(&call);
-    if (status != AF_OK) return afpy_raise_status(status);
+    if (status != AF_OK) return afpy_workspace_raise(&workspace, status);
     Py_RETURN_NONE;
 }

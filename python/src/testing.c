@@ -5,9 +5,11 @@
 #include <stdatomic.h>
 
 #include "call_args.h"
+#include "core/status.h"
 #include "provider/provider.h"
 #include "provider_binding.h"
 #include "tensors.h"
+#include "workspace.h"
 
 /* The data pointers of q/k/v the last spied kernel call received (process-wide: tests run one at a time). */
 static _Atomic(uintptr_t) seen[3];
@@ -84,7 +86,33 @@ static PyObject *testing_tensor_view(PyObject *module, PyObject *args, PyObject 
     return result;
 }
 
+/* _testing_workspace(workspace, nbytes, device, stream) -> int: what a CUDA call's backend does with the bindings'
+ * allocator (workspace.c), without a GPU: alloc through af_cuda_allocator with the GIL released, then free of what it
+ * gave; the pointer alloc returned. When alloc fails, raises as a call would (MemoryError naming the workspace, the
+ * allocator's exception as its __cause__). */
+static PyObject *testing_workspace(PyObject *module, PyObject *args) {
+    PyObject *workspace_obj;
+    unsigned long long bytes, stream;
+    int device;
+    if (!PyArg_ParseTuple(args, "OKiK:_testing_workspace", &workspace_obj, &bytes, &device, &stream)) return NULL;
+    afpy_workspace workspace;
+    if (afpy_workspace_from_object(workspace_obj, &workspace) < 0) return NULL;
+    const af_cuda_allocator *a = afpy_workspace_allocator(&workspace);
+    if (!a) Py_RETURN_NONE;
+    void *ptr;
+    Py_BEGIN_ALLOW_THREADS
+    ptr = a->alloc((size_t)bytes, device, (void *)(uintptr_t)stream, a->user);
+    if (ptr) a->free(ptr, (size_t)bytes, device, (void *)(uintptr_t)stream, a->user);
+    Py_END_ALLOW_THREADS
+    if (!ptr)
+        return afpy_workspace_raise(&workspace, af_fail(AF_ERR_NO_MEMORY, "workspace: the caller's allocator "
+                                    "(af_cuda_allocator.alloc) returned NULL for %llu bytes on cuda:%d", bytes, device));
+    return PyLong_FromVoidPtr(ptr);
+}
+
 PyMethodDef afpy_testing_methods[] = {
+    {"_testing_workspace", testing_workspace, METH_VARARGS,
+     "Test hook: alloc and free through the allocator a CUDA call's backend gets from `workspace`."},
     {"_testing_tensor_view", (PyCFunction)(void (*)(void))testing_tensor_view, METH_VARARGS | METH_KEYWORDS,
      "Test hook: the af_tensor view the binding reads from a tensor object (descriptors only)."},
     {"_testing_spy", testing_spy, METH_O, "Test hook: record the q/k/v pointers the provider's kernel receives."},

@@ -186,6 +186,66 @@ def test_a_bad_page_gives_nan_rows_and_is_reported_by_cuda_check_errors():
     torch.testing.assert_close(out[:1].cpu(), want, atol=3e-3, rtol=3e-3)
 
 
+def _spy_on_the_caching_allocator(monkeypatch):
+    """Every torch.cuda.caching_allocator_alloc/delete call from now on, as ("alloc", nbytes, device, stream, ptr)
+    and ("free", ptr); attnforge._tensors.call_workspace reads both at each call."""
+    calls = []
+    alloc, delete = torch.cuda.caching_allocator_alloc, torch.cuda.caching_allocator_delete
+
+    def spy_alloc(nbytes, device, stream):
+        ptr = alloc(nbytes, device, stream)
+        calls.append(("alloc", nbytes, device, stream, ptr))
+        return ptr
+
+    def spy_delete(ptr):
+        calls.append(("free", ptr))
+        delete(ptr)
+
+    monkeypatch.setattr(torch.cuda, "caching_allocator_alloc", spy_alloc)
+    monkeypatch.setattr(torch.cuda, "caching_allocator_delete", spy_delete)
+    return calls
+
+
+def test_scratch_comes_from_pytorchs_caching_allocator(monkeypatch):
+    """A query the tensor cores cannot read in place (stride[3] = 2) is copied into scratch that PyTorch's caching
+    allocator gives, on the call's device and stream, and takes back (docs/CUDA.md, "Workspace")."""
+    torch.manual_seed(6)
+    q = torch.randn(1, 8, 77, 128, dtype=torch.float16, device="cuda")[..., ::2]
+    k, v = nhd(1, 8, 77, 64, torch.float16), nhd(1, 8, 77, 64, torch.float16)
+    calls = _spy_on_the_caching_allocator(monkeypatch)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(stream):
+        out = af.scaled_dot_product_attention(q, k, v)
+    stream.synchronize()
+    assert [c[0] for c in calls] == ["alloc", "free"]
+    _, nbytes, device, on_stream, ptr = calls[0]
+    assert nbytes == 1 * 8 * 77 * 64 * 2 and device == q.device.index and on_stream == stream.cuda_stream
+    assert calls[1] == ("free", ptr)
+    want = F.scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(out, want, atol=TOL[torch.float16], rtol=TOL[torch.float16])
+
+
+def test_scratch_under_a_cuda_graph_comes_from_its_pool(monkeypatch):
+    """Captured, the copy's scratch comes from the graph's private pool through the caching allocator (no
+    synchronisation, no cudaMalloc), and the replay with new inputs matches."""
+    q = torch.randn(1, 8, 128, 128, dtype=torch.float16, device="cuda")[..., ::2]
+    k, v = nhd(1, 2, 128, 64, torch.float16), nhd(1, 2, 128, 64, torch.float16)
+    with torch.no_grad():
+        af.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)   # warm-up outside capture
+        torch.cuda.synchronize()
+        calls = _spy_on_the_caching_allocator(monkeypatch)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = af.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert [c[0] for c in calls] == ["alloc", "free"]
+    torch.testing.assert_close(out, want, atol=TOL[torch.float16], rtol=TOL[torch.float16])
+
+
 class CausalBlock(nn.Module):
     def forward(self, q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
@@ -220,3 +280,31 @@ def test_compile_reduce_overhead_under_apply():
             got = compiled(q, k, v).clone()
         want = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     torch.testing.assert_close(got, want, atol=TOL[torch.float16], rtol=TOL[torch.float16])
+
+
+def test_two_streams_at_once_match_one_at_a_time():
+    """A prefill (128-row blocks) on one stream and a split-KV decode (its partials in scratch) on another, enqueued
+    with no order between them, three times over: each gives the bits it gives alone (the scratch of one call is
+    never the other's, and nothing in a call synchronises)."""
+    torch.manual_seed(6)
+    q1, k1, v1 = nhd(1, 16, 1024, 128, torch.bfloat16), nhd(1, 4, 1024, 128, torch.bfloat16), \
+        nhd(1, 4, 1024, 128, torch.bfloat16)
+    q2, k2, v2 = nhd(2, 8, 1, 64, torch.float16), nhd(2, 2, 4096, 64, torch.float16), \
+        nhd(2, 2, 4096, 64, torch.float16)
+    alone1 = af.scaled_dot_product_attention(q1, k1, v1, is_causal=True, enable_gqa=True)
+    alone2 = af.scaled_dot_product_attention(q2, k2, v2, enable_gqa=True)
+    torch.cuda.synchronize()
+    streams = torch.cuda.Stream(), torch.cuda.Stream()
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    got = []
+    for _ in range(3):
+        with torch.cuda.stream(streams[0]):
+            got.append((0, af.scaled_dot_product_attention(q1, k1, v1, is_causal=True, enable_gqa=True)))
+        with torch.cuda.stream(streams[1]):
+            got.append((1, af.scaled_dot_product_attention(q2, k2, v2, enable_gqa=True)))
+    torch.cuda.synchronize()
+    for which, out in got:
+        assert torch.equal(out, (alone1, alone2)[which])
+    torch.testing.assert_close(alone1, F.scaled_dot_product_attention(q1, k1, v1, is_causal=True, enable_gqa=True),
+                               atol=TOL[torch.bfloat16], rtol=TOL[torch.bfloat16])

@@ -118,22 +118,78 @@ static int read_device(int device, af_cuda_device *dev, char *err, size_t size) 
     return AF_OK;
 }
 
-/* Runs with `device` current and restores the caller's current device after: the call changes no CUDA state. */
+/* ---------------------------------------------------------------- the caller's context */
+/* The driver's current-context calls, through cudart's entry-point query (the backend links no libcuda): restoring
+ * the caller's context with them creates nothing, where cudaSetDevice(previous) would create the primary context of
+ * a device the caller never used (CUDA 12 creates it at once: hundreds of MB), and a NULL context comes back NULL. */
+typedef CUresult (*ctx_get_current_fn)(CUcontext *ctx);
+typedef CUresult (*ctx_set_current_fn)(CUcontext ctx);
+static pthread_mutex_t context_api_lock = PTHREAD_MUTEX_INITIALIZER;
+static ctx_get_current_fn ctx_get_current;
+static ctx_set_current_fn ctx_set_current;
+
+/* 12000: both calls are as old as CUDA 4.0 and unchanged since; any driver that runs this cudart has them. */
+static cudaError_t driver_entry_point(const char *symbol, void **fn) {
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    const cudaError_t e = cudaGetDriverEntryPointByVersion(symbol, fn, 12000, cudaEnableDefault, &found);
+    return e != cudaSuccess ? e : found == cudaDriverEntryPointSuccess && *fn ? cudaSuccess : cudaErrorNotSupported;
+}
+
+static int find_context_api(char *err, size_t size) {
+    pthread_mutex_lock(&context_api_lock);   /* found once; a failure is not kept */
+    cudaError_t e = cudaSuccess;
+    const char *symbol = "cuCtxGetCurrent";
+    if (!ctx_get_current || !ctx_set_current) {
+        void *get = NULL, *set = NULL;
+        e = driver_entry_point(symbol, &get);
+        if (e == cudaSuccess) e = driver_entry_point(symbol = "cuCtxSetCurrent", &set);
+        if (e == cudaSuccess) {
+            ctx_get_current = (ctx_get_current_fn)get;
+            ctx_set_current = (ctx_set_current_fn)set;
+        }
+    }
+    pthread_mutex_unlock(&context_api_lock);
+    if (e == cudaSuccess) return AF_OK;
+    (void)cudaGetLastError();
+    return fail(err, size, AF_ERR_RUNTIME_UNAVAILABLE, "attnforge's CUDA backend could not find the driver's %s "
+                "(CUDA error %s: %s from cudaGetDriverEntryPointByVersion); update the NVIDIA driver", symbol,
+                cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+/* After a call: the caller's context again. A failure is a warning, never the call's: its work is enqueued. */
+static void restore_context(CUcontext previous, int device) {
+    const CUresult r = ctx_set_current(previous);
+    if (r != CUDA_SUCCESS)
+        log_message(AF_LOG_WARNING, "attnforge could not %s after a call on cuda:%d (CUDA driver error %d from "
+                    "cuCtxSetCurrent); cuda:%d's primary context stays current", previous ?
+                    "make the caller's CUDA context current again" : "leave the thread without a current CUDA "
+                    "context, as it found it", device, (int)r, device);
+}
+
+/* Runs with `device` current and makes the caller's context current again after (NULL included): a call creates no
+ * context but `device`'s primary one, which its work needs. A caller's context already on `device` is used as it is. */
 typedef int (*on_device_fn)(int device, void *context, char *err, size_t size);
 
 static int with_device(int device, on_device_fn fn, void *context, char *err, size_t size) {
-    int previous = 0;
-    cudaError_t e = cudaGetDevice(&previous);
-    if (e != cudaSuccess) return cuda_fail(err, size, e, "reading the current device");
-    if (previous != device && (e = cudaSetDevice(device)) != cudaSuccess)
-        return cuda_fail(err, size, e, "selecting the tensors' device");
-    const int status = fn(device, context, err, size);
-    if (previous != device && (e = cudaSetDevice(previous)) != cudaSuccess) {
-        (void)cudaGetLastError();   /* the call's work is enqueued and writes out: it is not a failed call */
-        log_message(AF_LOG_WARNING, "attnforge could not make cuda:%d current again after a call on cuda:%d (CUDA "
-                    "error %s: %s); cuda:%d stays current", previous, device, cudaGetErrorName(e),
-                    cudaGetErrorString(e), device);
+    int status = find_context_api(err, size);
+    if (status != AF_OK) return status;
+    CUcontext previous = NULL;
+    const CUresult r = ctx_get_current(&previous);
+    if (r != CUDA_SUCCESS)
+        return fail(err, size, AF_ERR_INTERNAL, "CUDA driver error %d from cuCtxGetCurrent (reading the caller's "
+                    "current context)", (int)r);
+    int current = -1;   /* cudaGetDevice names the current context's device, and creates nothing */
+    cudaError_t e;
+    if (previous && (e = cudaGetDevice(&current)) != cudaSuccess)
+        return cuda_fail(err, size, e, "reading the current context's device");
+    const bool switching = current != device;
+    if (switching && (e = cudaSetDevice(device)) != cudaSuccess) {
+        status = cuda_fail(err, size, e, "selecting the tensors' device");
+        restore_context(previous, device);
+        return status;
     }
+    status = fn(device, context, err, size);
+    if (switching) restore_context(previous, device);
     return status;
 }
 
@@ -308,7 +364,73 @@ static cudaError_t scratch_free(int device, void *ptr, cudaStream_t stream) {
     return pool_for(device, &pool) == cudaErrorNotSupported ? cudaFree(ptr) : cudaFreeAsync(ptr, stream);
 }
 
-static int mma_forward(const af_problem *p, const af_cuda_device *dev, cudaStream_t stream, char *err, size_t size) {
+/* ---------------------------------------------------------------- where a call's scratch comes from */
+/* The caller's allocator when the call names one (its memory and its accounting: PyTorch's caching allocator keeps
+ * what it holds for attnforge too), else the backend's pool. */
+typedef struct {
+    const af_cuda_allocator *caller;   /* NULL: the backend's pool */
+    int device;
+    cudaStream_t stream;
+} scratch_source;
+
+/* What the caller's allocator gave must be memory of the call's device, aligned as cudaMalloc's: the scratch's parts
+ * start at multiples of AF_SCRATCH_ALIGN from it. */
+static int check_workspace(const void *memory, size_t bytes, int device, char *err, size_t size) {
+    if ((uintptr_t)memory % AF_SCRATCH_ALIGN != 0)
+        return fail(err, size, AF_ERR_INVALID_ARGUMENT, "workspace: the caller's allocator returned %p for %zu bytes, "
+                    "which is not %d-byte aligned (af_cuda_allocator.alloc must align as cudaMalloc does)", memory,
+                    bytes, AF_SCRATCH_ALIGN);
+    cudaPointerAttributes attributes;
+    memset(&attributes, 0, sizeof attributes);
+    const cudaError_t e = cudaPointerGetAttributes(&attributes, memory);
+    if (e != cudaSuccess) (void)cudaGetLastError();
+    const bool on_device = e == cudaSuccess && (attributes.type == cudaMemoryTypeManaged ||
+                                                (attributes.type == cudaMemoryTypeDevice && attributes.device == device));
+    if (!on_device)
+        return fail(err, size, AF_ERR_INVALID_ARGUMENT, "workspace: the caller's allocator returned %p for %zu bytes, "
+                    "which is not memory of cuda:%d (%s); af_cuda_allocator.alloc must give memory of the device it is "
+                    "asked for", memory, bytes, device, e != cudaSuccess ? cudaGetErrorName(e)
+                    : attributes.type == cudaMemoryTypeDevice ? "it is another device's" : "it is host memory");
+    return AF_OK;
+}
+
+static int scratch_acquire(const scratch_source *from, size_t bytes, char **ptr, char *err, size_t size) {
+    *ptr = NULL;
+    if (!from->caller) {
+        const cudaError_t e = scratch_alloc(from->device, (void **)ptr, bytes, from->stream);
+        return e == cudaSuccess ? AF_OK
+                                : cuda_fail(err, size, e, "allocating the tensor-core path's scratch on the stream");
+    }
+    const af_cuda_allocator *a = from->caller;
+    void *memory = a->alloc(bytes, from->device, (void *)from->stream, a->user);
+    if (!memory)
+        return fail(err, size, AF_ERR_NO_MEMORY, "workspace: the caller's allocator (af_cuda_allocator.alloc) returned "
+                    "NULL for %zu bytes on cuda:%d, the tensor-core path's scratch (copies of q/k/v it cannot read in "
+                    "place, split-KV partials); nothing was written", bytes, from->device);
+    const int status = check_workspace(memory, bytes, from->device, err, size);
+    if (status != AF_OK) {
+        a->free(memory, bytes, from->device, (void *)from->stream, a->user);
+        return status;
+    }
+    *ptr = (char *)memory;
+    return AF_OK;
+}
+
+/* After the work that reads it is enqueued (stream order keeps it alive): a failure is a warning, not the call's. */
+static void scratch_release(const scratch_source *from, char *ptr, size_t bytes) {
+    if (from->caller) {
+        from->caller->free(ptr, bytes, from->device, (void *)from->stream, from->caller->user);
+        return;
+    }
+    const cudaError_t e = scratch_free(from->device, ptr, from->stream);
+    if (e == cudaSuccess) return;
+    (void)cudaGetLastError();
+    log_message(AF_LOG_WARNING, "attnforge could not free its scratch on cuda:%d after enqueueing a call (CUDA error "
+                "%s: %s)", from->device, cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+static int mma_forward(const af_problem *p, const af_cuda_device *dev, int device, cudaStream_t stream,
+                       const af_cuda_allocator *allocator, char *err, size_t size) {
     af_problem run = *p;
     mma_operand operands[3];
     memset(operands, 0, sizeof operands);
@@ -339,10 +461,10 @@ static int mma_forward(const af_problem *p, const af_cuda_device *dev, cudaStrea
 
     char *scratch = NULL;
     cudaError_t e;
-    int device = 0;
-    if ((e = cudaGetDevice(&device)) != cudaSuccess) return cuda_fail(err, size, e, "reading the current device");
-    if (scratch_bytes > 0 && (e = scratch_alloc(device, (void **)&scratch, scratch_bytes, stream)) != cudaSuccess)
-        return cuda_fail(err, size, e, "allocating the tensor-core path's scratch on the stream");
+    const scratch_source from = {allocator, device, stream};
+    int status;
+    if (scratch_bytes > 0 && (status = scratch_acquire(&from, scratch_bytes, &scratch, err, size)) != AF_OK)
+        return status;
     if (warning[0])
         log_message(AF_LOG_WARNING, "copying %s to contiguous memory before the tensor-core kernels: they need the "
                     "last dimension contiguous, the other strides multiples of 16 bytes and 16-byte aligned base "
@@ -358,8 +480,7 @@ static int mma_forward(const af_problem *p, const af_cuda_device *dev, cudaStrea
     }
     if (e == cudaSuccess) e = af_cuda_mma_forward(&run, dev, workspace_bytes ? scratch + workspace_offset : NULL, stream);
     const cudaError_t launch = e;
-    if (scratch && (e = scratch_free(device, scratch, stream)) != cudaSuccess && launch == cudaSuccess)
-        return cuda_fail(err, size, e, "freeing the tensor-core path's scratch on the stream");
+    if (scratch) scratch_release(&from, scratch, scratch_bytes);
     if (launch != cudaSuccess) return cuda_fail(err, size, launch, "launching the tensor-core kernels");
     return AF_OK;
 }
@@ -414,6 +535,7 @@ static kernel_path choose_path(const af_problem *p, const af_cuda_device *dev) {
 typedef struct {
     const af_problem *p;
     cudaStream_t stream;
+    const af_cuda_allocator *allocator;   /* the call's workspace allocator; NULL: the backend's pool */
 } forward_call;
 
 static int forward_on_device(int device, void *context, char *err, size_t size) {
@@ -428,17 +550,20 @@ static int forward_on_device(int device, void *context, char *err, size_t size) 
                     "need 8.0 (Ampere) or newer", device, dev.cc_major, dev.cc_minor);
     const cudaError_t checked = af_cuda_validate_indices(p, call->stream);   /* reports; the kernels stay safe alone */
     if (checked != cudaSuccess) return cuda_fail(err, size, checked, "launching the index arrays' check");
-    if (choose_path(p, &dev) == PATH_TENSOR_CORES_SM80) return mma_forward(p, &dev, call->stream, err, size);
+    if (choose_path(p, &dev) == PATH_TENSOR_CORES_SM80)
+        return mma_forward(p, &dev, device, call->stream, call->allocator, err, size);
     note_simt_once(p);
     const cudaError_t e = af_cuda_simt_forward(p, &dev, call->stream);
     return e == cudaSuccess ? AF_OK : cuda_fail(err, size, e, "launching the CUDA-core kernel");
 }
 
-static int forward(const af_problem *p, int device, void *stream, char *err, size_t size) {
+static int forward(const af_problem *p, int device, void *stream, const af_cuda_allocator *workspace, char *err,
+                   size_t size) {
     if (p->B == 0 || p->Hq == 0 || p->L == 0) return AF_OK;   /* no output row: nothing to enqueue */
     forward_call call;
     call.p = p;
     call.stream = (cudaStream_t)stream;
+    call.allocator = workspace;
     return with_device(device, forward_on_device, &call, err, size);
 }
 

@@ -56,8 +56,11 @@
  * cudaDevAttrComputeCapabilityMajor/Minor, cudaDevAttrMaxSharedMemoryPerBlockOptin, cudaMallocAsync,
  * cudaFreeAsync, cudaMemsetAsync, cudaPointerGetAttributes (cudaPointerAttributes .type/.device,
  * cudaMemoryTypeDevice/Managed), cudaDriverGetVersion, cudaRuntimeGetVersion, cudaDeviceSynchronize,
- * cudaMemcpyFromSymbol, cudaMemcpyToSymbol. Nothing a call on CUDA tensors enqueues may synchronise or copy
- * synchronously (it may run during stream capture): the emulation refuses those during a capture, as CUDA does. */
+ * cudaMemcpyFromSymbol, cudaMemcpyToSymbol; of the driver API only CUresult, CUDA_SUCCESS, CUcontext and the entry
+ * points cuCtxGetCurrent/cuCtxSetCurrent, found with cudaGetDriverEntryPointByVersion (cudaEnableDefault,
+ * cudaDriverEntryPointQueryResult) so that the backend links cudart alone. Nothing a call on CUDA tensors enqueues
+ * may synchronise or copy synchronously (it may run during stream capture): the emulation refuses those during a
+ * capture, as CUDA does. */
 #ifndef AF_CUDA_DEVICE_H
 #define AF_CUDA_DEVICE_H
 #include <stdint.h>

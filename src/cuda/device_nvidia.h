@@ -2,8 +2,18 @@
  * Included only through device.h when __CUDACC__ is defined. */
 #ifndef AF_CUDA_DEVICE_NVIDIA_H
 #define AF_CUDA_DEVICE_NVIDIA_H
+#include <cuda.h>            /* the driver API's types only (CUcontext, CUresult): its functions come by entry point */
 #include <cuda_runtime.h>
 #include <stdint.h>
+
+#if CUDART_VERSION < 12050   /* cudaGetDriverEntryPointByVersion came with CUDA 12.5; the unversioned query before */
+static inline cudaError_t af_driver_entry_point(const char *symbol, void **fn, unsigned int version,
+                                                unsigned long long flags, cudaDriverEntryPointQueryResult *status) {
+    (void)version;
+    return cudaGetDriverEntryPoint(symbol, fn, flags, status);
+}
+#define cudaGetDriverEntryPointByVersion af_driver_entry_point
+#endif
 
 /* Qualifiers and launches */
 #define AF_DEVICE __device__ __forceinline__

@@ -166,7 +166,8 @@ af_status af_provider_infer(af_provider *p, const af_sdpa_args *args, af_qkv_sou
     atomic_fetch_add(&p->plan_calls, 1);
     const af_sdpa_args planned = {.query = args->query, .key = args->key, .value = args->value,
                                   .is_causal = p->plan.causal, .has_scale = p->plan.has_softmax_scale,
-                                  .scale = p->plan.softmax_scale, .enable_gqa = p->plan.gqa, .stream = args->stream};
+                                  .scale = p->plan.softmax_scale, .enable_gqa = p->plan.gqa, .stream = args->stream,
+                                  .workspace = args->workspace};
     /* copy-free, or CUDA: the kernels read the caller's views as they are (the CUDA backend copies on the device
      * what its tensor-core path cannot read); only the CPU copy plan makes host NHD copies */
     if (p->plan.copy_free_layout || p->plan.backend == AF_BACKEND_CUDA) return kernel(&planned, out, lse);

@@ -12,7 +12,7 @@
 extern "C" {
 #endif
 
-#define AF_CUDA_BACKEND_ABI_VERSION 4   /* 4: index arrays checked on the device (af_problem's bounds, index_errors) */
+#define AF_CUDA_BACKEND_ABI_VERSION 5   /* 5: forward takes the caller's workspace allocator */
 #define AF_CUDA_LIBRARY "libattnforge_cuda.so"        /* ATTNFORGE_CUDA_LIBRARY overrides the path */
 #define AF_CUDA_ENTRY "af_cuda_backend"               /* const af_cuda_backend_ops *af_cuda_backend(void) */
 
@@ -25,9 +25,11 @@ typedef struct {
      * the reason in err (no driver, driver too old, no device) and how to fix it. */
     int (*probe)(int *device_count, char *err, size_t err_size);
     /* Enqueue one checked problem (af_sdpa_check passed; every pointer is memory of CUDA device `device`) on
-     * `stream` (a cudaStream_t; NULL = the legacy default stream). AF_OK once enqueued, else a status and
-     * CUDA's own text in err; nothing is written to out/lse unless AF_OK. */
-    int (*forward)(const af_problem *p, int device, void *stream, char *err, size_t err_size);
+     * `stream` (a cudaStream_t; NULL = the legacy default stream), its scratch from `workspace` (NULL: the
+     * backend's own pool). AF_OK once enqueued, else a status and CUDA's own text in err; nothing is written to
+     * out/lse unless AF_OK. The caller's current CUDA context is current again on return. */
+    int (*forward)(const af_problem *p, int device, void *stream, const af_cuda_allocator *workspace, char *err,
+                   size_t err_size);
     /* Where the backend's warnings go (e.g. a tensor copied because its rows are not 16-byte aligned). */
     void (*set_log)(af_cuda_log_fn log);
     /* Device memory for the command line's verify/bench and the tests (the library itself never allocates

@@ -7,7 +7,7 @@
 
 /* The CUDA backend: loaded (library, driver, GPU: probed once) on first need; the device must exist; CUDA's own
  * text on error. */
-static af_status cuda_forward(const af_problem *p, int device, void *stream) {
+static af_status cuda_forward(const af_problem *p, int device, void *stream, const af_cuda_allocator *workspace) {
     const af_cuda_backend_ops *ops;
     af_status st = af_cuda_backend_load(&ops);
     if (st != AF_OK) return st;
@@ -16,7 +16,7 @@ static af_status cuda_forward(const af_problem *p, int device, void *stream) {
     if (device >= count)
         return af_fail(AF_ERR_INVALID_ARGUMENT, "query: on cuda:%d but this machine has %d CUDA device%s (cuda:0..%d)",
                        device, count, count == 1 ? "" : "s", count - 1);
-    const int status = ops->forward(p, device, stream, err, sizeof err);
+    const int status = ops->forward(p, device, stream, workspace, err, sizeof err);
     if (status != AF_OK)
         return af_fail((af_status)status, "%s", err[0] ? err : "the CUDA backend failed without a message");
     return AF_OK;
@@ -27,7 +27,8 @@ af_status af_sdpa(const af_sdpa_args *args, af_tensor *out, af_tensor *lse) {
     af_problem p;
     af_status st = af_sdpa_check(args, out, lse, &p);
     if (st != AF_OK) return st;
-    if (args->query->device.type == AF_DEVICE_CUDA) return cuda_forward(&p, args->query->device.index, args->stream);
+    if (args->query->device.type == AF_DEVICE_CUDA)
+        return cuda_forward(&p, args->query->device.index, args->stream, args->workspace);
     return af_flash_forward(&p);
 }
 
@@ -50,7 +51,8 @@ af_status af_flash_attn(const af_flash_args *args, af_tensor *out, af_tensor *ls
     af_problem p;
     af_status st = af_flash_check(args, out, lse, &p);
     if (st != AF_OK) return st;
-    if (args->query->device.type == AF_DEVICE_CUDA) return cuda_forward(&p, args->query->device.index, args->stream);
+    if (args->query->device.type == AF_DEVICE_CUDA)
+        return cuda_forward(&p, args->query->device.index, args->stream, args->workspace);
     return af_flash_forward(&p);
 }
 

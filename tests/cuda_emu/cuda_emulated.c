@@ -717,6 +717,7 @@ cudaError_t af_emu_launch(af_emu_kernel *kernel, long long gx, long long gy, lon
     err = check_launch(kernel, gx, gy, gz, threads, smem_bytes);
     if (err != cudaSuccess)
         return af_emu_fail(err);
+    (void)af_emu_runtime_device();   /* a launch needs a context: the runtime device's when none is current */
 
     block_run b;
     memset(&b, 0, sizeof b);

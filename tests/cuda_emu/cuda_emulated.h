@@ -141,6 +141,32 @@ void af_emu_pool_stats(long *pools, long *pooled_allocations, unsigned long long
 cudaError_t cudaDriverGetVersion(int *version);
 cudaError_t cudaRuntimeGetVersion(int *version);
 
+/* ---- Devices and contexts (cuda_emulated_context.c): ATTNFORGE_EMU_DEVICE_COUNT devices (default 1, at most 8);
+ * per host thread a current context (none at start). cudaSetDevice creates the device's primary context and makes it
+ * current; a runtime call that needs a context when none is current creates the runtime device's (0 unless
+ * cudaSetDevice chose another). The driver's cuCtxGetCurrent/cuCtxSetCurrent come only through the entry-point query,
+ * as in a library that links cudart alone. ---- */
+typedef enum cudaError_enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_INVALID_CONTEXT = 201
+} CUresult;
+typedef struct CUctx_st *CUcontext;
+enum cudaGetDriverEntryPointFlags { cudaEnableDefault = 0 };
+enum cudaDriverEntryPointQueryResult {
+    cudaDriverEntryPointSuccess = 0,
+    cudaDriverEntryPointSymbolNotFound = 1,
+    cudaDriverEntryPointVersionNotSufficent = 2
+};
+typedef enum cudaDriverEntryPointQueryResult cudaDriverEntryPointQueryResult;   /* C++'s name, as nvcc has it */
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr, unsigned int cudaVersion,
+                                             unsigned long long flags, enum cudaDriverEntryPointQueryResult *status);
+/* The emulation's own, for tests: how often device `device`'s primary context was created (0 or 1), and a failure
+ * (CUDA_ERROR_INVALID_CONTEXT) of the next `count` cuCtxSetCurrent calls from any thread. */
+int af_emu_primary_contexts_created(int device);
+void af_emu_fail_ctx_set_current(int count);
+
 /* ---- Streams and stream capture (cuda_emulated_capture.c: the global mode's rules) ---- */
 typedef struct CUgraph_st *cudaGraph_t;
 enum cudaStreamCaptureMode {

@@ -18,5 +18,10 @@ cudaError_t af_emu_capture_blocking(void);
 cudaError_t af_emu_capture_enqueue(cudaStream_t stream);
 /* cudaDevAttrMemoryPoolsSupported: 1, or 0 under ATTNFORGE_EMU_CUDA=nopools (cuda_emulated_pool.c) */
 int af_emu_pools_supported(void);
+/* ATTNFORGE_EMU_DEVICE_COUNT (cuda_emulated_context.c) */
+int af_emu_device_count(void);
+/* The device of this thread's current context; when none is current, the runtime device's primary context is created
+ * if need be and made current first, as CUDA's runtime does on a call that needs a context. */
+int af_emu_runtime_device(void);
 
 #endif

@@ -26,7 +26,7 @@ cudaError_t cudaMemPoolCreate(cudaMemPool_t *pool, const struct cudaMemPoolProps
     if (!af_emu_pools_supported())
         return af_emu_fail(cudaErrorNotSupported);
     if (props->allocType != cudaMemAllocationTypePinned || props->location.type != cudaMemLocationTypeDevice ||
-        props->location.id != 0)
+        props->location.id < 0 || props->location.id >= af_emu_device_count())
         return af_emu_fail(cudaErrorInvalidValue);
     *pool = (cudaMemPool_t)calloc(1, sizeof **pool);
     if (!*pool)

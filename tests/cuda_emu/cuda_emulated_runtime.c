@@ -107,23 +107,8 @@ cudaError_t cudaGetDeviceCount(int *count)
         return af_emu_fail(cudaErrorInvalidValue);
     *count = 0;
     AF_EMU_REQUIRE_RUNTIME();
-    *count = 1;
+    *count = af_emu_device_count();
     return cudaSuccess;
-}
-
-cudaError_t cudaGetDevice(int *device)
-{
-    if (!device)
-        return af_emu_fail(cudaErrorInvalidValue);
-    AF_EMU_REQUIRE_RUNTIME();
-    *device = 0;
-    return cudaSuccess;
-}
-
-cudaError_t cudaSetDevice(int device)
-{
-    AF_EMU_REQUIRE_RUNTIME();
-    return device == 0 ? cudaSuccess : af_emu_fail(cudaErrorInvalidDevice);
 }
 
 static int sm_count(void)
@@ -141,7 +126,7 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
     if (!value)
         return af_emu_fail(cudaErrorInvalidValue);
     AF_EMU_REQUIRE_RUNTIME();
-    if (device != 0)
+    if (device < 0 || device >= af_emu_device_count())
         return af_emu_fail(cudaErrorInvalidDevice);
     switch (attr) {
     case cudaDevAttrMaxThreadsPerBlock: *value = AF_EMU_MAX_THREADS; return cudaSuccess;
@@ -158,6 +143,7 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
 cudaError_t cudaDeviceSynchronize(void)
 {
     AF_EMU_REQUIRE_RUNTIME();
+    (void)af_emu_runtime_device();
     return af_emu_capture_blocking();
 }
 
@@ -165,6 +151,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 {
     (void)stream;
     AF_EMU_REQUIRE_RUNTIME();
+    (void)af_emu_runtime_device();
     return af_emu_capture_blocking();
 }
 
@@ -189,13 +176,14 @@ cudaError_t cudaRuntimeGetVersion(int *version)
 typedef struct {
     char *base;
     size_t size;
+    int device;   /* the device of the context current when it was made */
 } allocation;
 
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static allocation *registry;
 static size_t registry_count, registry_capacity;
 
-static int registry_add(char *base, size_t size)
+static int registry_add(char *base, size_t size, int device)
 {
     int ok = 1;
     pthread_mutex_lock(&registry_lock);
@@ -210,7 +198,7 @@ static int registry_add(char *base, size_t size)
         }
     }
     if (ok)
-        registry[registry_count++] = (allocation){base, size};
+        registry[registry_count++] = (allocation){base, size, device};
     pthread_mutex_unlock(&registry_lock);
     return ok;
 }
@@ -230,8 +218,9 @@ static int registry_remove(const void *base)
     return found;
 }
 
-/* Whether [p, p + bytes) lies inside one emulated allocation (bytes 0: p inside or at its start). */
-static int registry_contains(const void *p, size_t bytes)
+/* Whether [p, p + bytes) lies inside one emulated allocation (bytes 0: p inside or at its start); its device in
+ * *device when not NULL. */
+static int registry_find(const void *p, size_t bytes, int *device)
 {
     const char *c = (const char *)p;
     int found = 0;
@@ -240,10 +229,14 @@ static int registry_contains(const void *p, size_t bytes)
         const allocation *a = &registry[i];
         if (c >= a->base && c < a->base + a->size)
             found = (size_t)(c - a->base) <= a->size && bytes <= a->size - (size_t)(c - a->base);
+        if (found && device)
+            *device = a->device;
     }
     pthread_mutex_unlock(&registry_lock);
     return found;
 }
+
+static int registry_contains(const void *p, size_t bytes) { return registry_find(p, bytes, NULL); }
 
 static cudaError_t alloc_now(void **dev_ptr, size_t size)
 {
@@ -256,7 +249,7 @@ static cudaError_t alloc_now(void **dev_ptr, size_t size)
     void *p = NULL;
     if (size > ((size_t)1 << 48) || posix_memalign(&p, 256, size) != 0)
         return af_emu_fail(cudaErrorMemoryAllocation);
-    if (!registry_add((char *)p, size)) {
+    if (!registry_add((char *)p, size, af_emu_runtime_device())) {
         free(p);
         return af_emu_fail(cudaErrorMemoryAllocation);
     }
@@ -303,6 +296,7 @@ cudaError_t cudaFreeAsync(void *dev_ptr, cudaStream_t stream)
 static cudaError_t copy_now(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
 {
     AF_EMU_REQUIRE_RUNTIME();
+    (void)af_emu_runtime_device();
     if ((unsigned)kind > (unsigned)cudaMemcpyDefault)
         return af_emu_fail(cudaErrorInvalidMemcpyDirection);
     if (count == 0)
@@ -333,6 +327,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaM
 static cudaError_t memset_now(void *dev_ptr, int value, size_t count)
 {
     AF_EMU_REQUIRE_RUNTIME();
+    (void)af_emu_runtime_device();
     if (count == 0)
         return cudaSuccess;
     if (!registry_contains(dev_ptr, count))
@@ -359,9 +354,10 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, c
         return af_emu_fail(cudaErrorInvalidValue);
     AF_EMU_REQUIRE_RUNTIME();
     memset(attributes, 0, sizeof *attributes);
-    if (ptr && registry_contains(ptr, 0)) {
+    int device = 0;
+    if (ptr && registry_find(ptr, 0, &device)) {
         attributes->type = cudaMemoryTypeDevice;
-        attributes->device = 0;
+        attributes->device = device;
         attributes->devicePointer = (void *)ptr;
     } else {
         /* CUDA 11 and later: other host memory is "unregistered", with success. */

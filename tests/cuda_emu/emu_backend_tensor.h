@@ -8,10 +8,12 @@
 
 typedef struct {
     void *memory;     /* device allocation holding the whole backing buffer of the host tensor */
-    af_tensor view;   /* the host tensor's view, moved onto the device allocation (cuda:0) */
+    af_tensor view;   /* the host tensor's view, moved onto the device allocation (cuda:N) */
+    int device;       /* N, where the memory is (tests may relabel view.device) */
 } device_tensor;
 
-void backend_to_device(const af_cuda_backend_ops *ops, device_tensor *d, const test_tensor *t);
+void backend_to_device(const af_cuda_backend_ops *ops, device_tensor *d, const test_tensor *t);   /* cuda:0 */
+void backend_to_device_on(const af_cuda_backend_ops *ops, int device, device_tensor *d, const test_tensor *t);
 void backend_to_host(const af_cuda_backend_ops *ops, test_tensor *t, const device_tensor *d);
 void backend_device_free(const af_cuda_backend_ops *ops, device_tensor *d);
 
