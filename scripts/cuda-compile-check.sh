@@ -2,12 +2,15 @@
 # The CUDA backend's compile checks: src/cuda/backend.cu compiled by nvcc for sm_80 and sm_90a with ptxas -v; fails
 # when a tensor-core kernel for head dims 64 or 128 (the fast paths) has spill stores/loads or a stack frame, or when
 # the SASS of those kernels (of BUILD_DIR/libattnforge_cuda.so when it is built, else of the cubins compiled here)
-# holds no HMMA (tensor-core) instruction for sm_80 and sm_90. Prints a table: kernel x registers/stack/spills/smem.
+# holds no HMMA (tensor-core) instruction for sm_80 and sm_90, or when a 32-rows-a-warp kernel issues fewer than 3
+# HMMA per LDSM (ldmatrix) in its SASS. Prints a table: kernel x registers/stack/spills/smem/HMMA/LDSM.
 # Usage: scripts/cuda-compile-check.sh BUILD_DIR
 # Environment: NVCC (default: nvcc on PATH, else /usr/local/cuda/bin/nvcc); CUOBJDUMP (default: on PATH, in the
 # toolkit, or pip's nvidia-cuda-cuobjdump; --dump-sass also needs nvdisasm: pip's nvidia-cuda-nvdisasm);
 # AF_REQUIRE_SASS_CHECK=1 fails when cuobjdump is missing (default: the SASS check is skipped with a message);
-# AF_FAST_KERNEL_REGEX: which kernels are the fast paths (Python regex; default: 'mma' and a 64 or 128 in the name).
+# AF_FAST_KERNEL_REGEX: which kernels are the fast paths (Python regex; default: 'mma' and a 64 or 128 in the name);
+# AF_REUSE_KERNEL_REGEX: which must reach AF_MIN_HMMA_PER_LDSM (default 3) HMMA per LDSM (default: the 16-bit
+# head-dim 64/128 kernels with 32 rows a warp, af_mma_{f16,bf16}_hd{64,128}).
 # Exit status: 0 passed, 1 failed, 77 skipped (no nvcc).
 set -u
 if [ $# -ne 1 ]; then
@@ -18,6 +21,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=$1
 out=$build/cuda-compile-check
 fast_regex=${AF_FAST_KERNEL_REGEX:-'mma.*(^|[^0-9])(64|128)([^0-9]|$)'}
+reuse_regex=${AF_REUSE_KERNEL_REGEX:-'^af_mma_(f16|bf16)_hd(64|128)$'}
+min_ratio=${AF_MIN_HMMA_PER_LDSM:-3}
 
 nvcc=${NVCC:-$(command -v nvcc || true)}
 [ -z "$nvcc" ] && [ -x /usr/local/cuda/bin/nvcc ] && nvcc=/usr/local/cuda/bin/nvcc
@@ -107,9 +112,10 @@ elif [ "${AF_REQUIRE_SASS_CHECK:-0}" = 1 ]; then
     failures=$((failures + 1))
 fi
 
-python3 - "$out" "$fast_regex" "${#sass_inputs[@]}" "$sass_source" <<'PY' || failures=$((failures + 1))
+python3 - "$out" "$fast_regex" "${#sass_inputs[@]}" "$sass_source" "$reuse_regex" "$min_ratio" <<'PY' || failures=$((failures + 1))
 import os, re, sys
 out, fast_regex, sass_count, sass_source = sys.argv[1], re.compile(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+reuse_regex, min_ratio = re.compile(sys.argv[5]), float(sys.argv[6])
 
 def ptxas_report(path):
     """{kernel: {regs, stack, spill_st, spill_ld, smem}} from ptxas -v, entry functions only."""
@@ -136,8 +142,8 @@ def ptxas_report(path):
             kernels[current]["smem"] = int(s.group(1)) if s else 0
     return kernels
 
-def sass_hmma(path):
-    """{(arch, kernel): number of HMMA instructions} from cuobjdump --dump-sass."""
+def sass_counts(path, opcode):
+    """{(arch, kernel): number of `opcode` instructions} from cuobjdump --dump-sass."""
     counts, arch, kernel = {}, None, None
     for line in open(path, errors="replace"):
         m = re.match(r"\s*arch = (sm_\w+)", line)
@@ -149,16 +155,18 @@ def sass_hmma(path):
             kernel = m.group(1)
             counts.setdefault((arch, kernel), 0)
             continue
-        if kernel and re.search(r"\bHMMA\.", line):
+        if kernel and re.search(r"\b" + opcode + r"\.", line):
             counts[(arch, kernel)] += 1
     return counts
 
 failures = []
-hmma = sass_hmma(os.path.join(out, "sass.txt")) if sass_count else {}
+hmma = sass_counts(os.path.join(out, "sass.txt"), "HMMA") if sass_count else {}
+ldsm = sass_counts(os.path.join(out, "sass.txt"), "LDSM") if sass_count else {}
 print(f"\nfast paths: kernels matching /{fast_regex.pattern}/ (*); static smem only (dynamic smem is set at launch)")
 print(f"SASS from: {sass_source}")
-print("| target | kernel | regs | stack | spill st | spill ld | smem | HMMA |")
-print("|---|---|---:|---:|---:|---:|---:|---:|")
+print(f"HMMA/LDSM >= {min_ratio:g} for kernels matching /{reuse_regex.pattern}/ (+)")
+print("| target | kernel | regs | stack | spill st | spill ld | smem | HMMA | LDSM | HMMA/LDSM |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 for arch in ("80", "90a"):
     kernels = ptxas_report(os.path.join(out, f"ptxas_sm{arch}.log"))
     if not kernels:
@@ -171,15 +179,25 @@ for arch in ("80", "90a"):
         k = kernels[name]
         is_fast = name in fast
         count = hmma.get((f"sm_{arch}", name))
+        loads = ldsm.get((f"sm_{arch}", name))
         shown = "-" if count is None else str(count)
-        print(f"| sm_{arch} | {name}{' *' if is_fast else ''} | {k['regs']} | {k['stack']} | {k['spill_st']} | "
-              f"{k['spill_ld']} | {k['smem']} | {shown} |")
+        ratio = count / loads if count is not None and loads else None
+        is_reuse = bool(reuse_regex.search(name))
+        print(f"| sm_{arch} | {name}{' *' if is_fast else ''}{' +' if is_reuse else ''} | {k['regs']} | {k['stack']} | "
+              f"{k['spill_st']} | {k['spill_ld']} | {k['smem']} | {shown} | {'-' if loads is None else loads} | "
+              f"{'-' if ratio is None else f'{ratio:.2f}'} |")
+        if is_reuse and sass_count and count and (ratio is None or ratio < min_ratio):
+            failures.append(f"sm_{arch} {name}: {count} HMMA for {loads} LDSM in its SASS (want >= {min_ratio:g} "
+                            f"HMMA per LDSM: each K/V fragment read from shared memory must feed the warp's 32 rows)")
         if is_fast and (k["stack"] or k["spill_st"] or k["spill_ld"]):
             failures.append(f"sm_{arch} {name}: {k['stack']} bytes stack frame, {k['spill_st']} bytes spill stores, "
                             f"{k['spill_ld']} bytes spill loads (the fast paths must have none)")
         if is_fast and sass_count and not count:
             failures.append(f"sm_{arch} {name}: no HMMA in its SASS" if count == 0 else
                             f"sm_{arch} {name}: not found in the SASS of {sass_source}")
+if sass_count and not any(reuse_regex.search(name) for arch in ("80", "90a")
+                          for name in ptxas_report(os.path.join(out, f"ptxas_sm{arch}.log"))):
+    failures.append(f"no kernel matches /{reuse_regex.pattern}/ (the 32-rows-a-warp kernels)")
 if not sass_count:
     print("SASS check skipped: cuobjdump (with nvdisasm) not found: pip install nvidia-cuda-cuobjdump "
           "nvidia-cuda-nvdisasm, or set CUOBJDUMP")

@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # One command for a machine with an NVIDIA GPU (written for an H200 with nvcc 13 and PyTorch, no network; fits
-# 8 minutes): builds with the CUDA backend, runs ctest, `attnforge verify --device cuda` (the default cases and
-# random samples against the double reference), compute-sanitizer memcheck/racecheck on small cases, the compile
-# checks, `python -m attnforge` and the Python GPU tests (python/tests/test_cuda_gpu.py, where pytest and torch
-# import), then bench/cuda_compare.py (attnforge beside torch's SDPA backends), and, where the CPU has AVX-512/AMX,
+# 11.5 minutes, --quick 7.5): builds with the CUDA backend, runs ctest, `attnforge verify --device cuda` (the default
+# cases and random samples against the double reference, and the occupancy each tensor-core variant got),
+# compute-sanitizer memcheck/racecheck on small cases and memcheck on a paged decode with a bad page index, the
+# compile checks, `python -m attnforge` and the Python GPU tests (python/tests/test_cuda_gpu.py, where pytest and
+# torch import: CUDA graphs, two streams at once, PyTorch's caching allocator), then bench/cuda_compare.py
+# (attnforge beside torch's SDPA backends), and, where the CPU has AVX-512/AMX,
 # the ctest suites, `attnforge bench --isa avx512|amx --quick` and decode's compute floor
 # (bench/standalone/decode_compute.c). Each phase has a time budget (the time an early phase leaves goes to the
 # later ones); a phase's failure is reported and the later phases still run.
-# Usage: scripts/gpu-check.sh             (BUILD_DIR, default build-gpu; OUT: also writes $OUT/gpu-check.log)
+# Usage: scripts/gpu-check.sh [--quick]   (BUILD_DIR, default build-gpu; OUT: also writes $OUT/gpu-check.log;
+#        --quick: 450 s in all, no CPU phase, a shorter comparison)
 #        GPU_CHECK_DRY=1 scripts/gpu-check.sh   runs only the phases that need no GPU (for trying it without one)
 #        GPU_CHECK_PHASES="verify compare" scripts/gpu-check.sh   a subset of: info build verify ctest sanitizer
 #        compile pytest compare cpu_isa (the later ones need the build); GPU_CHECK_BUDGET: seconds in all
-#        (default 470)
+#        (default 690, --quick 450)
 # Exit status: the number of failed phases (0: all passed or skipped).
 # shellcheck disable=SC2317  # the phase_* functions are called indirectly, by run_phase
 set -u
@@ -19,7 +22,13 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root" || exit 1
 build=${BUILD_DIR:-$root/build-gpu}
 dry=${GPU_CHECK_DRY:-0}
-total_budget=${GPU_CHECK_BUDGET:-470}   # seconds: 8 minutes less a margin
+quick=0
+[ "${1:-}" = --quick ] && quick=1
+if [ "$quick" = 1 ]; then
+    total_budget=${GPU_CHECK_BUDGET:-450}   # seconds: 7.5 minutes
+else
+    total_budget=${GPU_CHECK_BUDGET:-690}   # 11.5 minutes: 15 minutes of device time less the machine's start
+fi
 if [ -n "${OUT:-}" ]; then
     mkdir -p "$OUT"
     exec > >(tee "$OUT/gpu-check.log") 2>&1
@@ -35,8 +44,16 @@ skipped=()
 
 # Budgets in seconds, in run order; a phase may use what earlier phases left, minus what later ones reserve.
 phases=(info build verify ctest sanitizer compile pytest compare cpu_isa)
-declare -A budget=([info]=10 [build]=140 [verify]=35 [ctest]=75 [sanitizer]=45 [compile]=0 [pytest]=90 [compare]=100
-                   [cpu_isa]=35)
+declare -A budget=([info]=10 [build]=140 [verify]=45 [ctest]=75 [sanitizer]=100 [compile]=0 [pytest]=110
+                   [compare]=170 [cpu_isa]=40)
+if [ "$quick" = 1 ]; then
+    budget[verify]=40
+    budget[ctest]=60
+    budget[sanitizer]=60
+    budget[pytest]=80
+    budget[compare]=60
+    budget[cpu_isa]=0
+fi
 
 elapsed() { echo $(($(date +%s) - start)); }
 # Seconds phase $1 may run: up to the deadline less the budgets of the phases after it, at least 10.
@@ -215,9 +232,11 @@ verify_files() {
             echo "stopped at the phase's time budget before $(basename "$f")"
             break
         fi
-        ATTNFORGE_CUDA_LIBRARY=$library bounded "$seconds" "$cli" verify --device cuda --samples "$f" \
-            >"$build.verify.out" 2>&1 || code=1
+        ATTNFORGE_LOG=debug ATTNFORGE_CUDA_LIBRARY=$library bounded "$seconds" "$cli" verify --device cuda \
+            --samples "$f" >"$build.verify.out" 2>&1 || code=1
         grep -E '^samples\[|failed|error' "$build.verify.out" | sed "s|^|$(basename "$f" .samples.json): |"
+        # each process asks a variant's occupancy once and logs it (debug): the variants these samples ran
+        grep -oE 'cuda:[0-9]+ af_[a-z0-9_]+: [0-9]+ CTAs per multiprocessor.*' "$build.verify.out" >>"$build.occupancy"
         checks=$((checks + 1))
         grep -q '1 of 1 checks within tolerance' "$build.verify.out" && ok=$((ok + 1))
     done
@@ -228,11 +247,15 @@ verify_files() {
 phase_verify() {
     [ -x "$cli" ] || return 1
     local emulated=$build/tests/cuda_emu/libattnforge_cuda_emulated.so
+    : >"$build.occupancy"
     if ! has_gpu && [ "$dry" = 1 ] && [ -f "$emulated" ]; then
         echo "dry run: the small samples on the emulated backend instead of a GPU"
         write_samples "$build/samples" || return 1
         verify_files "$emulated" "$allowed" "$build"/samples/small_*.samples.json
-        return
+        local code=$?
+        echo "-- the occupancy of each tensor-core variant these samples ran (the emulation's model)"
+        sort -u "$build.occupancy"
+        return "$code"
     elif ! has_gpu; then
         echo "no GPU: verify --device cuda must refuse with exit 3"
         bounded 60 "$cli" verify --device cuda
@@ -243,6 +266,8 @@ phase_verify() {
     bounded "$half" "$cli" verify --device cuda || code=1
     write_samples "$build/samples" || return 1
     verify_files "$cuda_lib" 60 "$build"/samples/random_*.samples.json || code=1
+    echo "-- the occupancy of each tensor-core variant these samples ran (cudaOccupancyMaxActiveBlocksPerMultiprocessor)"
+    sort -u "$build.occupancy"
     # the command-line checks of tests/cli_cuda.sh with the real backend in place of the emulated one
     echo "-- tests/cli_cuda.sh on the GPU"
     ATTNFORGE_CUDA_EMULATED=$cuda_lib bounded 60 bash "$root/tests/cli_cuda.sh" "$cli" >"$build.cli_cuda.log" 2>&1 ||
@@ -268,7 +293,7 @@ phase_sanitizer() {
     [ -n "$sanitizer" ] || { echo "compute-sanitizer not found"; return 77; }
     has_gpu || return 77
     export ATTNFORGE_CUDA_LIBRARY=$cuda_lib
-    local code=0 tool per=$((allowed / 2))
+    local code=0 tool per=$((allowed / 4))
     for tool in memcheck racecheck; do
         echo "-- $tool"
         bounded "$per" "$sanitizer" --tool "$tool" --error-exitcode 9 \
@@ -277,6 +302,23 @@ phase_sanitizer() {
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|checks within tolerance|Error" "$build.$tool.log" | head -10
         [ "$c" -ne 0 ] && { echo "$tool: exit $c"; code=1; }
     done
+    # a page index past the pool: the kernels must not read it (memcheck), its rows are NaN and the check reports it
+    local py pypath=""
+    py=$(python_bin)
+    if "$py" -c "import pytest, torch" 2>/dev/null; then
+        echo "-- memcheck: a paged decode with a bad page index (test_cuda_gpu.py)"
+        [ -d "$build/pypkg" ] && pypath=$build/pypkg
+        local left=$((phase_end - $(date +%s)))
+        [ "$left" -lt 20 ] && left=20
+        PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}" bounded "$left" "$sanitizer" \
+            --tool memcheck --error-exitcode 9 --target-processes all "$py" -m pytest -q -p no:cacheprovider \
+            "$root/python/tests/test_cuda_gpu.py" -k bad_page >"$build.memcheck_pages.log" 2>&1
+        local c=$?
+        grep -E "ERROR SUMMARY|passed|failed|skipped|Invalid" "$build.memcheck_pages.log" | head -10
+        [ "$c" -ne 0 ] && { echo "memcheck (bad page): exit $c"; code=1; }
+    else
+        echo "pytest or torch not importable: the bad-page memcheck is skipped"
+    fi
     return "$code"
 }
 
@@ -353,7 +395,9 @@ phase_cpu_isa() {
 
 [ "$dry" = 1 ] && echo "gpu-check: DRY RUN (GPU_CHECK_DRY=1): the phases that need a GPU are skipped"
 [ "$dry" = 1 ] && budget[compare]=0
-only=" ${GPU_CHECK_PHASES:-${phases[*]}} "   # GPU_CHECK_PHASES="verify compare": a subset (the build must exist)
+default_phases="${phases[*]}"
+[ "$quick" = 1 ] && default_phases="${default_phases% cpu_isa}"
+only=" ${GPU_CHECK_PHASES:-$default_phases} "   # GPU_CHECK_PHASES="verify compare": a subset (the build must exist)
 for p in "${phases[@]}"; do
     [[ "$only" == *" $p "* ]] || budget[$p]=0
 done

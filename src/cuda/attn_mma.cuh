@@ -1,8 +1,10 @@
 /* The tensor-core attention kernel for f16/bf16 (FlashAttention-2 structure, mma.sync m16n8k16):
- *   - a CTA owns AF_MMA_BR packed query rows of one (batch, kv head): the GQA group's heads are packed into the
- *     row dimension (packed row r: head hk·group + r / L, query r % L), so each K/V tile serves the whole group;
- *     4 warps, each owning 16 rows and all keys of a tile, so softmax needs no communication between warps;
- *   - Q: cp.async to shared memory, then ldmatrix into registers once (head dim <= 128; at 256 the fragments are
+ *   - a CTA owns AF_MMA_BLOCK_ROWS(rt) packed query rows of one (batch, kv head): the GQA group's heads are packed
+ *     into the row dimension (packed row r: head hk·group + r / L, query r % L), so each K/V tile serves the whole
+ *     group; 4 warps, each owning rt row tiles of 16 rows (rt = 2 for head dims 64 and 128, FlashAttention-2's 32
+ *     rows a warp: every K or V fragment read from shared memory feeds 2·rt mma instead of 2) and all keys of a
+ *     tile, so softmax needs no communication between warps; rt = 1 for head dim 256, float8 and few rows (decode);
+ *   - Q: cp.async to shared memory, then ldmatrix into registers once (rt·head dim <= 128; else the fragments are
  *     read from shared memory per tile, to keep the registers for O);
  *   - K/V tiles of AF_MMA_BC keys: cp.async.cg 16-byte copies, double-buffered, an XOR swizzle of the 16-byte
  *     chunks of each row (chunk c of row r at c ^ (r & 7)) so the 8 rows an ldmatrix reads hit 8 different banks;
@@ -34,18 +36,22 @@
 
 #define AF_MMA_WARPS 4
 #define AF_MMA_THREADS (32 * AF_MMA_WARPS)
-#define AF_MMA_BR (16 * AF_MMA_WARPS)          /* packed query rows per CTA: 16 per warp */
+#define AF_MMA_TILE_ROWS 16                    /* rows of one mma row tile (m16) */
+#define AF_MMA_RT_MAX 2                        /* row tiles per warp: 1 or 2 */
+#define AF_MMA_BLOCK_ROWS(rt) (AF_MMA_TILE_ROWS * AF_MMA_WARPS * (rt))   /* packed query rows per CTA: 64 or 128 */
 #define AF_MMA_BC 64                           /* keys per K/V tile */
 #define AF_MMA_HD_MAX 256                      /* largest head-dim variant */
-#define AF_MMA_Q_REGS_MAX_HD 128               /* Q fragments stay in registers up to this head dim */
+#define AF_MMA_Q_REG_COLS 128                  /* Q fragments stay in registers up to rt·head dim = this */
 #define AF_MMA_RESCALE_THRESHOLD 8.0f          /* log2 units: weights stay <= 2^8 against a stale max */
 #define AF_MMA_LOG2E 1.4426950408889634f
 #define AF_MMA_LN2 0.6931471805599453f
 
 #if defined(__CUDACC__)
 #define AF_MMA_UNROLL _Pragma("unroll")        /* constant indices: the fragments stay in registers */
+#define AF_MMA_ROLLED _Pragma("unroll 1")      /* copies: per-row addresses are not kept in registers across tiles */
 #else
 #define AF_MMA_UNROLL
+#define AF_MMA_ROLLED
 #endif
 
 enum { AF_MMA_MASK_NONE = 0, AF_MMA_MASK_BOOL, AF_MMA_MASK_ADDITIVE };
@@ -95,10 +101,12 @@ typedef struct {
     int64_t q_descale_stride[2], k_descale_stride[2], v_descale_stride[2];
 } af_mma_params;
 
-/* Shared memory: Q, then 1 or 2 K tiles and as many V tiles, each 64 rows of hd 16-bit elements. The float8
- * variants need 2: the second K (V) tile's bytes hold two staged float8 tiles of K (V), the first the converted one. */
-static inline size_t af_mma_smem_bytes(int hd, int double_buffer) {
-    return (size_t)(1 + 2 * (double_buffer ? 2 : 1)) * AF_MMA_BC * (size_t)hd * 2;
+
+/* Shared memory: Q's block rows, then 1 or 2 K tiles and as many V tiles of 64 rows, all of hd 16-bit elements.
+ * The float8 variants (rt = 1) need 2: the second K (V) tile's bytes hold two staged float8 tiles of K (V), the
+ * first the converted one. */
+static inline size_t af_mma_smem_bytes(int hd, int double_buffer, int rt) {
+    return ((size_t)AF_MMA_BLOCK_ROWS(rt) + (size_t)2 * (double_buffer ? 2 : 1) * AF_MMA_BC) * (size_t)hd * 2;
 }
 
 /* Byte offset of 16-byte chunk `chunk` of row `row` in a tile of hd columns (XOR swizzle, hd >= 64). */
@@ -117,6 +125,12 @@ AF_DEVICE int af_mma_copy_offset(int row, int chunk, int hd, int elem) {
     return elem == 2 ? af_mma_swizzle(row, chunk, hd) : row * hd + chunk * 16;
 }
 
+/* a / b and a % b for 0 <= a, 0 < b < 2^31, which the plan guarantees for packed rows, keys and the page size
+ * (af_cuda_mma_fits_int32): in 32 bits, since a 64-bit division is a subroutine call whose saved registers spill in
+ * the main loop, where every accumulator is live. */
+AF_DEVICE int64_t af_mma_div(int64_t a, int64_t b) { return (int64_t)((uint32_t)a / (uint32_t)b); }
+AF_DEVICE int64_t af_mma_mod(int64_t a, int64_t b) { return (int64_t)((uint32_t)a % (uint32_t)b); }
+
 /* Batch b's sequence: its first query row and key in the packed tensors (varlen, else 0), its query rows and keys
  * (problem.h's af_sequence_at). */
 AF_DEVICE af_sequence af_mma_sequence(const af_mma_params *p, int64_t b) {
@@ -133,8 +147,11 @@ AF_DEVICE int af_mma_sequence_checked(const af_mma_params *p, int64_t b, af_sequ
 /* Whether every page entry of keys [lo, hi) of batch b is a page of the pool: each warp checks them all (its lanes
  * share the entries), so every thread of the CTA gets the same answer without shared memory or a barrier. */
 AF_DEVICE int af_mma_pages_valid(const af_mma_params *p, int64_t b, int64_t lo, int64_t hi) {
-    float bad = af_pages_valid(p->page_table, p->page_table_stride, p->page_size, p->num_pages, b, lo, hi, af_lane(),
-                               32) ? 0.0f : 1.0f;
+    const int none = !p->page_table || hi <= lo;   /* af_pages_valid, dividing in 32 bits */
+    float bad = none || af_page_entries_valid(p->page_table, p->page_table_stride, p->num_pages, b,
+                                              af_mma_div(lo, p->page_size), af_mma_div(hi + p->page_size - 1,
+                                                                                       p->page_size), af_lane(), 32)
+                    ? 0.0f : 1.0f;
     for (int x = 16; x > 0; x >>= 1) bad = fmaxf(bad, af_shfl_xor(bad, x));
     return bad == 0.0f;
 }
@@ -148,8 +165,10 @@ AF_DEVICE void af_mma_key_range(const af_mma_params *p, const af_sequence *sq, i
  * table when paged (problem.h's af_kv_row_offset_at). */
 AF_DEVICE const char *af_mma_kv_row(const af_mma_params *p, const char *data, const int64_t *stride, int64_t b,
                                     int64_t hk, const af_sequence *sq, int64_t key, int elem) {
-    return data + elem * af_kv_row_offset_at(p->page_table, p->page_table_stride, p->page_size, stride, b, hk, sq->k0,
-                                             key);
+    if (p->page_table)
+        return data + elem * af_kv_page_row_offset(p->page_table, p->page_table_stride, stride, b, hk,
+                                                   af_mma_div(key, p->page_size), af_mma_mod(key, p->page_size));
+    return data + elem * af_kv_row_offset_at(NULL, NULL, 0, stride, b, hk, sq->k0, key);
 }
 
 AF_DEVICE void af_mma_op(float d[4], const uint32_t a[4], const uint32_t b[2], const int bf16) {
@@ -168,6 +187,7 @@ AF_DEVICE void af_mma_load_tile(char *dst, const af_mma_params *p, const char *d
                                 int64_t b, int64_t hk, const af_sequence *sq, int64_t key0, int cols, const int hd,
                                 const int elem) {
     const int chunks = hd * elem / 16, chunk = AF_THREAD_IDX % chunks, bytes = af_mma_chunk_bytes(cols, chunk, elem);
+    AF_MMA_ROLLED
     for (int row = AF_THREAD_IDX / chunks; row < AF_MMA_BC; row += AF_MMA_THREADS / chunks) {
         const int64_t key = key0 + row;
         const int ok = key < sq->S && bytes > 0;
@@ -178,11 +198,8 @@ AF_DEVICE void af_mma_load_tile(char *dst, const af_mma_params *p, const char *d
 
 /* float8: a staged tile (or Q block) converted into the 16-bit tile the products read (af_mma_swizzle's layout), one
  * 16-byte chunk (8 elements) a step. Exact: every e4m3fn and e5m2 value is an f16 and a bf16 (NaN stays NaN). */
-#if AF_MMA_BR != AF_MMA_BC
-#error "af_mma_convert_tile converts a Q block as a K/V tile: both must have the same rows"
-#endif
 AF_DEVICE void af_mma_convert_tile(char *dst, const char *stage, int kv_dtype, const int hd, const int bf16) {
-    const int chunks = hd / 8;
+    const int chunks = hd / 8;   /* a tile of AF_MMA_BC rows: a K/V tile, or the float8 variants' (rt = 1) Q block */
     for (int i = AF_THREAD_IDX; i < AF_MMA_BC * chunks; i += AF_MMA_THREADS) {
         const int row = i / chunks, chunk = i % chunks;
         const uint8_t *src = (const uint8_t *)stage + row * hd + chunk * 8;
@@ -194,17 +211,17 @@ AF_DEVICE void af_mma_convert_tile(char *dst, const char *stage, int kv_dtype, c
     }
 }
 
-/* The CTA's AF_MMA_BR packed query rows (from r0) of sequence `sq` into shared memory (`elem` bytes an element: 2,
- * or 1 for a float8 q's stage; af_mma_copy_offset's layout); rows past its group·L are zero. */
+/* The CTA's `block_rows` packed query rows (from r0) of sequence `sq` into shared memory (`elem` bytes an element:
+ * 2, or 1 for a float8 q's stage; af_mma_copy_offset's layout); rows past its group·L are zero. */
 AF_DEVICE void af_mma_load_q(char *dst, const af_mma_params *p, int64_t b, int64_t hk, const af_sequence *sq,
-                             int64_t r0, const int hd, const int elem) {
+                             int64_t r0, const int block_rows, const int hd, const int elem) {
     const int chunks = hd * elem / 16, chunk = AF_THREAD_IDX % chunks, bytes = af_mma_chunk_bytes(p->E, chunk, elem);
-    for (int row = AF_THREAD_IDX / chunks; row < AF_MMA_BR; row += AF_MMA_THREADS / chunks) {
+    for (int row = AF_THREAD_IDX / chunks; row < block_rows; row += AF_MMA_THREADS / chunks) {
         const int64_t r = r0 + row;
         const char *src = p->q;
         int n = 0;
         if (r < p->group * sq->L && bytes > 0) {
-            const int64_t h = hk * p->group + r / sq->L, i = sq->q0 + r % sq->L;
+            const int64_t h = hk * p->group + af_mma_div(r, sq->L), i = sq->q0 + af_mma_mod(r, sq->L);
             src = p->q + elem * (b * p->q_stride[0] + h * p->q_stride[1] + i * p->q_stride[2]) + chunk * 16;
             n = bytes;
         }
@@ -212,46 +229,56 @@ AF_DEVICE void af_mma_load_q(char *dst, const af_mma_params *p, int64_t b, int64
     }
 }
 
-/* s[8][4] += Q(16 rows of this warp, k-slice kk)·Kᵀ(64 keys): two n8 tiles of keys per ldmatrix.x4
- * (matrices: keys +0..7 dims lo, keys +0..7 dims hi, keys +8..15 dims lo, keys +8..15 dims hi). */
-AF_DEVICE void af_mma_qk_slice(float s[][4], const uint32_t qa[4], const char *k_tile, int kk, const int hd,
-                               const int bf16) {
+/* s[i] += Q(row tile i of this warp, k-slice kk)·Kᵀ(64 keys) for its rt row tiles: two n8 tiles of keys per
+ * ldmatrix.x4 (matrices: keys +0..7 dims lo, keys +0..7 dims hi, keys +8..15 dims lo, keys +8..15 dims hi), each
+ * fragment used by every row tile. */
+AF_DEVICE void af_mma_qk_slice(float s[][AF_MMA_BC / 8][4], const uint32_t qa[][4], const char *k_tile, int kk,
+                               const int hd, const int rt, const int bf16) {
     const int lane = af_lane();
     AF_MMA_UNROLL
     for (int np = 0; np < AF_MMA_BC / 16; np++) {
         uint32_t kb[4];
         const int key = 16 * np + (lane & 7) + 8 * (lane >> 4), chunk = 2 * kk + ((lane >> 3) & 1);
         af_ldmatrix_x4(kb, k_tile + af_mma_swizzle(key, chunk, hd));
-        af_mma_op(s[2 * np], qa, kb, bf16);
-        af_mma_op(s[2 * np + 1], qa, kb + 2, bf16);
+        AF_MMA_UNROLL
+        for (int i = 0; i < rt; i++) {
+            af_mma_op(s[i][2 * np], qa[i], kb, bf16);
+            af_mma_op(s[i][2 * np + 1], qa[i], kb + 2, bf16);
+        }
     }
 }
 
 /* The key range (causality, the window, keys past S) and the attention mask on one tile of scores (log2 units) of
- * this lane's rows g and g+8 (packed rows r0 + 16·warp + g + 8·half): -inf, or additive terms (the mask in the inputs' dtype). The rows' key
- * limits and mask rows are found here, on the tiles that need them, to keep registers free in the main loop. */
-AF_DEVICE void af_mma_apply_mask(float s[][4], const af_mma_params *p, int64_t b, int64_t hk, int64_t r0,
-                                 int64_t key0, const int bf16) {
+ * this lane's rows g and g+8 of a row tile (packed rows rt0 + g + 8·half): -inf, or additive terms (the mask in the
+ * inputs' dtype). The rows' key limits and mask rows are found here, on the tiles that need them, to keep registers
+ * free in the main loop. */
+AF_DEVICE void af_mma_apply_mask(float s[][4], const af_mma_params *p, int64_t b, int64_t hk, int64_t rt0,
+                                 int64_t key0, const int bf16, const int tensor_mask) {
     const int lane = af_lane(), g = lane >> 2, t = lane & 3;
     const af_sequence seq = af_mma_sequence(p, b), *sq = &seq;   /* read again: fewer registers live in the loop */
     AF_MMA_UNROLL
     for (int half = 0; half < 2; half++) {
-        const int64_t r = r0 + 16 * af_warp() + g + 8 * half;
-        const int64_t h = hk * p->group + r / sq->L, i = r % sq->L;   /* the mask (af_sdpa only) is never varlen */
+        const int64_t r = rt0 + g + 8 * half;
+        const int64_t h = hk * p->group + af_mma_div(r, sq->L), i = af_mma_mod(r, sq->L);   /* never varlen */
         int64_t lo = 0, hi = sq->S;
         const int live = r < p->group * sq->L;
         if (live) af_mma_key_range(p, sq, i, &lo, &hi);
-        const char *mask_row = NULL;
-        if (p->mask && live)
+        /* the row's key range within the tile, as small ints: 64-bit compares per score cost registers here, where
+         * every accumulator is live */
+        const int lo_t = (int)(lo <= key0 ? 0 : lo - key0 < AF_MMA_BC ? lo - key0 : AF_MMA_BC);
+        const int hi_t = (int)(hi <= key0 ? 0 : hi - key0 < AF_MMA_BC ? hi - key0 : AF_MMA_BC);
+        const char *mask_row = NULL;   /* at the tile's first key */
+        if (tensor_mask && p->mask && live)
             mask_row = p->mask + (p->mask_kind == AF_MMA_MASK_BOOL ? 1 : 2) *
-                                     (b * p->mask_stride[0] + h * p->mask_stride[1] + i * p->mask_stride[2]);
+                                     (b * p->mask_stride[0] + h * p->mask_stride[1] + i * p->mask_stride[2] +
+                                      key0 * p->mask_stride[3]);
         AF_MMA_UNROLL
         for (int n = 0; n < AF_MMA_BC / 8; n++) {
             AF_MMA_UNROLL
             for (int c = 0; c < 2; c++) {
-                const int64_t key = key0 + 8 * n + 2 * t + c;
+                const int key = 8 * n + 2 * t + c;
                 float v = s[n][2 * half + c];
-                if (key < lo || key >= hi) {
+                if (key < lo_t || key >= hi_t) {
                     v = -INFINITY;
                 } else if (mask_row) {
                     const int64_t at = key * p->mask_stride[3];
@@ -303,26 +330,33 @@ AF_DEVICE void af_mma_softmax(float s[][4], float o[][4], float m[2], float l[2]
     }
 }
 
-/* o += P·V: P's A fragment for keys 16ks..16ks+15 is the S accumulators of n8 tiles 2ks and 2ks+1, packed in
- * place; V's B fragments by ldmatrix.trans, two n8 tiles of value columns each (matrices: keys +0..7 cols lo,
- * keys +8..15 cols lo, keys +0..7 cols hi, keys +8..15 cols hi). */
-AF_DEVICE void af_mma_pv(float o[][4], float s[][4], const char *v_tile, const int hd, const int Ev, const int bf16) {
+/* o[i] += P·V for the rt row tiles: P's A fragment for keys 16ks..16ks+15 is the S accumulators of n8 tiles 2ks
+ * and 2ks+1, packed in place; V's B fragments by ldmatrix.trans, two n8 tiles of value columns each (matrices:
+ * keys +0..7 cols lo, keys +8..15 cols lo, keys +0..7 cols hi, keys +8..15 cols hi), each used by every row tile. */
+AF_DEVICE void af_mma_pv(float o[][AF_MMA_HD_MAX / 8][4], float s[][AF_MMA_BC / 8][4], const char *v_tile,
+                         const int hd, const int Ev, const int rt, const int bf16) {
     const int lane = af_lane();
     AF_MMA_UNROLL
     for (int ks = 0; ks < AF_MMA_BC / 16; ks++) {
-        uint32_t pa[4];
-        pa[0] = af_mma_pack(s[2 * ks][0], s[2 * ks][1], bf16);
-        pa[1] = af_mma_pack(s[2 * ks][2], s[2 * ks][3], bf16);
-        pa[2] = af_mma_pack(s[2 * ks + 1][0], s[2 * ks + 1][1], bf16);
-        pa[3] = af_mma_pack(s[2 * ks + 1][2], s[2 * ks + 1][3], bf16);
+        uint32_t pa[AF_MMA_RT_MAX][4];
+        AF_MMA_UNROLL
+        for (int i = 0; i < rt; i++) {
+            pa[i][0] = af_mma_pack(s[i][2 * ks][0], s[i][2 * ks][1], bf16);
+            pa[i][1] = af_mma_pack(s[i][2 * ks][2], s[i][2 * ks][3], bf16);
+            pa[i][2] = af_mma_pack(s[i][2 * ks + 1][0], s[i][2 * ks + 1][1], bf16);
+            pa[i][3] = af_mma_pack(s[i][2 * ks + 1][2], s[i][2 * ks + 1][3], bf16);
+        }
         AF_MMA_UNROLL
         for (int dp = 0; dp < hd / 16; dp++) {
             if (16 * dp >= Ev) continue;   /* zero columns of the padded head dim */
             uint32_t vb[4];
             af_ldmatrix_x4_trans(vb, v_tile + af_mma_swizzle(16 * ks + (lane & 7) + 8 * ((lane >> 3) & 1),
                                                             2 * dp + (lane >> 4), hd));
-            af_mma_op(o[2 * dp], pa, vb, bf16);
-            af_mma_op(o[2 * dp + 1], pa, vb + 2, bf16);
+            AF_MMA_UNROLL
+            for (int i = 0; i < rt; i++) {
+                af_mma_op(o[i][2 * dp], pa[i], vb, bf16);
+                af_mma_op(o[i][2 * dp + 1], pa[i], vb + 2, bf16);
+            }
         }
     }
 }
@@ -361,9 +395,10 @@ AF_DEVICE void af_mma_join_sink(const af_mma_params *p, int64_t h, float o[][4],
     if (sink != sink) *l = sink;
 }
 
-/* O / l and the LSE of this lane's two rows: to out/lse, or to the split's partials. */
+/* O / l and the LSE of this lane's two rows of a row tile (packed rows rt0 + g + 8·half): to out/lse, or to the
+ * split's partials. */
 AF_DEVICE void af_mma_epilogue(const af_mma_params *p, float o[][4], float m[2], float l[2], int64_t b,
-                               int64_t hk, int64_t r0, float v_scale, const int hd, const int bf16) {
+                               int64_t hk, int64_t rt0, float v_scale, const int hd, const int bf16) {
     const int lane = af_lane(), g = lane >> 2, t = lane & 3;
     const af_sequence seq = af_mma_sequence(p, b), *sq = &seq;
     AF_MMA_UNROLL
@@ -373,9 +408,9 @@ AF_DEVICE void af_mma_epilogue(const af_mma_params *p, float o[][4], float m[2],
     }
     AF_MMA_UNROLL
     for (int half = 0; half < 2; half++) {
-        const int64_t r = r0 + 16 * af_warp() + g + 8 * half;
+        const int64_t r = rt0 + g + 8 * half;
         if (r >= p->group * sq->L) continue;
-        const int64_t h = hk * p->group + r / sq->L, i = sq->q0 + r % sq->L;
+        const int64_t h = hk * p->group + af_mma_div(r, sq->L), i = sq->q0 + af_mma_mod(r, sq->L);
         if (p->sink && !p->part_o) af_mma_join_sink(p, h, o, &m[half], &l[half], half, hd);   /* split: the combine's */
         const int seen = l[half] > 0.0f || l[half] != l[half];   /* a row that saw no key: out = 0, lse = -inf */
         const float inv = seen ? v_scale / l[half] : 0.0f;   /* v_scale: float8's v_descale, else 1 */
@@ -403,28 +438,30 @@ AF_DEVICE void af_mma_epilogue(const af_mma_params *p, float o[][4], float m[2],
     }
 }
 
-/* The whole CTA: hd (64, 128, 256), bf16 and f8 (float8 K/V) are constants here (see AF_MMA_KERNEL). */
-AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16, const int f8) {
-    const int q_in_regs = hd <= AF_MMA_Q_REGS_MAX_HD;
+/* The whole CTA: hd (64, 128, 256), bf16, f8 (float8 K/V) and rt (row tiles a warp) are constants here (see
+ * AF_MMA_KERNEL). */
+AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16, const int f8, const int rt) {
+    const int q_in_regs = rt * hd <= AF_MMA_Q_REG_COLS, block_rows = AF_MMA_BLOCK_ROWS(rt);
     const int lane = af_lane(), warp = af_warp();
-    const int64_t bhk = (int64_t)(AF_BLOCK_IDX_X / p.row_blocks) * AF_GRID_DIM_Y + AF_BLOCK_IDX_Y;
+    const int64_t bhk = af_mma_div(AF_BLOCK_IDX_X, p.row_blocks) * AF_GRID_DIM_Y + AF_BLOCK_IDX_Y;
     if (bhk >= p.heads) return;   /* the fold of B·Hkv into grid x has a ragged end */
-    const int64_t b = bhk / p.Hkv, hk = bhk % p.Hkv;
-    const int64_t r0 = (int64_t)(AF_BLOCK_IDX_X % p.row_blocks) * AF_MMA_BR;
+    const int64_t b = af_mma_div(bhk, p.Hkv), hk = af_mma_mod(bhk, p.Hkv);
+    const int64_t r0 = af_mma_mod(AF_BLOCK_IDX_X, p.row_blocks) * block_rows;
     af_sequence sq;   /* varlen: the grid covers the longest sequence's rows; a SKIP sequence has none */
     int bad = af_mma_sequence_checked(&p, b, &sq) != AF_SEQ_OK;
     const int64_t rows = p.group * sq.L;
     if (r0 >= rows) return;   /* past this sequence's rows: nothing to compute or store (the combine skips them) */
-    const int warp_live = r0 + 16 * warp < rows;
+    const int64_t warp_r0 = r0 + AF_MMA_TILE_ROWS * rt * warp;   /* this warp's first packed row */
+    const int warp_live = warp_r0 < rows;
 
     /* The keys this CTA's rows see: both ends of a row's range grow with the query index, and a block that wraps
      * from one head of the group to the next holds both query 0 and query L-1. Tiles between lo_max and hi_min
      * need no mask (every row of the block sees all their keys). */
-    const int64_t r_end = r0 + AF_MMA_BR < rows ? r0 + AF_MMA_BR : rows;
-    const int wraps = (r_end - 1) / sq.L != r0 / sq.L;
+    const int64_t r_end = r0 + block_rows < rows ? r0 + block_rows : rows;
+    const int wraps = af_mma_div(r_end - 1, sq.L) != af_mma_div(r0, sq.L);
     int64_t lo_min, hi_min, lo_max, hi_max;
-    af_mma_key_range(&p, &sq, wraps ? 0 : r0 % sq.L, &lo_min, &hi_min);
-    af_mma_key_range(&p, &sq, wraps ? sq.L - 1 : (r_end - 1) % sq.L, &lo_max, &hi_max);
+    af_mma_key_range(&p, &sq, wraps ? 0 : af_mma_mod(r0, sq.L), &lo_min, &hi_min);
+    af_mma_key_range(&p, &sq, wraps ? sq.L - 1 : af_mma_mod(r_end - 1, sq.L), &lo_max, &hi_max);
     const int64_t tiles = (hi_max + AF_MMA_BC - 1) / AF_MMA_BC, t_first = lo_min / AF_MMA_BC;
     int64_t t_begin = (int64_t)AF_BLOCK_IDX_Z * p.tiles_per_split;
     int64_t t_end = t_begin + p.tiles_per_split < tiles ? t_begin + p.tiles_per_split : tiles;
@@ -435,7 +472,7 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16, 
 
     char *smem_q = af_shared_memory();
     const int tile_bytes = AF_MMA_BC * hd * 2;
-    char *smem_k = smem_q + tile_bytes;
+    char *smem_k = smem_q + block_rows * hd * 2;
     char *smem_v = smem_k + (p.double_buffer ? 2 : 1) * tile_bytes;
     /* float8 (always double-buffered): stage s of K / V at the second tile's bytes + s·stage_bytes */
     const int stage_bytes = AF_MMA_BC * hd, kv_elem = f8 ? 1 : 2;
@@ -450,16 +487,22 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16, 
         v_descale = af_descale_at(p.v_descale, p.v_descale_stride, b, hk);
     }
 
-    float o[AF_MMA_HD_MAX / 8][4];
+    float o[AF_MMA_RT_MAX][AF_MMA_HD_MAX / 8][4];
+    float m[AF_MMA_RT_MAX][2], l[AF_MMA_RT_MAX][2];
     AF_MMA_UNROLL
-    for (int d = 0; d < hd / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {bad ? NAN : 0.0f, bad ? NAN : 0.0f};
-    uint32_t qf[AF_MMA_HD_MAX / 16][4];   /* used up to AF_MMA_Q_REGS_MAX_HD */
+    for (int i = 0; i < rt; i++) {
+        AF_MMA_UNROLL
+        for (int d = 0; d < hd / 8; d++) o[i][d][0] = o[i][d][1] = o[i][d][2] = o[i][d][3] = 0.0f;
+        m[i][0] = m[i][1] = -INFINITY;
+        l[i][0] = l[i][1] = bad ? NAN : 0.0f;
+    }
+    /* Q's fragments when they stay in registers: [row tile][k slice], up to rt·hd = AF_MMA_Q_REG_COLS */
+    uint32_t qf[AF_MMA_RT_MAX][AF_MMA_Q_REG_COLS / 16][4];
 
     const int q_f8 = f8 && p.q_float8;   /* Q staged in K's second stage, free until the loop's first copy */
     if (t_begin < t_end) {   /* Q, then the first tile: two groups */
-        if (q_f8) af_mma_load_q(stage_k + stage_bytes, &p, b, hk, &sq, r0, hd, 1);
-        else af_mma_load_q(smem_q, &p, b, hk, &sq, r0, hd, 2);
+        if (q_f8) af_mma_load_q(stage_k + stage_bytes, &p, b, hk, &sq, r0, block_rows, hd, 1);
+        else af_mma_load_q(smem_q, &p, b, hk, &sq, r0, block_rows, hd, 2);
         af_cp_async_commit();
         af_mma_load_tile(f8 ? stage_k : smem_k, &p, p.k, p.k_stride, b, hk, &sq, t_begin * AF_MMA_BC, p.E, hd, kv_elem);
         af_mma_load_tile(f8 ? stage_v : smem_v, &p, p.v, p.v_stride, b, hk, &sq, t_begin * AF_MMA_BC, p.Ev, hd,
@@ -473,9 +516,12 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16, 
                 af_syncthreads();   /* before the fragments are read, and before the loop refills that stage */
             }
             AF_MMA_UNROLL
-            for (int kk = 0; kk < hd / 16; kk++)
-                if (q_in_regs && warp_live && 16 * kk < p.E)
-                    af_ldmatrix_x4(qf[kk], smem_q + af_mma_swizzle(16 * warp + (lane & 15), 2 * kk + (lane >> 4), hd));
+            for (int i = 0; i < rt; i++)
+                AF_MMA_UNROLL
+                for (int kk = 0; kk < AF_MMA_Q_REG_COLS / 16; kk++)
+                    if (q_in_regs && warp_live && kk < hd / 16 && 16 * kk < p.E)
+                        af_ldmatrix_x4(qf[i][kk], smem_q + af_mma_swizzle(warp_r0 - r0 + 16 * i + (lane & 15),
+                                                                          2 * kk + (lane >> 4), hd));
         }
     }
     for (int64_t tile = t_begin; tile < t_end; tile++) {
@@ -501,30 +547,42 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16, 
             af_mma_convert_tile(smem_v, stage_v + next * stage_bytes, p.kv_dtype, hd, bf16);
             af_syncthreads();
         }
-        if (warp_live) {   /* a warp whose 16 rows are all past the packed rows (decode) only helps load */
+        if (warp_live) {   /* a warp whose rows are all past the packed rows (decode) only helps load */
             const char *k_tile = smem_k + buf * tile_bytes, *v_tile = smem_v + buf * tile_bytes;
-            float s[AF_MMA_BC / 8][4];
+            float s[AF_MMA_RT_MAX][AF_MMA_BC / 8][4];
             AF_MMA_UNROLL
-            for (int n = 0; n < AF_MMA_BC / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+            for (int i = 0; i < rt; i++)
+                AF_MMA_UNROLL
+                for (int n = 0; n < AF_MMA_BC / 8; n++) s[i][n][0] = s[i][n][1] = s[i][n][2] = s[i][n][3] = 0.0f;
             AF_MMA_UNROLL
             for (int kk = 0; kk < hd / 16; kk++) {
                 if (16 * kk >= p.E) continue;   /* zero columns of the padded head dim */
-                if (q_in_regs) {
-                    af_mma_qk_slice(s, qf[kk], k_tile, kk, hd, bf16);
-                } else {
-                    uint32_t qa[4];
-                    af_ldmatrix_x4(qa, smem_q + af_mma_swizzle(16 * warp + (lane & 15), 2 * kk + (lane >> 4), hd));
-                    af_mma_qk_slice(s, qa, k_tile, kk, hd, bf16);
+                uint32_t qa[AF_MMA_RT_MAX][4];
+                AF_MMA_UNROLL
+                for (int i = 0; i < rt; i++) {
+                    if (q_in_regs) {
+                        AF_MMA_UNROLL
+                        for (int c = 0; c < 4; c++) qa[i][c] = qf[i][kk < AF_MMA_Q_REG_COLS / 16 ? kk : 0][c];
+                    } else {
+                        af_ldmatrix_x4(qa[i], smem_q + af_mma_swizzle(warp_r0 - r0 + 16 * i + (lane & 15),
+                                                                      2 * kk + (lane >> 4), hd));
+                    }
                 }
+                af_mma_qk_slice(s, qa, k_tile, kk, hd, rt, bf16);
             }
             AF_MMA_UNROLL
-            for (int n = 0; n < AF_MMA_BC / 8; n++)
+            for (int i = 0; i < rt; i++) {
                 AF_MMA_UNROLL
-                for (int c = 0; c < 4; c++)
-                    s[n][c] = p.softcap_on ? p.softcap_log2 * tanhf(s[n][c] * scale_over_cap) : s[n][c] * scale_log2;
-            if (p.mask || key0 + AF_MMA_BC > hi_min || key0 < lo_max) af_mma_apply_mask(s, &p, b, hk, r0, key0, bf16);
-            af_mma_softmax(s, o, m, l, hd, p.Ev);
-            af_mma_pv(o, s, v_tile, hd, p.Ev, bf16);
+                for (int n = 0; n < AF_MMA_BC / 8; n++)
+                    AF_MMA_UNROLL
+                    for (int c = 0; c < 4; c++)
+                        s[i][n][c] = p.softcap_on ? p.softcap_log2 * tanhf(s[i][n][c] * scale_over_cap)
+                                                  : s[i][n][c] * scale_log2;
+                if (p.mask || key0 + AF_MMA_BC > hi_min || key0 < lo_max)
+                    af_mma_apply_mask(s[i], &p, b, hk, warp_r0 + 16 * i, key0, bf16, rt == 1);
+                af_mma_softmax(s[i], o[i], m[i], l[i], hd, p.Ev);
+            }
+            af_mma_pv(o, s, v_tile, hd, p.Ev, rt, bf16);
         }
         af_syncthreads();   /* every warp is done with this buffer before it is refilled */
         if (!p.double_buffer && tile + 1 < t_end) {
@@ -533,23 +591,29 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16, 
             af_cp_async_commit();
         }
     }
-    af_mma_epilogue(&p, o, m, l, b, hk, r0, v_descale, hd, bf16);
+    AF_MMA_UNROLL
+    for (int i = 0; i < rt; i++) af_mma_epilogue(&p, o[i], m[i], l[i], b, hk, warp_r0 + 16 * i, v_descale, hd, bf16);
 }
 
-/* One kernel per (head dim, dtype, float8 K/V or not). */
-#define AF_MMA_KERNEL(name, hd, bf16, f8) \
-    AF_KERNEL(name, af_mma_params, p, AF_MMA_THREADS) { af_mma_body(p, hd, bf16, f8); }
-AF_MMA_KERNEL(af_mma_f16_hd64, 64, 0, 0)
-AF_MMA_KERNEL(af_mma_f16_hd128, 128, 0, 0)
-AF_MMA_KERNEL(af_mma_f16_hd256, 256, 0, 0)
-AF_MMA_KERNEL(af_mma_bf16_hd64, 64, 1, 0)
-AF_MMA_KERNEL(af_mma_bf16_hd128, 128, 1, 0)
-AF_MMA_KERNEL(af_mma_bf16_hd256, 256, 1, 0)
-AF_MMA_KERNEL(af_mma_f16_f8_hd64, 64, 0, 1)
-AF_MMA_KERNEL(af_mma_f16_f8_hd128, 128, 0, 1)
-AF_MMA_KERNEL(af_mma_f16_f8_hd256, 256, 0, 1)
-AF_MMA_KERNEL(af_mma_bf16_f8_hd64, 64, 1, 1)
-AF_MMA_KERNEL(af_mma_bf16_f8_hd128, 128, 1, 1)
-AF_MMA_KERNEL(af_mma_bf16_f8_hd256, 256, 1, 1)
+/* One kernel per (head dim, dtype, float8 K/V or not, row tiles a warp): 32 rows a warp where the registers allow
+ * (16-bit head dims 64 and 128), and a 16-row twin of those for few rows (decode: 64-row blocks). */
+#define AF_MMA_KERNEL(name, hd, bf16, f8, rt) \
+    AF_KERNEL(name, af_mma_params, p, AF_MMA_THREADS) { af_mma_body(p, hd, bf16, f8, rt); }
+AF_MMA_KERNEL(af_mma_f16_hd64, 64, 0, 0, 2)
+AF_MMA_KERNEL(af_mma_f16_hd128, 128, 0, 0, 2)
+AF_MMA_KERNEL(af_mma_f16_hd256, 256, 0, 0, 1)
+AF_MMA_KERNEL(af_mma_bf16_hd64, 64, 1, 0, 2)
+AF_MMA_KERNEL(af_mma_bf16_hd128, 128, 1, 0, 2)
+AF_MMA_KERNEL(af_mma_bf16_hd256, 256, 1, 0, 1)
+AF_MMA_KERNEL(af_mma_f16_hd64_w16, 64, 0, 0, 1)
+AF_MMA_KERNEL(af_mma_f16_hd128_w16, 128, 0, 0, 1)
+AF_MMA_KERNEL(af_mma_bf16_hd64_w16, 64, 1, 0, 1)
+AF_MMA_KERNEL(af_mma_bf16_hd128_w16, 128, 1, 0, 1)
+AF_MMA_KERNEL(af_mma_f16_f8_hd64, 64, 0, 1, 1)
+AF_MMA_KERNEL(af_mma_f16_f8_hd128, 128, 0, 1, 1)
+AF_MMA_KERNEL(af_mma_f16_f8_hd256, 256, 0, 1, 1)
+AF_MMA_KERNEL(af_mma_bf16_f8_hd64, 64, 1, 1, 1)
+AF_MMA_KERNEL(af_mma_bf16_f8_hd128, 128, 1, 1, 1)
+AF_MMA_KERNEL(af_mma_bf16_f8_hd256, 256, 1, 1, 1)
 
 #endif

@@ -12,16 +12,19 @@
 
 #define AF_MMA_DEFAULT_SMEM (48 * 1024)        /* dynamic shared memory every device allows without opting in */
 #define AF_MMA_SPLITS_MAX 128                  /* split-KV: at most this many key ranges per row block */
-#define AF_MMA_CTAS_PER_SM 2                   /* what one wave holds per multiprocessor, for the split count */
 #ifndef AF_MMA_GRID_YZ_MAX                     /* a test lowers it to exercise the fold into x */
 #define AF_MMA_GRID_YZ_MAX 65535               /* CUDA's limit on grid y and z */
 #endif
 #define AF_MMA_GRID_X_MAX 0x7fffffffLL         /* and on grid x */
 #define AF_MMA_WORKSPACE_ALIGN 256
+#ifndef AF_MMA_NOTE_OCCUPANCY                  /* backend.cu logs it: (kernel name, device, CTAs per SM, smem) */
+#define AF_MMA_NOTE_OCCUPANCY(kernel, device, ctas, smem) ((void)0)
+#endif
 
 typedef struct {
-    int hd, double_buffer;
+    int hd, double_buffer, rt;                 /* rt: row tiles of 16 rows a warp (attn_mma.cuh) */
     size_t smem;
+    int ctas_per_sm;                           /* the variant's occupancy: what one wave holds per multiprocessor */
     int64_t row_blocks, heads, tiles, tiles_per_split, splits;
     int64_t grid_x, grid_y;
     size_t lse_bytes, workspace;               /* split-KV partials: the LSEs, then (aligned) the O rows */
@@ -41,8 +44,8 @@ static int af_mma_head_dim(const af_problem *p) {
 /* How many key ranges to split each row block's keys into, in the spirit of FlashAttention-2's heuristic: none
  * when the CTAs already fill 80% of a wave; else, among the counts that change the tiles per split, the smallest
  * whose wave efficiency (waves / whole waves) is within 85% of the best, so every multiprocessor gets work. */
-static int64_t af_mma_split_count(int64_t ctas, int64_t tiles, int sm_count) {
-    const int64_t slots = (int64_t)(sm_count > 0 ? sm_count : 1) * AF_MMA_CTAS_PER_SM;
+static int64_t af_mma_split_count(int64_t ctas, int64_t tiles, int sm_count, int ctas_per_sm) {
+    const int64_t slots = (int64_t)(sm_count > 0 ? sm_count : 1) * (ctas_per_sm > 0 ? ctas_per_sm : 1);
     if (tiles < 2 || ctas * 5 >= slots * 4) return 1;
     const int64_t most = tiles < AF_MMA_SPLITS_MAX ? tiles : AF_MMA_SPLITS_MAX;
     double efficiency[AF_MMA_SPLITS_MAX + 1], best = 0.0;
@@ -59,15 +62,95 @@ static int64_t af_mma_split_count(int64_t ctas, int64_t tiles, int sm_count) {
     return 1;
 }
 
-static void af_mma_make_plan(const af_problem *p, const af_cuda_device *dev, af_mma_plan *plan) {
+/* The kernel of a (head dim, row tiles, float8, bf16) variant handed to ACTION (a macro taking the kernel's name,
+ * which returns): one switch for the occupancy query and the launch. */
+#define AF_MMA_WITH_VARIANT(plan, bf16, f8, ACTION)                                                           \
+    switch ((plan)->hd * 16 + ((plan)->rt == 2) * 4 + (f8) * 2 + (bf16)) {                                   \
+    case 64 * 16 + 4: ACTION(af_mma_f16_hd64);                                                                \
+    case 128 * 16 + 4: ACTION(af_mma_f16_hd128);                                                              \
+    case 64 * 16 + 5: ACTION(af_mma_bf16_hd64);                                                               \
+    case 128 * 16 + 5: ACTION(af_mma_bf16_hd128);                                                             \
+    case 64 * 16: ACTION(af_mma_f16_hd64_w16);                                                                \
+    case 128 * 16: ACTION(af_mma_f16_hd128_w16);                                                              \
+    case 256 * 16: ACTION(af_mma_f16_hd256);                                                                  \
+    case 64 * 16 + 1: ACTION(af_mma_bf16_hd64_w16);                                                           \
+    case 128 * 16 + 1: ACTION(af_mma_bf16_hd128_w16);                                                         \
+    case 256 * 16 + 1: ACTION(af_mma_bf16_hd256);                                                             \
+    case 64 * 16 + 2: ACTION(af_mma_f16_f8_hd64);                                                             \
+    case 128 * 16 + 2: ACTION(af_mma_f16_f8_hd128);                                                           \
+    case 256 * 16 + 2: ACTION(af_mma_f16_f8_hd256);                                                           \
+    case 64 * 16 + 3: ACTION(af_mma_bf16_f8_hd64);                                                            \
+    case 128 * 16 + 3: ACTION(af_mma_bf16_f8_hd128);                                                          \
+    default: ACTION(af_mma_bf16_f8_hd256);                                                                    \
+    }
+
+/* Opts the variant in to its shared memory (above 48 KiB), then asks how many of its CTAs one multiprocessor holds:
+ * registers, shared memory and threads as the compiler and the device have them, not a guess per variant. */
+#define AF_MMA_OCCUPANCY_OF(name)                                                                             \
+    do {                                                                                                      \
+        *kernel = #name;                                                                                      \
+        if (plan->smem > AF_MMA_DEFAULT_SMEM && (e = AF_SET_MAX_SMEM(name, plan->smem)) != cudaSuccess)      \
+            return e;                                                                                         \
+        return AF_OCCUPANCY(name, AF_MMA_THREADS, plan->smem, ctas);                                         \
+    } while (0)
+
+static cudaError_t af_mma_query_occupancy(const af_mma_plan *plan, int bf16, int f8, int *ctas, const char **kernel) {
+    cudaError_t e;
+    AF_MMA_WITH_VARIANT(plan, bf16, f8, AF_MMA_OCCUPANCY_OF);
+}
+
+/* Occupancy per (device, variant), asked once: the same answer for the workspace's size and the launch. */
+#define AF_MMA_OCCUPANCY_DEVICES 64
+#define AF_MMA_OCCUPANCY_KEYS (4 * 2 * 2 * 2)  /* head dim (64/128/256) x rt x float8 x bf16 */
+static int af_mma_occupancy_cache[AF_MMA_OCCUPANCY_DEVICES][AF_MMA_OCCUPANCY_KEYS];
+
+static cudaError_t af_mma_ctas_per_sm(const af_mma_plan *plan, const af_cuda_device *dev, int bf16, int f8,
+                                      int *ctas) {
+    const int key = (plan->hd / 64 - (plan->hd == 256)) * 8 + (plan->rt == 2) * 4 + f8 * 2 + bf16;
+    const int cacheable = dev->ordinal >= 0 && dev->ordinal < AF_MMA_OCCUPANCY_DEVICES;
+    int *slot = cacheable ? &af_mma_occupancy_cache[dev->ordinal][key] : NULL;
+    if (slot && (*ctas = __atomic_load_n(slot, __ATOMIC_RELAXED)) > 0) return cudaSuccess;
+    const char *kernel = "";
+    const cudaError_t e = af_mma_query_occupancy(plan, bf16, f8, ctas, &kernel);
+    if (e != cudaSuccess) return e;
+    if (*ctas < 1) return cudaErrorInvalidConfiguration;   /* the variant does not fit a multiprocessor at all */
+    if (slot && __atomic_exchange_n(slot, *ctas, __ATOMIC_RELAXED) == 0)
+        AF_MMA_NOTE_OCCUPANCY(kernel, dev->ordinal, *ctas, plan->smem);
+    return cudaSuccess;
+}
+
+/* float8 K/V (e4m3fn, e5m2): the float8 variants, which need the double-buffered layout. */
+static int af_mma_is_float8(af_dtype d) { return d == AF_F8E4M3 || d == AF_F8E5M2; }
+static int af_mma_kv_float8(const af_problem *p) { return af_mma_is_float8(p->kv_dtype); }
+
+/* The products' 16-bit type: q's, or out's when q is float8 too. */
+static int af_mma_bf16(const af_problem *p) {
+    return (af_mma_is_float8(p->dtype) ? p->out_dtype : p->dtype) == AF_BF16;
+}
+
+/* 32 rows a warp (128-row blocks) for 16-bit head dims up to 128 with more than 64 packed rows per (batch, kv
+ * head), where the device's shared memory holds them double-buffered. Decode's few rows keep 64-row blocks; float8,
+ * head dim 256 and a mask tensor (af_sdpa's bool/additive masks: its loads, in flight beside 192 accumulators,
+ * would spill) their 16 rows a warp. */
+static int af_mma_row_tiles(const af_problem *p, int hd, size_t optin) {
+    return !af_mma_kv_float8(p) && !p->mask && hd <= 128 && p->group * p->L > AF_MMA_BLOCK_ROWS(1) &&
+                   af_mma_smem_bytes(hd, 1, 2) <= optin ? 2 : 1;
+}
+
+static cudaError_t af_mma_make_plan(const af_problem *p, const af_cuda_device *dev, af_mma_plan *plan) {
     const size_t optin = af_mma_smem_optin(dev);
     plan->hd = af_mma_head_dim(p);
-    plan->double_buffer = af_mma_smem_bytes(plan->hd, 1) <= optin;
-    plan->smem = af_mma_smem_bytes(plan->hd, plan->double_buffer);
-    plan->row_blocks = (p->group * p->L + AF_MMA_BR - 1) / AF_MMA_BR;
+    plan->rt = af_mma_row_tiles(p, plan->hd, optin);
+    plan->double_buffer = af_mma_smem_bytes(plan->hd, 1, plan->rt) <= optin;
+    plan->smem = af_mma_smem_bytes(plan->hd, plan->double_buffer, plan->rt);
+    if (plan->smem > optin) return cudaErrorInvalidConfiguration;
+    const cudaError_t e = af_mma_ctas_per_sm(plan, dev, af_mma_bf16(p), af_mma_kv_float8(p), &plan->ctas_per_sm);
+    if (e != cudaSuccess) return e;
+    plan->row_blocks = (p->group * p->L + AF_MMA_BLOCK_ROWS(plan->rt) - 1) / AF_MMA_BLOCK_ROWS(plan->rt);
     plan->heads = p->B * p->Hkv;
     plan->tiles = (p->S + AF_MMA_BC - 1) / AF_MMA_BC;
-    const int64_t requested = af_mma_split_count(plan->row_blocks * plan->heads, plan->tiles, dev->sm_count);
+    const int64_t requested =
+        af_mma_split_count(plan->row_blocks * plan->heads, plan->tiles, dev->sm_count, plan->ctas_per_sm);
     plan->tiles_per_split = requested > 1 ? (plan->tiles + requested - 1) / requested : plan->tiles;
     plan->splits = requested > 1 ? (plan->tiles + plan->tiles_per_split - 1) / plan->tiles_per_split : 1;
     if (plan->tiles_per_split < 1) plan->tiles_per_split = 1;   /* S = 0: no tile at all */
@@ -80,16 +163,20 @@ static void af_mma_make_plan(const af_problem *p, const af_cuda_device *dev, af_
                           AF_MMA_WORKSPACE_ALIGN;
         plan->workspace = plan->lse_bytes + rows * (size_t)p->Ev * sizeof(float);
     }
+    return plan->grid_x > AF_MMA_GRID_X_MAX ? cudaErrorInvalidConfiguration : cudaSuccess;
 }
 
-size_t af_cuda_mma_workspace_bytes(const af_problem *p, const af_cuda_device *dev) {
-    if (p->B == 0 || p->Hq == 0 || p->L == 0) return 0;
+cudaError_t af_cuda_mma_workspace_bytes(const af_problem *p, const af_cuda_device *dev, size_t *bytes) {
+    *bytes = 0;
+    if (p->B == 0 || p->Hq == 0 || p->L == 0) return cudaSuccess;
     af_mma_plan plan;
-    af_mma_make_plan(p, dev, &plan);
-    return plan.workspace;
+    const cudaError_t e = af_mma_make_plan(p, dev, &plan);
+    if (e == cudaSuccess) *bytes = plan.workspace;
+    return e;
 }
 
-/* The kernel of one variant: opt in to its shared memory (above 48 KiB), then launch. */
+/* The kernel of one variant: opt in to its shared memory (above 48 KiB; again, since the occupancy is asked once),
+ * then launch. */
 #define AF_MMA_LAUNCH_VARIANT(name)                                                                           \
     do {                                                                                                      \
         if (plan->smem > AF_MMA_DEFAULT_SMEM && (e = AF_SET_MAX_SMEM(name, plan->smem)) != cudaSuccess)      \
@@ -101,29 +188,13 @@ size_t af_cuda_mma_workspace_bytes(const af_problem *p, const af_cuda_device *de
 static cudaError_t af_mma_launch(const af_mma_plan *plan, int bf16, int f8, const af_mma_params *prm,
                                  cudaStream_t stream) {
     cudaError_t e;
-    switch (plan->hd * 4 + f8 * 2 + bf16) {
-    case 64 * 4: AF_MMA_LAUNCH_VARIANT(af_mma_f16_hd64);
-    case 128 * 4: AF_MMA_LAUNCH_VARIANT(af_mma_f16_hd128);
-    case 256 * 4: AF_MMA_LAUNCH_VARIANT(af_mma_f16_hd256);
-    case 64 * 4 + 1: AF_MMA_LAUNCH_VARIANT(af_mma_bf16_hd64);
-    case 128 * 4 + 1: AF_MMA_LAUNCH_VARIANT(af_mma_bf16_hd128);
-    case 256 * 4 + 1: AF_MMA_LAUNCH_VARIANT(af_mma_bf16_hd256);
-    case 64 * 4 + 2: AF_MMA_LAUNCH_VARIANT(af_mma_f16_f8_hd64);
-    case 128 * 4 + 2: AF_MMA_LAUNCH_VARIANT(af_mma_f16_f8_hd128);
-    case 256 * 4 + 2: AF_MMA_LAUNCH_VARIANT(af_mma_f16_f8_hd256);
-    case 64 * 4 + 3: AF_MMA_LAUNCH_VARIANT(af_mma_bf16_f8_hd64);
-    case 128 * 4 + 3: AF_MMA_LAUNCH_VARIANT(af_mma_bf16_f8_hd128);
-    default: AF_MMA_LAUNCH_VARIANT(af_mma_bf16_f8_hd256);
-    }
+    AF_MMA_WITH_VARIANT(plan, bf16, f8, AF_MMA_LAUNCH_VARIANT);
 }
 
-/* float8 K/V (e4m3fn, e5m2): the float8 variants, which need the double-buffered layout. */
-static int af_mma_is_float8(af_dtype d) { return d == AF_F8E4M3 || d == AF_F8E5M2; }
-static int af_mma_kv_float8(const af_problem *p) { return af_mma_is_float8(p->kv_dtype); }
-
-/* The products' 16-bit type: q's, or out's when q is float8 too. */
-static int af_mma_bf16(const af_problem *p) {
-    return (af_mma_is_float8(p->dtype) ? p->out_dtype : p->dtype) == AF_BF16;
+int af_cuda_mma_fits_int32(const af_problem *p) {
+    const int64_t limit = (int64_t)1 << 30;
+    return p->group * p->L < limit && p->S < limit && (!p->page_table || p->page_size < limit) &&
+           p->B * p->Hkv < limit;
 }
 
 int af_cuda_mma_accepts_float8(const af_problem *p, const af_cuda_device *dev) {
@@ -131,24 +202,22 @@ int af_cuda_mma_accepts_float8(const af_problem *p, const af_cuda_device *dev) {
     const int half_q = p->dtype == AF_F16 || p->dtype == AF_BF16;
     const int float8_q = af_mma_is_float8(p->dtype) && (p->out_dtype == AF_F16 || p->out_dtype == AF_BF16);
     return (half_q || float8_q) && af_mma_kv_float8(p) && p->E <= AF_MMA_HD_MAX && p->Ev <= AF_MMA_HD_MAX &&
-           af_mma_smem_bytes(af_mma_head_dim(p), 1) <= optin;
+           af_mma_smem_bytes(af_mma_head_dim(p), 1, 1) <= optin;
 }
 
 cudaError_t af_cuda_mma_forward(const af_problem *p, const af_cuda_device *dev, void *workspace,
-                                cudaStream_t stream) {
+                                size_t workspace_bytes, cudaStream_t stream) {
     if (p->B == 0 || p->Hq == 0 || p->L == 0) return cudaSuccess;   /* no query row */
+    if (!af_cuda_mma_fits_int32(p)) return cudaErrorInvalidValue;
     const int f8 = af_mma_kv_float8(p);
     if (f8 ? !af_cuda_mma_accepts_float8(p, dev)
            : (p->dtype != AF_F16 && p->dtype != AF_BF16) || p->kv_dtype != p->dtype || p->E > AF_MMA_HD_MAX ||
                  p->Ev > AF_MMA_HD_MAX)
         return cudaErrorInvalidValue;
     af_mma_plan plan;
-    af_mma_make_plan(p, dev, &plan);
-
-    if (plan.smem > af_mma_smem_optin(dev) ||
-        plan.grid_x > AF_MMA_GRID_X_MAX)
-        return cudaErrorInvalidConfiguration;
-    if (plan.workspace > 0 && !workspace) return cudaErrorInvalidValue;
+    const cudaError_t planned = af_mma_make_plan(p, dev, &plan);
+    if (planned != cudaSuccess) return planned;
+    if (plan.workspace > 0 && (!workspace || workspace_bytes < plan.workspace)) return cudaErrorInvalidValue;
     const int bf16 = af_mma_bf16(p);
 
     af_mma_params prm;

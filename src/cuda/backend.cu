@@ -12,6 +12,9 @@
 #include "cuda/kernels.h"
 #include "sdpa/cuda_backend.h"
 
+/* Each tensor-core variant's occupancy, once per device, in the debug log (defined below). */
+static void note_occupancy(const char *kernel, int device, int ctas, size_t smem);
+#define AF_MMA_NOTE_OCCUPANCY(kernel, device, ctas, smem) note_occupancy((kernel), (device), (ctas), (smem))
 #include "cuda/attn_mma.cuh"
 #include "cuda/attn_combine.cuh"
 #include "cuda/attn_mma_launch.cuh"
@@ -40,6 +43,11 @@ static void log_message(int level, const char *fmt, ...) {
     vsnprintf(message, sizeof message, fmt, ap);
     va_end(ap);
     log(level, message);
+}
+
+static void note_occupancy(const char *kernel, int device, int ctas, size_t smem) {
+    log_message(AF_LOG_DEBUG, "cuda:%d %s: %d CTAs per multiprocessor (%zu bytes of shared memory, %d threads)",
+                device, kernel, ctas, smem, AF_MMA_THREADS);
 }
 
 static int fail(char *err, size_t size, int status, const char *fmt, ...) {
@@ -103,6 +111,7 @@ static int read_device(int device, af_cuda_device *dev, char *err, size_t size) 
         if (cached) return AF_OK;
     }
     cudaError_t e;
+    dev->ordinal = device;
     if ((e = cudaDeviceGetAttribute(&dev->sm_count, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess ||
         (e = cudaDeviceGetAttribute(&dev->cc_major, cudaDevAttrComputeCapabilityMajor, device)) != cudaSuccess ||
         (e = cudaDeviceGetAttribute(&dev->cc_minor, cudaDevAttrComputeCapabilityMinor, device)) != cudaSuccess ||
@@ -456,11 +465,12 @@ static int mma_forward(const af_problem *p, const af_cuda_device *dev, int devic
         snprintf(warning + used, sizeof warning - used, "%s%s (%s)", used ? "; " : "", o->name, o->rule);
     }
     const size_t workspace_offset = scratch_bytes;
-    const size_t workspace_bytes = af_cuda_mma_workspace_bytes(&run, dev);
+    size_t workspace_bytes = 0;
+    cudaError_t e = af_cuda_mma_workspace_bytes(&run, dev, &workspace_bytes);
+    if (e != cudaSuccess) return cuda_fail(err, size, e, "planning the tensor-core kernels (occupancy)");
     scratch_bytes += round_up(workspace_bytes);
 
     char *scratch = NULL;
-    cudaError_t e;
     const scratch_source from = {allocator, device, stream};
     int status;
     if (scratch_bytes > 0 && (status = scratch_acquire(&from, scratch_bytes, &scratch, err, size)) != AF_OK)
@@ -478,7 +488,8 @@ static int mma_forward(const af_problem *p, const af_cuda_device *dev, int devic
         offset += o->tight_bytes + o->padded_bytes;
         e = make_copy(o, tight, padded, stream);
     }
-    if (e == cudaSuccess) e = af_cuda_mma_forward(&run, dev, workspace_bytes ? scratch + workspace_offset : NULL, stream);
+    if (e == cudaSuccess) e = af_cuda_mma_forward(&run, dev, workspace_bytes ? scratch + workspace_offset : NULL,
+                                                     workspace_bytes, stream);
     const cudaError_t launch = e;
     if (scratch) scratch_release(&from, scratch, scratch_bytes);
     if (launch != cudaSuccess) return cuda_fail(err, size, launch, "launching the tensor-core kernels");
@@ -523,6 +534,7 @@ static bool fits_tensor_cores_in_place(const char *base, const int64_t *stride, 
 
 static kernel_path choose_path(const af_problem *p, const af_cuda_device *dev) {
     const int kv_elem = af_mma_is_float8(p->kv_dtype) ? 1 : 2, q_elem = af_mma_is_float8(p->dtype) ? 1 : 2;
+    if (!af_cuda_mma_fits_int32(p)) return PATH_CUDA_CORES;   /* 2^30 rows or keys and more: 64-bit indexing */
     if ((p->cu_seqlens_q && !fits_tensor_cores_in_place(p->q, p->q_stride, q_elem)) ||
         ((p->cu_seqlens_k || p->page_table) && !(fits_tensor_cores_in_place(p->k, p->k_stride, kv_elem) &&
                                                  fits_tensor_cores_in_place(p->v, p->v_stride, kv_elem))))

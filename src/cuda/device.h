@@ -18,6 +18,9 @@
  *                                  cudaError_t: this launch's own error, cudaSuccess if none (never an earlier
  *                                  call's stale error: cudaLaunchKernel, not <<<>>> and cudaGetLastError)
  *   AF_SET_MAX_SMEM(name, bytes)   allows `bytes` (> 48 KiB) of dynamic shared memory; cudaError_t
+ *   AF_OCCUPANCY(name, threads, smem_bytes, int *blocks)
+ *                                  cudaOccupancyMaxActiveBlocksPerMultiprocessor: how many blocks of that size one
+ *                                  multiprocessor of the current device holds at once; cudaError_t
  * Indices (1-D blocks)
  *   AF_THREAD_IDX, AF_BLOCK_DIM, AF_BLOCK_IDX_X/_Y/_Z, AF_GRID_DIM_X/_Y/_Z    (int)
  *   af_lane() = AF_THREAD_IDX % 32, af_warp() = AF_THREAD_IDX / 32

@@ -32,6 +32,8 @@ static inline cudaError_t af_launch_kernel(const void *kernel, dim3 grid, unsign
                      (unsigned)(threads), (size_t)(smem_bytes), (stream), (params))
 #define AF_SET_MAX_SMEM(name, bytes) \
     cudaFuncSetAttribute((const void *)(name), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(bytes))
+#define AF_OCCUPANCY(name, threads, smem_bytes, blocks) \
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor((blocks), (const void *)(name), (int)(threads), (size_t)(smem_bytes))
 
 /* Indices (1-D blocks) */
 #define AF_THREAD_IDX ((int)threadIdx.x)

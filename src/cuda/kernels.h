@@ -9,6 +9,7 @@
 #include "sdpa/problem.h"
 
 typedef struct {
+    int ordinal;                    /* the device's number (cuda:N) */
     int sm_count;                   /* multiprocessors */
     int cc_major, cc_minor;         /* compute capability */
     int max_smem_per_block;         /* opt-in dynamic shared memory per block, bytes */
@@ -19,10 +20,15 @@ typedef struct {
  * or q/k/v all float8 with an f16/bf16 out, when af_cuda_mma_accepts_float8; q, k, v have stride[3] == 1, every other stride a multiple of 16 bytes (8 16-bit
  * elements, 16 float8 ones) and 16-byte aligned base pointers; E <= 256 and Ev <= 256. out, lse and the mask may
  * have any strides.
- * `workspace` holds af_cuda_mma_workspace_bytes(p, dev) bytes of device memory (split-KV partials), or is NULL
- * when that is 0. */
-size_t af_cuda_mma_workspace_bytes(const af_problem *p, const af_cuda_device *dev);
-cudaError_t af_cuda_mma_forward(const af_problem *p, const af_cuda_device *dev, void *workspace, cudaStream_t stream);
+ * `workspace` holds at least af_cuda_mma_workspace_bytes(p, dev) bytes of device memory (split-KV partials;
+ * `workspace_bytes` says how many), or is NULL when that is 0. Both ask the kernel variant's occupancy (once per
+ * device and variant) and opt it in to its shared memory. */
+cudaError_t af_cuda_mma_workspace_bytes(const af_problem *p, const af_cuda_device *dev, size_t *bytes);
+cudaError_t af_cuda_mma_forward(const af_problem *p, const af_cuda_device *dev, void *workspace,
+                                size_t workspace_bytes, cudaStream_t stream);
+/* Nonzero when the problem's packed rows (group·L), keys, page size and (batch, kv head) pairs are below 2^30: the
+ * tensor-core kernel divides in 32 bits (a precondition of both functions above). */
+int af_cuda_mma_fits_int32(const af_problem *p);
 /* Nonzero when float8 K/V (under an f16/bf16 q, or with q float8 too and out f16/bf16) fit the tensor-core kernels
  * on `dev` (head dims, shared memory). */
 int af_cuda_mma_accepts_float8(const af_problem *p, const af_cuda_device *dev);

@@ -118,16 +118,22 @@ AF_HOST_DEVICE static inline int af_sequence_checked(const int32_t *cu_q, int64_
 
 /* Whether the page entries of sequence b's keys [lo, hi) all lie in [0, num_pages): `lanes` readers, this one
  * `lane`, each checks every lanes-th entry (the caller combines their answers). */
-AF_HOST_DEVICE static inline int af_pages_valid(const int32_t *page_table, const int64_t *page_table_stride,
-                                                int64_t page_size, int64_t num_pages, int64_t b, int64_t lo,
-                                                int64_t hi, int lane, int lanes) {
-    if (!page_table || hi <= lo) return 1;
-    const int64_t first = lo / page_size, end = (hi + page_size - 1) / page_size;
+AF_HOST_DEVICE static inline int af_page_entries_valid(const int32_t *page_table, const int64_t *page_table_stride,
+                                                       int64_t num_pages, int64_t b, int64_t first, int64_t end,
+                                                       int lane, int lanes) {
     for (int64_t page = first + lane; page < end; page += lanes) {
         const int32_t index = page_table[b * page_table_stride[0] + page * page_table_stride[1]];
         if (index < 0 || index >= num_pages) return 0;
     }
     return 1;
+}
+
+AF_HOST_DEVICE static inline int af_pages_valid(const int32_t *page_table, const int64_t *page_table_stride,
+                                                int64_t page_size, int64_t num_pages, int64_t b, int64_t lo,
+                                                int64_t hi, int lane, int lanes) {
+    if (!page_table || hi <= lo) return 1;
+    return af_page_entries_valid(page_table, page_table_stride, num_pages, b, lo / page_size,
+                                 (hi + page_size - 1) / page_size, lane, lanes);
 }
 
 AF_HOST_DEVICE static inline af_sequence af_sequence_of(const af_problem *p, int64_t b) {
@@ -138,13 +144,21 @@ AF_HOST_DEVICE static inline af_sequence af_sequence_of(const af_problem *p, int
 /* Element offset of key (or value, with its strides) row j of a sequence whose keys start at k0, batch b, kv head
  * hk, from the page table's fields one by one (NULL: not paged): the one place paged and varlen K/V are addressed,
  * for kernels whose parameters are not an af_problem (the CUDA tensor-core kernel). */
+/* Element offset of row `row` of the `slot`-th page of batch b's page table, kv head hk: the paged half of
+ * af_kv_row_offset_at, for callers that divide by the page size their own way (the CUDA tensor-core kernel, in 32
+ * bits). */
+AF_HOST_DEVICE static inline int64_t af_kv_page_row_offset(const int32_t *page_table, const int64_t *page_table_stride,
+                                                           const int64_t *stride, int64_t b, int64_t hk,
+                                                           int64_t slot, int64_t row) {
+    const int64_t page = page_table[b * page_table_stride[0] + slot * page_table_stride[1]];
+    return page * stride[0] + hk * stride[1] + row * stride[2];
+}
+
 AF_HOST_DEVICE static inline int64_t af_kv_row_offset_at(const int32_t *page_table, const int64_t *page_table_stride,
                                                          int64_t page_size, const int64_t *stride, int64_t b,
                                                          int64_t hk, int64_t k0, int64_t j) {
-    if (page_table) {
-        const int64_t page = page_table[b * page_table_stride[0] + j / page_size * page_table_stride[1]];
-        return page * stride[0] + hk * stride[1] + j % page_size * stride[2];
-    }
+    if (page_table)
+        return af_kv_page_row_offset(page_table, page_table_stride, stride, b, hk, j / page_size, j % page_size);
     return b * stride[0] + hk * stride[1] + (k0 + j) * stride[2];
 }
 

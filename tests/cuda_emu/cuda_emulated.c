@@ -564,6 +564,33 @@ cudaError_t af_emu_set_max_smem(af_emu_kernel *kernel, long long bytes)
     return cudaSuccess;
 }
 
+/* cudaOccupancyMaxActiveBlocksPerMultiprocessor of a cc 9.0 multiprocessor: 228 KiB of shared memory with 1 KiB
+ * reserved per block, 2048 threads, 32 blocks; a block above the kernel's allowed dynamic shared memory fits 0
+ * times. Registers are not modelled (the emulation does not know a kernel's): ATTNFORGE_EMU_OCCUPANCY=N caps the
+ * answer at N, so tests can give a variant the occupancy its registers would. */
+cudaError_t af_emu_occupancy(const af_emu_kernel *kernel, long long threads, long long smem_bytes, int *blocks)
+{
+    cudaError_t avail = af_emu_availability();
+    if (avail != cudaSuccess)
+        return af_emu_fail(avail);
+    if (!blocks || threads < 1 || threads > kernel->max_threads || smem_bytes < 0)
+        return af_emu_fail(cudaErrorInvalidValue);
+    const long long allowed = kernel->max_dynamic_smem > AF_EMU_DEFAULT_SMEM ? kernel->max_dynamic_smem
+                                                                             : AF_EMU_DEFAULT_SMEM;
+    if (smem_bytes > allowed) {
+        *blocks = 0;
+        return cudaSuccess;
+    }
+    const long long warps = (threads + 31) / 32;
+    long long n = (228LL * 1024) / (smem_bytes + 1024);
+    if (n > 64 / warps) n = 64 / warps;
+    if (n > 32) n = 32;
+    const char *cap = getenv("ATTNFORGE_EMU_OCCUPANCY");
+    if (cap && atoll(cap) > 0 && n > atoll(cap)) n = atoll(cap);
+    *blocks = (int)n;
+    return cudaSuccess;
+}
+
 static uint64_t next_random(uint64_t *s)
 {
     *s ^= *s << 13;

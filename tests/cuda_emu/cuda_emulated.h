@@ -205,6 +205,7 @@ typedef struct af_emu_kernel {
 cudaError_t af_emu_launch(af_emu_kernel *kernel, long long gx, long long gy, long long gz, long long threads,
                           long long smem_bytes, cudaStream_t stream, const void *params);
 cudaError_t af_emu_set_max_smem(af_emu_kernel *kernel, long long bytes);
+cudaError_t af_emu_occupancy(const af_emu_kernel *kernel, long long threads, long long smem_bytes, int *blocks);
 
 #define AF_DEVICE static inline
 
@@ -228,6 +229,8 @@ cudaError_t af_emu_set_max_smem(af_emu_kernel *kernel, long long bytes);
     name##_af_launch((long long)(gx), (long long)(gy), (long long)(gz), (long long)(threads),                \
                      (long long)(smem_bytes), (stream), (params))
 #define AF_SET_MAX_SMEM(name, bytes) af_emu_set_max_smem(&name##_af_kernel, (long long)(bytes))
+#define AF_OCCUPANCY(name, threads, smem_bytes, blocks) \
+    af_emu_occupancy(&name##_af_kernel, (long long)(threads), (long long)(smem_bytes), (blocks))
 
 /* ---- Indices: the running fiber's view (thread-local: host threads may launch at the same time) ---- */
 typedef struct af_emu_thread_view {

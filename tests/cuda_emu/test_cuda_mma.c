@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "attnforge.h"
@@ -28,9 +29,12 @@
 
 /* Devices the launcher plans for: one multiprocessor (no split), many (split-KV whenever the rows are few), and
  * shared memory too small for two K/V buffers at head dim 256 (single-buffered). */
-static const af_cuda_device one_sm = {1, 9, 0, 227 * 1024};
-static const af_cuda_device many_sms = {132, 9, 0, 227 * 1024};
-static const af_cuda_device small_smem = {64, 8, 6, 99 * 1024};
+/* Every variant's occupancy is capped at this (ATTNFORGE_EMU_OCCUPANCY): the SPLIT_NONE cases' CTA counts fill
+ * 80% of the slots it gives. */
+#define TEST_OCCUPANCY "1"
+static const af_cuda_device one_sm = {0, 1, 9, 0, 227 * 1024};
+static const af_cuda_device many_sms = {1, 132, 9, 0, 227 * 1024};
+static const af_cuda_device small_smem = {2, 64, 8, 6, 99 * 1024};
 
 /* ---------------------------------------------------------------- layouts the tensor-core path accepts */
 
@@ -74,12 +78,10 @@ typedef struct {
 
 static cudaError_t launch_mma(const af_problem *p, void *context) {
     mma_launch *run = context;
-    run->workspace_bytes = af_cuda_mma_workspace_bytes(p, run->dev);
-    if (run->workspace_bytes) {
-        const cudaError_t err = cudaMalloc(&run->workspace, run->workspace_bytes);
-        if (err != cudaSuccess) return err;
-    }
-    return af_cuda_mma_forward(p, run->dev, run->workspace, NULL);
+    cudaError_t err = af_cuda_mma_workspace_bytes(p, run->dev, &run->workspace_bytes);
+    if (err != cudaSuccess) return err;
+    if (run->workspace_bytes && (err = cudaMalloc(&run->workspace, run->workspace_bytes)) != cudaSuccess) return err;
+    return af_cuda_mma_forward(p, run->dev, run->workspace, run->workspace_bytes, NULL);
 }
 
 /* How a check expects the keys to be split. */
@@ -131,6 +133,29 @@ static void head_dims(void **state) {
             c.lse_layout = (tensor_layout)((n + 1) % LAYOUT_COUNT);
             check_case(&c, (aligned_layout)(n % ALIGNED_COUNT), &one_sm, SPLIT_NONE, NULL);
         }
+}
+
+/* 32 rows a warp (128-row blocks, rt = 2): head dim 64 (Q's fragments in registers) and 128 (read from shared memory
+ * per tile), 130 and 97 packed rows (a last block with one warp on both row tiles, one on its first only, and dead
+ * warps), groups wrapping inside a block, both causal alignments, split (many SMs) and not; with a mask tensor the
+ * same shapes run 16 rows a warp. */
+static void row_tiles_of_two(void **state) {
+    (void)state;
+    static const int64_t dims[][2] = {{64, 64}, {72, 120}, {128, 40}, {40, 64}};
+    for (int n = 0; n < 8; n++) {
+        const int64_t L = n % 2 ? 97 : 65;   /* packed rows: 97 (group 1) or 130 (group 2) */
+        sdpa_case c = small_case(1000 + (uint64_t)n, half_dtype(n), n % 2 ? 1 : 2, 1, L, 40 + 23 * n, dims[n % 4][0],
+                                 dims[n % 4][1]);
+        c.is_causal = n % 4 == 1;
+        c.causal_bottom_right = n % 4 == 2;
+        if (n % 4 == 3) {
+            c.mask = n == 3 ? MASK_BOOL : MASK_ADDITIVE;
+            c.mask_shape = "B1LS";
+            c.masked_row_rate = 0.2;
+        }
+        check_case(&c, (aligned_layout)(n % ALIGNED_COUNT), n < 4 ? &one_sm : &many_sms, n < 4 ? SPLIT_NONE : SPLIT_YES,
+                   NULL);
+    }
 }
 
 /* Both causal alignments, L < S, L > S (bottom-right: rows that see no key) and L = S, S not a multiple of 64, with
@@ -209,7 +234,7 @@ static void single_buffered(void **state) {
         c.is_causal = d == 1;
         check_case(&c, (aligned_layout)d, &small_smem, SPLIT_ANY, NULL);
     }
-    static const af_cuda_device no_optin = {1, 8, 0, 48 * 1024};   /* hd 128 fits 48 KiB only single-buffered */
+    static const af_cuda_device no_optin = {3, 1, 8, 0, 48 * 1024};   /* hd 128 fits 48 KiB only single-buffered */
     sdpa_case c = small_case(610, AF_BF16, 2, 2, 30, 100, 128, 72);
     check_case(&c, ALIGNED_PADDED, &no_optin, SPLIT_NONE, NULL);
 }
@@ -260,6 +285,12 @@ static void lazy_rescale(void **state) {
     }
 }
 
+static size_t workspace_of(const af_problem *p, const af_cuda_device *dev) {
+    size_t bytes = 1;
+    assert_int_equal(af_cuda_mma_workspace_bytes(p, dev, &bytes), cudaSuccess);
+    return bytes;
+}
+
 /* The workspace: none when the CTAs fill the device, none for empty problems, some for decode on a big device. */
 static void workspace_sizes(void **state) {
     (void)state;
@@ -267,14 +298,59 @@ static void workspace_sizes(void **state) {
     memset(&p, 0, sizeof p);
     p.dtype = p.out_dtype = AF_BF16;
     p.B = 4, p.Hq = 32, p.Hkv = 8, p.group = 4, p.L = 4096, p.S = 4096, p.E = p.Ev = 128;
-    assert_int_equal(af_cuda_mma_workspace_bytes(&p, &many_sms), 0);   /* 4·8·256 CTAs: no split */
+    assert_int_equal(workspace_of(&p, &many_sms), 0);   /* 4·8·128 CTAs: no split */
     p.L = 1;
-    const size_t decode = af_cuda_mma_workspace_bytes(&p, &many_sms);
+    const size_t decode = workspace_of(&p, &many_sms);
     assert_true(decode >= (size_t)(4 * 32 * 1 * 2) * (128 + 1) * sizeof(float));   /* >= 2 splits of every row */
     p.B = 0;
-    assert_int_equal(af_cuda_mma_workspace_bytes(&p, &many_sms), 0);
+    assert_int_equal(workspace_of(&p, &many_sms), 0);
     p.B = 4, p.S = 64;   /* one key tile: nothing to split */
-    assert_int_equal(af_cuda_mma_workspace_bytes(&p, &many_sms), 0);
+    assert_int_equal(workspace_of(&p, &many_sms), 0);
+}
+
+/* The plan: 32 rows a warp (128-row blocks) for 16-bit head dims up to 128 past 64 packed rows, 16 (64-row blocks)
+ * for decode's few rows, float8 and head dim 256; the split count from the variant's occupancy, which the
+ * emulation caps with ATTNFORGE_EMU_OCCUPANCY (asked once per device and variant: fresh ordinals here). */
+static void plan_tiling_and_occupancy(void **state) {
+    (void)state;
+    af_problem p;
+    memset(&p, 0, sizeof p);
+    p.dtype = p.out_dtype = p.kv_dtype = AF_F16;
+    p.B = 1, p.Hq = 12, p.Hkv = 12, p.group = 1, p.L = 1280, p.S = 4096, p.E = p.Ev = 128;
+    af_mma_plan plan;
+    const af_cuda_device capped = {10, 132, 9, 0, 227 * 1024}, free_ = {11, 132, 9, 0, 227 * 1024};
+    setenv("ATTNFORGE_EMU_OCCUPANCY", "1", 1);
+    assert_int_equal(af_mma_make_plan(&p, &capped, &plan), cudaSuccess);
+    setenv("ATTNFORGE_EMU_OCCUPANCY", "8", 1);   /* free_: the emulation's shared-memory model decides */
+    assert_int_equal(plan.rt, 2);
+    assert_int_equal(plan.row_blocks, 10);
+    assert_int_equal(plan.ctas_per_sm, 1);
+    assert_int_equal(plan.splits, 1);   /* 120 CTAs fill 80% of 132 slots */
+    assert_int_equal(af_mma_make_plan(&p, &capped, &plan), cudaSuccess);
+    assert_int_equal(plan.ctas_per_sm, 1);   /* the cached answer: the workspace's size and the launch agree */
+    assert_int_equal(af_mma_make_plan(&p, &free_, &plan), cudaSuccess);
+    assert_int_equal(plan.ctas_per_sm, 2);   /* (128 + 4·64) rows of 256 bytes: 2 blocks in 228 KiB */
+    assert_true(plan.splits > 1);            /* 120 of 264 slots: split */
+    p.L = 64;   /* 64 packed rows: one 64-row block */
+    assert_int_equal(af_mma_make_plan(&p, &free_, &plan), cudaSuccess);
+    assert_int_equal(plan.rt, 1);
+    p.Hq = 24, p.group = 2, p.L = 33;   /* 66 packed rows */
+    assert_int_equal(af_mma_make_plan(&p, &free_, &plan), cudaSuccess);
+    assert_int_equal(plan.rt, 2);
+    p.E = p.Ev = 256;
+    assert_int_equal(af_mma_make_plan(&p, &free_, &plan), cudaSuccess);
+    assert_int_equal(plan.rt, 1);
+    p.E = p.Ev = 64, p.kv_dtype = AF_F8E4M3;
+    assert_int_equal(af_mma_make_plan(&p, &free_, &plan), cudaSuccess);
+    assert_int_equal(plan.rt, 1);
+    p.kv_dtype = AF_F16;
+    assert_int_equal(af_mma_make_plan(&p, &free_, &plan), cudaSuccess);
+    assert_int_equal(plan.rt, 2);
+    static const unsigned char keep = 1;
+    p.mask = (const char *)&keep, p.mask_dtype = AF_BOOL;   /* a mask tensor: 16 rows a warp (registers) */
+    assert_int_equal(af_mma_make_plan(&p, &free_, &plan), cudaSuccess);
+    assert_int_equal(plan.rt, 1);
+    setenv("ATTNFORGE_EMU_OCCUPANCY", TEST_OCCUPANCY, 1);
 }
 
 /* More (batch, kv head) pairs than grid y holds (lowered to 3 here): the rest folded into grid x, the last fold
@@ -320,8 +396,9 @@ int main(void) {
         cmocka_unit_test(head_dims),       cmocka_unit_test(causal_alignments), cmocka_unit_test(masks),
         cmocka_unit_test(decode_split_kv), cmocka_unit_test(decode_without_split), cmocka_unit_test(single_buffered),
         cmocka_unit_test(empty_dims),      cmocka_unit_test(lazy_rescale),      cmocka_unit_test(workspace_sizes),
-        cmocka_unit_test(grid_fold),
+        cmocka_unit_test(grid_fold),       cmocka_unit_test(plan_tiling_and_occupancy), cmocka_unit_test(row_tiles_of_two),
     };
+    setenv("ATTNFORGE_EMU_OCCUPANCY", TEST_OCCUPANCY, 1);
     return emu_run_suite("cuda_mma", fixed, (int)(sizeof fixed / sizeof fixed[0]), random_mma_case,
                          sizeof(random_item), random_case, DEFAULT_CASES, DEFAULT_SEED);
 }

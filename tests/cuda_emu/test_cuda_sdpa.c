@@ -689,6 +689,31 @@ static void scratch_comes_from_a_pool_that_keeps_its_memory(void **state) {
     assert_true(threshold == UINT64_MAX);
 }
 
+/* Each tensor-core variant's occupancy (cudaOccupancyMaxActiveBlocksPerMultiprocessor) is asked once per device
+ * and named in the debug log: 32 rows a warp past 64 packed rows, the 16-row twin for decode. Runs before any other
+ * case of this process asks (the test before it runs in a child). */
+static void occupancy_is_asked_once_per_variant_and_logged(void **state) {
+    static char seen[sizeof log_text];   /* run_case starts each call's log afresh: the three calls' logs */
+    seen[0] = '\0';
+    af_set_log_callback(capture_log, NULL, AF_LOG_DEBUG);
+    sdpa_case c = case_default(1, 2, 1, 40, 70, 64, 64);   /* 80 packed rows */
+    c.dtype = AF_BF16;
+    for (int call = 0; call < 3; call++) {
+        if (call == 2) c.L = 3;   /* decode: 6 packed rows */
+        expect_case(&c);
+        strncat(seen, log_text, sizeof seen - strlen(seen) - 1);
+    }
+    af_set_log_callback(capture_log, NULL, AF_LOG_INFO);
+    int wide = 0, narrow = 0;
+    for (const char *at = seen; (at = strstr(at, "af_mma_bf16_hd64")) != NULL; at++) {
+        if (!strncmp(at, "af_mma_bf16_hd64: ", 18)) wide++;
+        if (!strncmp(at, "af_mma_bf16_hd64_w16: ", 22)) narrow++;
+    }
+    if (wide != 1 || narrow != 1 || !strstr(seen, "CTAs per multiprocessor"))
+        fail_msg("want one occupancy line for af_mma_bf16_hd64 and one for its _w16 twin, got %d and %d:\n%s", wide,
+                 narrow, seen);
+}
+
 static int setup(void **state) {
     if (!getenv("ATTNFORGE_CUDA_LIBRARY")) setenv("ATTNFORGE_CUDA_LIBRARY", AF_TEST_EMULATED_BACKEND, 1);
     unsetenv("ATTNFORGE_EMU_CUDA");
@@ -703,6 +728,7 @@ static int setup(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(scratch_without_memory_pools_uses_cudamalloc),
+        cmocka_unit_test(occupancy_is_asked_once_per_variant_and_logged),
         cmocka_unit_test(float32_says_once_that_it_runs_on_the_cuda_cores),
         cmocka_unit_test(a_stale_cuda_error_is_not_reported_as_the_calls),
         cmocka_unit_test(scratch_comes_from_a_pool_that_keeps_its_memory),

@@ -28,7 +28,7 @@ static long long simt_grid_cap = 0x7fffffffLL, copy_grid_cap = 0x7fffffffLL;   /
 #define DEFAULT_SEED 20250301u
 #define RANDOM_WORK_BUDGET 4e5   /* B·Hq·L·S·(E+Ev): keeps each emulated launch well under a second */
 
-static const af_cuda_device test_device = {4, 8, 0, 48 * 1024};
+static const af_cuda_device test_device = {0, 4, 8, 0, 48 * 1024};
 
 /* ---------------------------------------------------------------- running the kernel on device copies */
 
