@@ -1,6 +1,7 @@
-/* The AVX512-BF16 products (src/kernel/ukernel_avx512_bf16.c: vdpbf16ps Q·Kᵀ, f32 P·V) against the double
+/* The AVX512-BF16 products (src/kernel/ukernel_avx512_bf16.c: vdpbf16ps Q·Kᵀ and P·V) against the double
  * reference: the scores on ragged rows, row offsets, keys and head dims (odd E, keys past a 32-key group), NaN
- * propagation and the columns S may not write; then the random suite's bf16 cases (and more bf16 cases past them)
+ * propagation and the columns S may not write; the values likewise (P rounded to bf16 as the products round it, odd
+ * key counts, Ev across 16- and 32-column groups, P's columns past cols not read, NaN, O's columns not written); then the random suite's bf16 cases (and more bf16 cases past them)
  * through af_sdpa on the avx512 table with these products forced in, for 1 and 2 threads, checked with
  * af_error_bound and counted to be sure the products ran. Skips, saying why, where the build or the CPU lacks
  * AVX512-BF16. */
@@ -116,6 +117,60 @@ static void scores_match_exact(void **state) {
     check_scores(36, 12, 64, 64, 64, 63);
 }
 
+/* O += P·V for `rows` rows, `cols` keys, Ev columns of bf16 V (rows key_stride apart); P as the softmax leaves it
+ * (in [0, 2^8], some exact 0, NaN past cols), a NaN at (nan_row, some key) when nan_row >= 0. */
+static void check_values(int rows, int cols, int Ev, int key_stride, int nan_row) {
+    const int ldp = round_up(cols, AF_TILE_PAD) + AF_TILE_PAD, ldo = round_up(Ev, AF_TILE_PAD) + AF_TILE_PAD;
+    float *P = aligned(sizeof(float) * (size_t)rows * ldp);
+    for (int i = 0; i < rows * ldp; i++)
+        P[i] = i % ldp >= cols ? NAN : uniform() < 0.1 ? 0.0f : (float)ldexp(uniform(), range(-12, 8));
+    if (nan_row >= 0) P[(size_t)nan_row * ldp + range(0, cols - 1)] = NAN;
+    uint16_t *v = aligned(sizeof(uint16_t) * ((size_t)cols * key_stride));
+    for (int i = 0; i < cols * key_stride; i++) v[i] = i % key_stride >= Ev ? 0x7fc0 : af_f32_to_bf16((float)(4.0 * uniform() - 2.0));
+    void *vpack = aligned(px()->v_bytes(cols, Ev));
+    px()->pack_v(cols, Ev, v, (size_t)key_stride * 2, AF_BF16, vpack);
+    float *O = aligned(sizeof(float) * (size_t)(rows + 1) * ldo), *O0 = aligned(sizeof(float) * (size_t)rows * ldo);
+    for (int i = 0; i < (rows + 1) * ldo; i++) O[i] = i < rows * ldo && i % ldo < Ev ? (float)(uniform() - 0.5) : CANARY;
+    memcpy(O0, O, sizeof(float) * (size_t)rows * ldo);
+    px()->values(rows, Ev, cols, P, ldp, vpack, O, ldo);
+    for (int r = 0; r < rows; r++)
+        for (int e = 0; e < Ev; e++) {
+            const double got = O[(size_t)r * ldo + e];
+            if (r == nan_row) {
+                if (!isnan(got)) fail_msg("rows %d cols %d Ev %d: NaN in P row %d did not reach O[%d][%d]", rows, cols, Ev, r, r, e);
+                continue;
+            }
+            double exact = O0[(size_t)r * ldo + e], mag = fabs(exact);
+            for (int j = 0; j < cols; j++) {   /* P rounded to bf16 as the products round it; products exact */
+                const double t = (double)af_bf16_to_f32(af_f32_to_bf16(P[(size_t)r * ldp + j])) *
+                                 af_bf16_to_f32(v[(size_t)j * key_stride + e]);
+                exact += t;
+                mag += fabs(t);
+            }
+            const double bound = (cols + 2) * ldexp(1.0, -24) * mag;
+            if (!(fabs(got - exact) <= bound))
+                fail_msg("rows %d cols %d Ev %d: O[%d][%d] = %.9g, exact %.9g (bound %.3g)", rows, cols, Ev, r, e, got, exact, bound);
+        }
+    for (int r = 0; r <= rows; r++)   /* writable: columns up to round_up(Ev, 16) of the rows asked for */
+        for (int e = r < rows ? round_up(Ev, AF_TILE_PAD) : 0; e < ldo; e++)
+            if (O[(size_t)r * ldo + e] != CANARY) fail_msg("Ev %d: O[%d][%d] written", Ev, r, e);
+    free(P), free(v), free(vpack), free(O), free(O0);
+}
+
+static void values_match_exact(void **state) {
+    (void)state;
+    SKIP_UNLESS_AVAILABLE();
+    static const int dims[] = {1, 2, 3, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 96, 127, 128, 129, 200, 256, 300};
+    const int ndims = (int)(sizeof dims / sizeof dims[0]);
+    for (int t = 0; t < 80; t++) {
+        const int Ev = t < ndims ? dims[t] : range(1, 300), rows = range(1, 40);
+        const int cols = t < ndims ? dims[ndims - 1 - t] % 150 + 1 : range(1, 150);
+        check_values(rows, cols, Ev, Ev + range(0, 5), t % 7 == 3 ? range(0, rows - 1) : -1);
+    }
+    check_values(240, 64, 128, 128, -1);   /* the driver's full blocks */
+    check_values(13, 65, 33, 40, 12);
+}
+
 /* The driver's route: the avx512 table with these products, each scores call counted. */
 static long scores_calls;
 static void counted_scores(int rows, int cols, int E, const void *qpack, int row0, const void *kpack, float *S, int lds) {
@@ -175,6 +230,7 @@ static void chosen_for_bf16_where_available(void **state) {
 }
 #else
 static void scores_match_exact(void **state) { (void)state; SKIP_UNLESS_AVAILABLE(); }
+static void values_match_exact(void **state) { (void)state; SKIP_UNLESS_AVAILABLE(); }
 static void sdpa_bf16_cases_match_reference(void **state) { (void)state; SKIP_UNLESS_AVAILABLE(); }
 static void chosen_for_bf16_where_available(void **state) { (void)state; SKIP_UNLESS_AVAILABLE(); }
 #endif
@@ -182,6 +238,7 @@ static void chosen_for_bf16_where_available(void **state) { (void)state; SKIP_UN
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(scores_match_exact),
+        cmocka_unit_test(values_match_exact),
         cmocka_unit_test(sdpa_bf16_cases_match_reference),
         cmocka_unit_test(chosen_for_bf16_where_available),
     };

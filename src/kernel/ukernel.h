@@ -115,8 +115,8 @@ extern const af_ukernel af_ukernel_portable;
 extern const af_ukernel af_ukernel_avx2;     /* defined only in x86-64 builds */
 extern const af_ukernel af_ukernel_avx512;
 extern const af_products af_products_amx;   /* AMX tiles (ukernel_amx.c); its table is the AVX-512 one plus these */
-extern const af_products af_products_avx512_bf16;   /* vdpbf16ps Q·Kᵀ (ukernel_avx512_bf16.c): the avx512 table's where
-                                                       the CPU has AVX512-BF16 */
+extern const af_products af_products_avx512_bf16;   /* vdpbf16ps Q·Kᵀ and P·V (ukernel_avx512_bf16.c): the avx512
+                                                       table's where the CPU has AVX512-BF16 */
 
 /* The micro-kernel af_sdpa uses now (ATTNFORGE_ISA / af_set_isa, else the best the CPU and OS allow). */
 const af_ukernel *af_ukernel_current(void);

@@ -1,7 +1,7 @@
 /* AVX-512F micro-kernels: the shared vector template (ukernel_simd.inc) on 16-float __m512 vectors.
  * Register tile 12 rows × 32 columns: 24 accumulators + 2 B vectors + 1 broadcast = 27 of the 32 zmm.
  * Masks are __mmask16 (bit i = lane i). vmaxps keeps the x86 rule: the second operand when either is NaN.
- * bf16 calls take vdpbf16ps products for Q·Kᵀ where the CPU has AVX512-BF16 (ukernel_avx512_bf16.c, dispatch.c);
+ * bf16 calls take vdpbf16ps products (Q·Kᵀ, P·V) where the CPU has AVX512-BF16 (ukernel_avx512_bf16.c, dispatch.c);
  * AVX512-FP16 would need f16 accumulation, which the precision contract does not allow. */
 #include <immintrin.h>
 

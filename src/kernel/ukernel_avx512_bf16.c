@@ -1,14 +1,17 @@
-/* AVX512-BF16 products (ukernel.h's af_products) for bf16 calls on the AVX-512 table: S = Q·Kᵀ by vdpbf16ps (two
- * bf16 products per f32 lane, f32 accumulation: half the instructions of f32 FMAs), O += P·V by the AVX-512 f32
- * gemm with P kept in f32 (no rounding of the weights). dispatch.c adds them to the avx512 table only where CPUID
- * reports avx512_bf16 (core/cpu.c). vdpbf16ps treats bf16 subnormals as zero and flushes subnormal sums (DAZ/FTZ):
- * below 2^-126, far under the f32 score error af_error_bound allows.
+/* AVX512-BF16 products (ukernel.h's af_products) for bf16 calls on the AVX-512 table: S = Q·Kᵀ and O += P·V by
+ * vdpbf16ps (two bf16 products per f32 lane, f32 accumulation: half the instructions of f32 FMAs), P rounded to
+ * bf16 before P·V as AMX and FlashAttention do (af_error_bound's p_round; a bf16 call's output is bf16).
+ * dispatch.c adds them to the avx512 table only where CPUID reports avx512_bf16 (core/cpu.c). vdpbf16ps and
+ * vcvtne2ps2bf16 treat subnormals as zero and flush subnormal results (DAZ/FTZ): below 2^-126, far under the
+ * errors af_error_bound allows.
  *
- * Formats (a "pair" = two bf16 of consecutive head-dim elements in one 32-bit word, the unit of vdpbf16ps):
- *   Q block: row-major, rows × pairs(E) words (an odd E's last pair padded with a zero).
+ * Formats (a "pair" = two bf16 in one 32-bit word, the unit of vdpbf16ps):
+ *   Q block: row-major, rows × pairs(E) words (pairs of head-dim elements; an odd E's last pair padded with zero).
  *   K tile:  per group of 32 keys, pairs(E) rows × 32 keys of words: K_{32g+n}'s pair p at (g·pairs + p)·32 + n;
  *            keys past the tile's end are zero.
- *   V tile:  f32 rows of v_ld(Ev) floats (converted exactly, zero past Ev): the AVX-512 gemm's B operand. */
+ *   V tile:  per group of 32 value columns, pairs(keys) rows × 32 columns of words: (V_{2p}[32g+n], V_{2p+1}[32g+n])
+ *            at (g·pairs(keys) + p)·32 + n; columns past Ev and an odd tile's last key are zero.
+ *   P:       each strip's rows rounded to bf16 pairs of keys (nearest even, NaN kept) on the stack, 64 keys at a time. */
 #include <immintrin.h>
 
 #include "kernel/ukernel_pack_x86.h"
@@ -25,9 +28,6 @@
 static int pairs_of(int E) { return (E + 1) / 2; }
 static int round_up_int(int x, int to) { return (x + to - 1) / to * to; }
 
-/* V rows an odd number of 64-byte lines apart (as the driver's tile_ld): a column strip then spans the L1 sets. */
-static int v_ld(int Ev) { return (round_up_int(Ev > 0 ? Ev : 1, AF_TILE_PAD) / AF_TILE_PAD | 1) * AF_TILE_PAD; }
-
 static bool bf16_accepts(af_dtype dtype, int E, int Ev) { return dtype == AF_BF16 && E >= 1 && Ev >= 0; }
 
 /* The AVX-512 table's blocking: 64 keys (two groups) and its query rows. */
@@ -37,7 +37,9 @@ static void bf16_blocking(int E, int Ev, int *block_rows, int *block_keys) {
 
 static size_t bf16_q_bytes(int rows, int E) { return (size_t)rows * (size_t)pairs_of(E) * 4; }
 static size_t bf16_k_bytes(int keys, int E) { return (size_t)round_up_int(keys, BF_GROUP) * (size_t)pairs_of(E) * 4; }
-static size_t bf16_v_bytes(int keys, int Ev) { return (size_t)keys * (size_t)v_ld(Ev) * 4; }
+static size_t bf16_v_bytes(int keys, int Ev) {
+    return (size_t)pairs_of(keys) * (size_t)round_up_int(Ev > 0 ? Ev : 1, BF_GROUP) * 4;
+}
 
 /* Q rows back to bf16 (exact: they were converted from bf16), an odd E's last pair completed with a zero. */
 static void bf16_pack_q(int rows, int E, const float *q, int ldq, void *qpack) {
@@ -94,13 +96,30 @@ static void bf16_pack_k(int keys, int E, const void *k, size_t key_stride, af_dt
     }
 }
 
-/* V rows as f32 (exact), zero from Ev to the padded width the gemm reads. */
+/* V in pairs of keys: rows 2p and 2p+1 interleaved element by element, 16 columns at a time through registers. */
 static void bf16_pack_v(int keys, int Ev, const void *v, size_t key_stride, af_dtype dtype, void *vpack) {
-    const int ld = v_ld(Ev), padded = round_up_int(Ev, AF_TILE_PAD);
-    float *dst = vpack;
-    for (int j = 0; j < keys; j++, dst += ld) {
-        x86_convert(dst, (const char *)v + (size_t)j * key_stride, dtype, Ev);
-        memset(dst + Ev, 0, sizeof(float) * (size_t)(padded - Ev));
+    (void)dtype;   /* bf16: what accepts() took */
+    const int kp = pairs_of(keys), groups = (Ev + BF_GROUP - 1) / BF_GROUP;
+    uint16_t *dst = vpack;
+    for (int p = 0; p < kp; p++) {
+        const uint16_t *r0 = (const uint16_t *)((const char *)v + (size_t)(2 * p) * key_stride);
+        const uint16_t *r1 = 2 * p + 1 < keys ? (const uint16_t *)((const char *)v + (size_t)(2 * p + 1) * key_stride) : NULL;
+        for (int g = 0; g < groups; g++) {
+            uint16_t *out = dst + ((size_t)g * kp + p) * 2 * BF_GROUP;
+            int n = 0;
+            for (; n + 16 <= BF_GROUP && BF_GROUP * g + n + 16 <= Ev; n += 16) {
+                const __m256i a = _mm256_loadu_si256((const __m256i *)(r0 + BF_GROUP * g + n));
+                const __m256i b = r1 ? _mm256_loadu_si256((const __m256i *)(r1 + BF_GROUP * g + n)) : _mm256_setzero_si256();
+                const __m256i lo = _mm256_unpacklo_epi16(a, b), hi = _mm256_unpackhi_epi16(a, b);   /* per 128-bit lane */
+                _mm256_storeu_si256((__m256i *)(out + 2 * n), _mm256_permute2x128_si256(lo, hi, 0x20));
+                _mm256_storeu_si256((__m256i *)(out + 2 * n + 16), _mm256_permute2x128_si256(lo, hi, 0x31));
+            }
+            for (; n < BF_GROUP; n++) {   /* the last columns, and zero past Ev */
+                const int c = BF_GROUP * g + n;
+                out[2 * n] = c < Ev ? r0[c] : 0;
+                out[2 * n + 1] = c < Ev && r1 ? r1[c] : 0;
+            }
+        }
     }
 }
 
@@ -156,9 +175,71 @@ static void bf16_scores(int rows, int cols, int E, const void *qpack, int row0, 
     }
 }
 
-/* O += P·V with P in f32: the AVX-512 table's gemm on the f32 V tile. */
+#define BF_P_KEYS 64   /* keys of P rounded per pass (the driver's tiles: one pass) */
+
+/* O[mr × nv·16] += the strip's bf16 P pairs (pb, rows BF_P_KEYS / 2 words apart) · a V group's kp pair rows. */
+static inline __attribute__((always_inline)) void bf16_pv_tile(const int mr, const int nv, int kp, const uint32_t *pb,
+                                                               const float *vg, float *O, int ldo) {
+    __m512 acc[BF_MR][2];
+    BF_UNROLL for (int i = 0; i < mr; i++)
+        BF_UNROLL for (int v = 0; v < nv; v++) acc[i][v] = _mm512_loadu_ps(O + (size_t)i * ldo + 16 * v);
+#pragma GCC unroll 2
+    for (int p = 0; p < kp; p++) {
+        __m512i b[2];
+        BF_UNROLL for (int v = 0; v < nv; v++) b[v] = _mm512_load_si512(vg + (size_t)p * BF_GROUP + 16 * v);
+        BF_UNROLL for (int i = 0; i < mr; i++) {
+            const __m512i a = _mm512_set1_epi32((int)pb[(size_t)i * (BF_P_KEYS / 2) + p]);
+            BF_UNROLL for (int v = 0; v < nv; v++)
+                acc[i][v] = _mm512_dpbf16_ps(acc[i][v], (__m512bh)a, (__m512bh)b[v]);
+        }
+    }
+    BF_UNROLL for (int i = 0; i < mr; i++)
+        BF_UNROLL for (int v = 0; v < nv; v++) _mm512_storeu_ps(O + (size_t)i * ldo + 16 * v, acc[i][v]);
+}
+
+#define BF_PV_CASE(r)                                     \
+    case r:                                               \
+        bf16_pv_tile(r, nv, kp, pb, vg, O, ldo);          \
+        break;
+
+static inline __attribute__((always_inline)) void bf16_pv_rows(const int nv, int mr, int kp, const uint32_t *pb,
+                                                               const float *vg, float *O, int ldo) {
+    switch (mr) {
+        BF_PV_CASE(1) BF_PV_CASE(2) BF_PV_CASE(3) BF_PV_CASE(4) BF_PV_CASE(5) BF_PV_CASE(6)
+        BF_PV_CASE(7) BF_PV_CASE(8) BF_PV_CASE(9) BF_PV_CASE(10) BF_PV_CASE(11) BF_PV_CASE(12)
+    default: break;
+    }
+}
+#undef BF_PV_CASE
+
+/* Row r's P[j0 .. j0 + n) (n <= BF_P_KEYS) as bf16 pairs, zero past n (P's columns past cols are not read). */
+static void bf16_round_p(const float *p, int n, uint32_t *pairs) {
+    for (int j = 0; j < round_up_int(n, 2); j += 32) {
+        const int left = n - j;
+        const __mmask16 m0 = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+        const __mmask16 m1 = left >= 32 ? 0xffff : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
+        const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, p + j + 16), _mm512_maskz_loadu_ps(m0, p + j));
+        _mm512_storeu_si512(pairs + j / 2, (__m512i)h);   /* BF_P_KEYS / 2 words a row: room for a whole vector */
+    }
+}
+
+/* O += P·V: per strip of BF_MR rows and BF_P_KEYS keys, P rounded to bf16 pairs once, then each 32-column group. */
 static void bf16_values(int rows, int Ev, int cols, const float *P, int ldp, const void *vpack, float *O, int ldo) {
-    af_ukernel_avx512.gemm(rows, Ev, cols, P, ldp, vpack, v_ld(Ev), O, ldo, true);
+    const int kp_all = pairs_of(cols), groups = (Ev + BF_GROUP - 1) / BF_GROUP;
+    _Alignas(64) uint32_t pb[BF_MR * (BF_P_KEYS / 2)];
+    for (int j0 = 0; j0 < cols; j0 += BF_P_KEYS) {
+        const int n = cols - j0 < BF_P_KEYS ? cols - j0 : BF_P_KEYS, kp = pairs_of(n);
+        for (int r0 = 0; r0 < rows; r0 += BF_MR) {
+            const int mr = rows - r0 < BF_MR ? rows - r0 : BF_MR;
+            for (int i = 0; i < mr; i++) bf16_round_p(P + (size_t)(r0 + i) * ldp + j0, n, pb + (size_t)i * (BF_P_KEYS / 2));
+            for (int g = 0; g < groups; g++) {
+                const float *vg = (const float *)vpack + ((size_t)g * kp_all + (size_t)j0 / 2) * BF_GROUP;
+                float *Og = O + (size_t)r0 * ldo + BF_GROUP * g;
+                if (Ev - BF_GROUP * g > 16) bf16_pv_rows(2, mr, kp, pb, vg, Og, ldo);
+                else bf16_pv_rows(1, mr, kp, pb, vg, Og, ldo);
+            }
+        }
+    }
 }
 
 const af_products af_products_avx512_bf16 = {

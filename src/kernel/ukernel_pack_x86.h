@@ -59,7 +59,7 @@ static inline __m256 x86_load8_f32(const char *p, af_dtype dtype) {
 
 static inline float x86_load1_f32(const char *p, af_dtype dtype) { return af_load_as_f32(p, dtype); }
 
-static void x86_convert(float *dst, const void *src, af_dtype dtype, int n) {
+__attribute__((unused)) static void x86_convert(float *dst, const void *src, af_dtype dtype, int n) {
     const char *s = src;
     const size_t elem = af_elem_bytes(dtype);
     int i = 0;
