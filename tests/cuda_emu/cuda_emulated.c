@@ -808,3 +808,31 @@ cudaError_t af_emu_launch(af_emu_kernel *kernel, long long gx, long long gy, lon
     pool_destroy(&pool);
     return cudaSuccess;
 }
+
+/* ---- Hooks for the Hopper emulation (cuda_emulated_hopper.c): its warpgroup collectives and mbarrier waits park
+ * a fiber until another wakes it; a park that leaves no thread able to run is a deadlock, described by `describe` ---- */
+void af_emu_park(void (*describe)(char *text, size_t size))
+{
+    block_run *b = require_block("af_emu_park");
+    fiber *self = b->current;
+    self->state = FIBER_COLLECTIVE;   /* not at the barrier: af_syncthreads never releases it */
+    if (b->ready_count == 0) {
+        char text[3072] = "";
+        if (describe)
+            describe(text, sizeof text);
+        report("deadlock: no thread can run; %d of %d threads wait at af_syncthreads, %d exited; %s", b->at_barrier,
+               b->threads, b->done, text);
+    }
+    run_next(b, self);
+}
+
+void af_emu_wake(int thread)
+{
+    block_run *b = require_block("af_emu_wake");
+    if (thread < 0 || thread >= b->threads || b->fibers[thread].state != FIBER_COLLECTIVE)
+        report("internal: af_emu_wake of thread %d, which is not parked", thread);
+    b->fibers[thread].state = FIBER_READY;
+    push_ready(b, thread);
+}
+
+size_t af_emu_shared_memory_bytes(void) { return require_block("af_emu_shared_memory_bytes")->smem_bytes; }

@@ -291,6 +291,13 @@ static inline unsigned int af_atomic_cas(unsigned int *address, unsigned int com
     return compare;   /* the old value, as atomicCAS returns */
 }
 
+/* ---- Hooks for the Hopper emulation (cuda_emulated_hopper.c), defined at the end of cuda_emulated.c: the running
+ * thread waits until af_emu_wake(thread) (a deadlock, described by `describe`, when no thread could run); the size
+ * of the block's dynamic shared memory ---- */
+void af_emu_park(void (*describe)(char *text, size_t size));
+void af_emu_wake(int thread);
+size_t af_emu_shared_memory_bytes(void);
+
 #ifdef __cplusplus
 }
 #endif
