@@ -161,6 +161,17 @@ AF_DEVICE void af_mma_key_range(const af_mma_params *p, const af_sequence *sq, i
     af_key_range_of(p->causal, p->has_window, p->window_left, p->window_right, sq->L, sq->S, i, lo, hi);
 }
 
+/* The keys the packed rows [r0, r0 + block_rows) of sequence `sq` see: both ends of a row's range grow with the
+ * query index, and a block that wraps from one head of the group to the next holds both query 0 and query L-1.
+ * Keys between lo_max and hi_min need no mask (every row of the block sees them); [lo_min, hi_max) holds all. */
+AF_DEVICE void af_mma_block_keys(const af_mma_params *p, const af_sequence *sq, int64_t r0, int block_rows,
+                                 int64_t *lo_min, int64_t *hi_min, int64_t *lo_max, int64_t *hi_max) {
+    const int64_t rows = p->group * sq->L, r_end = r0 + block_rows < rows ? r0 + block_rows : rows;
+    const int wraps = af_mma_div(r_end - 1, sq->L) != af_mma_div(r0, sq->L);
+    af_mma_key_range(p, sq, wraps ? 0 : af_mma_mod(r0, sq->L), lo_min, hi_min);
+    af_mma_key_range(p, sq, wraps ? sq->L - 1 : af_mma_mod(r_end - 1, sq->L), lo_max, hi_max);
+}
+
 /* Where K or V (data, strides; `elem` bytes an element) row `key` of (batch b, kv head hk) starts: through the page
  * table when paged (problem.h's af_kv_row_offset_at). */
 AF_DEVICE const char *af_mma_kv_row(const af_mma_params *p, const char *data, const int64_t *stride, int64_t b,
@@ -454,14 +465,8 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16, 
     const int64_t warp_r0 = r0 + AF_MMA_TILE_ROWS * rt * warp;   /* this warp's first packed row */
     const int warp_live = warp_r0 < rows;
 
-    /* The keys this CTA's rows see: both ends of a row's range grow with the query index, and a block that wraps
-     * from one head of the group to the next holds both query 0 and query L-1. Tiles between lo_max and hi_min
-     * need no mask (every row of the block sees all their keys). */
-    const int64_t r_end = r0 + block_rows < rows ? r0 + block_rows : rows;
-    const int wraps = af_mma_div(r_end - 1, sq.L) != af_mma_div(r0, sq.L);
     int64_t lo_min, hi_min, lo_max, hi_max;
-    af_mma_key_range(&p, &sq, wraps ? 0 : af_mma_mod(r0, sq.L), &lo_min, &hi_min);
-    af_mma_key_range(&p, &sq, wraps ? sq.L - 1 : af_mma_mod(r_end - 1, sq.L), &lo_max, &hi_max);
+    af_mma_block_keys(&p, &sq, r0, block_rows, &lo_min, &hi_min, &lo_max, &hi_max);
     const int64_t tiles = (hi_max + AF_MMA_BC - 1) / AF_MMA_BC, t_first = lo_min / AF_MMA_BC;
     int64_t t_begin = (int64_t)AF_BLOCK_IDX_Z * p.tiles_per_split;
     int64_t t_end = t_begin + p.tiles_per_split < tiles ? t_begin + p.tiles_per_split : tiles;

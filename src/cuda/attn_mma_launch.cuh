@@ -17,8 +17,8 @@
 #endif
 #define AF_MMA_GRID_X_MAX 0x7fffffffLL         /* and on grid x */
 #define AF_MMA_WORKSPACE_ALIGN 256
-#ifndef AF_MMA_NOTE_OCCUPANCY                  /* backend.cu logs it: (kernel name, device, CTAs per SM, smem) */
-#define AF_MMA_NOTE_OCCUPANCY(kernel, device, ctas, smem) ((void)0)
+#ifndef AF_MMA_NOTE_OCCUPANCY   /* backend.cu logs it: (kernel name, device, CTAs per SM, smem, threads) */
+#define AF_MMA_NOTE_OCCUPANCY(kernel, device, ctas, smem, threads) ((void)0)
 #endif
 
 typedef struct {
@@ -115,7 +115,7 @@ static cudaError_t af_mma_ctas_per_sm(const af_mma_plan *plan, const af_cuda_dev
     if (e != cudaSuccess) return e;
     if (*ctas < 1) return cudaErrorInvalidConfiguration;   /* the variant does not fit a multiprocessor at all */
     if (slot && __atomic_exchange_n(slot, *ctas, __ATOMIC_RELAXED) == 0)
-        AF_MMA_NOTE_OCCUPANCY(kernel, dev->ordinal, *ctas, plan->smem);
+        AF_MMA_NOTE_OCCUPANCY(kernel, dev->ordinal, *ctas, plan->smem, AF_MMA_THREADS);
     return cudaSuccess;
 }
 
@@ -205,6 +205,99 @@ int af_cuda_mma_accepts_float8(const af_problem *p, const af_cuda_device *dev) {
            af_mma_smem_bytes(af_mma_head_dim(p), 1, 1) <= optin;
 }
 
+/* The split-KV merge of the `splits` partials the attention kernel wrote (prm's part_o / part_lse) into out/lse. */
+static cudaError_t af_mma_combine(const af_problem *p, const af_mma_params *prm, int64_t splits, int bf16,
+                                  cudaStream_t stream) {
+    af_combine_params cp;
+    cp.part_o = prm->part_o;
+    cp.part_lse = prm->part_lse;
+    cp.splits = (int)splits;
+    cp.Ev = (int)p->Ev;
+    cp.bf16 = bf16;
+    cp.total_rows = prm->total_rows;
+    cp.Hkv = p->Hkv;
+    cp.group = p->group;
+    cp.rows = p->group * p->L;
+    cp.L = p->L;
+    cp.total_q = p->total_q;
+    cp.cu_seqlens_q = p->cu_seqlens_q;
+    cp.cu_seqlens_q_stride = p->cu_seqlens_q_stride;
+    cp.out = p->out;
+    cp.lse = p->lse;
+    for (int d = 0; d < 4; d++) cp.out_stride[d] = p->out_stride[d];
+    for (int d = 0; d < 3; d++) cp.lse_stride[d] = p->lse_stride[d];
+    cp.sink = p->sink;
+    cp.sink_dtype = (int)p->sink_dtype;
+    cp.sink_stride = p->sink_stride;
+    const int64_t blocks = (prm->total_rows + AF_COMBINE_WARPS - 1) / AF_COMBINE_WARPS;
+    if (blocks > AF_MMA_GRID_X_MAX) return cudaErrorInvalidConfiguration;
+    return AF_LAUNCH(af_combine_kernel, blocks, 1, 1, AF_COMBINE_THREADS, 0, stream, cp);
+}
+
+/* The kernel's parameters that follow from the problem alone (the plan's: row blocks, splits, buffers, partials). */
+static void af_mma_problem_params(const af_problem *p, af_mma_params *prm) {
+    prm->q = p->q;
+    prm->k = p->k;
+    prm->v = p->v;
+    prm->out = p->out;
+    prm->lse = p->lse;
+    prm->mask = p->mask;
+    for (int d = 0; d < 4; d++) {
+        prm->q_stride[d] = p->q_stride[d];
+        prm->k_stride[d] = p->k_stride[d];
+        prm->v_stride[d] = p->v_stride[d];
+        prm->out_stride[d] = p->out_stride[d];
+        prm->mask_stride[d] = p->mask_stride[d];
+    }
+    for (int d = 0; d < 3; d++) prm->lse_stride[d] = p->lse_stride[d];
+    prm->mask_kind = !p->mask ? AF_MMA_MASK_NONE : p->mask_dtype == AF_BOOL ? AF_MMA_MASK_BOOL : AF_MMA_MASK_ADDITIVE;
+    prm->causal = (int)p->causal;
+    prm->has_window = p->has_window;
+    prm->window_left = p->window_left;
+    prm->window_right = p->window_right;
+    prm->softcap_on = p->softcap > 0.0;
+    prm->softcap_log2 = (float)(p->softcap * 1.4426950408889634);
+    prm->scale_over_cap = p->softcap > 0.0 ? (float)(p->scale / p->softcap) : 0.0f;
+    prm->sink = p->sink;
+    prm->sink_dtype = (int)p->sink_dtype;
+    prm->sink_stride = p->sink_stride;
+    prm->seqused_k = p->seqused_k;
+    prm->seqused_stride = p->seqused_k_stride;
+    prm->cu_seqlens_q = p->cu_seqlens_q;
+    prm->cu_seqlens_k = p->cu_seqlens_k;
+    prm->cu_seqlens_q_stride = p->cu_seqlens_q_stride;
+    prm->cu_seqlens_k_stride = p->cu_seqlens_k_stride;
+    prm->total_q = p->total_q;
+    prm->total_k = p->total_k;
+    prm->num_pages = p->num_pages;
+    prm->page_table = p->page_table;
+    prm->page_table_stride[0] = p->page_table_stride[0];
+    prm->page_table_stride[1] = p->page_table_stride[1];
+    prm->page_size = p->page_size;
+    prm->E = (int)p->E;
+    prm->Ev = (int)p->Ev;
+    prm->out_pairs = p->out_stride[3] == 1 && (uintptr_t)p->out % 4 == 0 && p->out_stride[0] % 2 == 0 &&
+                    p->out_stride[1] % 2 == 0 && p->out_stride[2] % 2 == 0;
+    prm->Hkv = p->Hkv;
+    prm->L = p->L;
+    prm->S = p->S;
+    prm->group = p->group;
+    prm->rows = p->group * p->L;
+    prm->scale_log2 = (float)(p->scale * 1.4426950408889634);
+    prm->total_rows = p->B * p->Hq * p->L;
+    prm->kv_dtype = (int)p->kv_dtype;
+    prm->q_float8 = af_mma_is_float8(p->dtype) ? (int)p->dtype : 0;
+    prm->q_descale = p->q_descale;
+    prm->k_descale = p->k_descale;
+    prm->v_descale = p->v_descale;
+    for (int d = 0; d < 2; d++) {
+        prm->q_descale_stride[d] = p->q_descale_stride[d];
+        prm->k_descale_stride[d] = p->k_descale_stride[d];
+        prm->v_descale_stride[d] = p->v_descale_stride[d];
+    }
+
+}
+
 cudaError_t af_cuda_mma_forward(const af_problem *p, const af_cuda_device *dev, void *workspace,
                                 size_t workspace_bytes, cudaStream_t stream) {
     if (p->B == 0 || p->Hq == 0 || p->L == 0) return cudaSuccess;   /* no query row */
@@ -221,99 +314,18 @@ cudaError_t af_cuda_mma_forward(const af_problem *p, const af_cuda_device *dev, 
     const int bf16 = af_mma_bf16(p);
 
     af_mma_params prm;
-    prm.q = p->q;
-    prm.k = p->k;
-    prm.v = p->v;
-    prm.out = p->out;
-    prm.lse = p->lse;
-    prm.mask = p->mask;
-    for (int d = 0; d < 4; d++) {
-        prm.q_stride[d] = p->q_stride[d];
-        prm.k_stride[d] = p->k_stride[d];
-        prm.v_stride[d] = p->v_stride[d];
-        prm.out_stride[d] = p->out_stride[d];
-        prm.mask_stride[d] = p->mask_stride[d];
-    }
-    for (int d = 0; d < 3; d++) prm.lse_stride[d] = p->lse_stride[d];
-    prm.mask_kind = !p->mask ? AF_MMA_MASK_NONE : p->mask_dtype == AF_BOOL ? AF_MMA_MASK_BOOL : AF_MMA_MASK_ADDITIVE;
-    prm.causal = (int)p->causal;
-    prm.has_window = p->has_window;
-    prm.window_left = p->window_left;
-    prm.window_right = p->window_right;
-    prm.softcap_on = p->softcap > 0.0;
-    prm.softcap_log2 = (float)(p->softcap * 1.4426950408889634);
-    prm.scale_over_cap = p->softcap > 0.0 ? (float)(p->scale / p->softcap) : 0.0f;
-    prm.sink = p->sink;
-    prm.sink_dtype = (int)p->sink_dtype;
-    prm.sink_stride = p->sink_stride;
-    prm.seqused_k = p->seqused_k;
-    prm.seqused_stride = p->seqused_k_stride;
-    prm.cu_seqlens_q = p->cu_seqlens_q;
-    prm.cu_seqlens_k = p->cu_seqlens_k;
-    prm.cu_seqlens_q_stride = p->cu_seqlens_q_stride;
-    prm.cu_seqlens_k_stride = p->cu_seqlens_k_stride;
-    prm.total_q = p->total_q;
-    prm.total_k = p->total_k;
-    prm.num_pages = p->num_pages;
-    prm.page_table = p->page_table;
-    prm.page_table_stride[0] = p->page_table_stride[0];
-    prm.page_table_stride[1] = p->page_table_stride[1];
-    prm.page_size = p->page_size;
-    prm.E = (int)p->E;
-    prm.Ev = (int)p->Ev;
-    prm.out_pairs = p->out_stride[3] == 1 && (uintptr_t)p->out % 4 == 0 && p->out_stride[0] % 2 == 0 &&
-                    p->out_stride[1] % 2 == 0 && p->out_stride[2] % 2 == 0;
+    af_mma_problem_params(p, &prm);
     prm.double_buffer = plan.double_buffer;
-    prm.Hkv = p->Hkv;
-    prm.L = p->L;
-    prm.S = p->S;
-    prm.group = p->group;
-    prm.rows = p->group * p->L;
     prm.row_blocks = plan.row_blocks;
     prm.heads = plan.heads;
     prm.tiles_per_split = plan.tiles_per_split;
-    prm.scale_log2 = (float)(p->scale * 1.4426950408889634);
-    prm.total_rows = p->B * p->Hq * p->L;
     prm.part_lse = plan.splits > 1 ? (float *)workspace : NULL;
     prm.part_o = plan.splits > 1 ? (float *)((char *)workspace + plan.lse_bytes) : NULL;
-    prm.kv_dtype = (int)p->kv_dtype;
-    prm.q_float8 = af_mma_is_float8(p->dtype) ? (int)p->dtype : 0;
-    prm.q_descale = p->q_descale;
-    prm.k_descale = p->k_descale;
-    prm.v_descale = p->v_descale;
-    for (int d = 0; d < 2; d++) {
-        prm.q_descale_stride[d] = p->q_descale_stride[d];
-        prm.k_descale_stride[d] = p->k_descale_stride[d];
-        prm.v_descale_stride[d] = p->v_descale_stride[d];
-    }
 
     cudaError_t e = af_mma_launch(&plan, bf16, f8, &prm, stream);
     if (e != cudaSuccess || plan.splits == 1) return e;
 
-    af_combine_params cp;
-    cp.part_o = prm.part_o;
-    cp.part_lse = prm.part_lse;
-    cp.splits = (int)plan.splits;
-    cp.Ev = (int)p->Ev;
-    cp.bf16 = bf16;
-    cp.total_rows = prm.total_rows;
-    cp.Hkv = p->Hkv;
-    cp.group = p->group;
-    cp.rows = p->group * p->L;
-    cp.L = p->L;
-    cp.total_q = p->total_q;
-    cp.cu_seqlens_q = p->cu_seqlens_q;
-    cp.cu_seqlens_q_stride = p->cu_seqlens_q_stride;
-    cp.out = p->out;
-    cp.lse = p->lse;
-    for (int d = 0; d < 4; d++) cp.out_stride[d] = p->out_stride[d];
-    for (int d = 0; d < 3; d++) cp.lse_stride[d] = p->lse_stride[d];
-    cp.sink = p->sink;
-    cp.sink_dtype = (int)p->sink_dtype;
-    cp.sink_stride = p->sink_stride;
-    const int64_t blocks = (prm.total_rows + AF_COMBINE_WARPS - 1) / AF_COMBINE_WARPS;
-    if (blocks > AF_MMA_GRID_X_MAX) return cudaErrorInvalidConfiguration;
-    return AF_LAUNCH(af_combine_kernel, blocks, 1, 1, AF_COMBINE_THREADS, 0, stream, cp);
+    return af_mma_combine(p, &prm, plan.splits, bf16, stream);
 }
 
 #endif

@@ -7,17 +7,20 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda/kernels.h"
 #include "sdpa/cuda_backend.h"
 
 /* Each tensor-core variant's occupancy, once per device, in the debug log (defined below). */
-static void note_occupancy(const char *kernel, int device, int ctas, size_t smem);
-#define AF_MMA_NOTE_OCCUPANCY(kernel, device, ctas, smem) note_occupancy((kernel), (device), (ctas), (smem))
+static void note_occupancy(const char *kernel, int device, int ctas, size_t smem, int threads);
+#define AF_MMA_NOTE_OCCUPANCY(kernel, device, ctas, smem, threads) \
+    note_occupancy((kernel), (device), (ctas), (smem), (threads))
 #include "cuda/attn_mma.cuh"
 #include "cuda/attn_combine.cuh"
 #include "cuda/attn_mma_launch.cuh"
+#include "cuda/attn_wgmma_launch.cuh"
 #include "cuda/attn_simt.cuh"
 #include "cuda/copy_4d.cuh"
 #include "cuda/validate_indices.cuh"
@@ -45,9 +48,9 @@ static void log_message(int level, const char *fmt, ...) {
     log(level, message);
 }
 
-static void note_occupancy(const char *kernel, int device, int ctas, size_t smem) {
+static void note_occupancy(const char *kernel, int device, int ctas, size_t smem, int threads) {
     log_message(AF_LOG_DEBUG, "cuda:%d %s: %d CTAs per multiprocessor (%zu bytes of shared memory, %d threads)",
-                device, kernel, ctas, smem, AF_MMA_THREADS);
+                device, kernel, ctas, smem, threads);
 }
 
 static int fail(char *err, size_t size, int status, const char *fmt, ...) {
@@ -438,6 +441,13 @@ static void scratch_release(const scratch_source *from, char *ptr, size_t bytes)
                 "%s: %s)", from->device, cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
+/* The Hopper kernel (attn_wgmma.cuh) runs on compute capability 9.0 only when ATTNFORGE_CUDA_WGMMA=1: it has
+ * not run on a GPU yet (docs/CUDA.md); everything else, and everything by default, runs on the mma.sync kernels. */
+static bool hopper_kernel_enabled(void) {
+    const char *on = getenv("ATTNFORGE_CUDA_WGMMA");
+    return on && strcmp(on, "1") == 0;
+}
+
 static int mma_forward(const af_problem *p, const af_cuda_device *dev, int device, cudaStream_t stream,
                        const af_cuda_allocator *allocator, char *err, size_t size) {
     af_problem run = *p;
@@ -466,7 +476,9 @@ static int mma_forward(const af_problem *p, const af_cuda_device *dev, int devic
     }
     const size_t workspace_offset = scratch_bytes;
     size_t workspace_bytes = 0;
-    cudaError_t e = af_cuda_mma_workspace_bytes(&run, dev, &workspace_bytes);
+    const bool wgmma = hopper_kernel_enabled() && af_cuda_wgmma_accepts(&run, dev);   /* copies meet its strides */
+    cudaError_t e = wgmma ? af_cuda_wgmma_workspace_bytes(&run, dev, &workspace_bytes)
+                          : af_cuda_mma_workspace_bytes(&run, dev, &workspace_bytes);
     if (e != cudaSuccess) return cuda_fail(err, size, e, "planning the tensor-core kernels (occupancy)");
     scratch_bytes += round_up(workspace_bytes);
 
@@ -488,8 +500,10 @@ static int mma_forward(const af_problem *p, const af_cuda_device *dev, int devic
         offset += o->tight_bytes + o->padded_bytes;
         e = make_copy(o, tight, padded, stream);
     }
-    if (e == cudaSuccess) e = af_cuda_mma_forward(&run, dev, workspace_bytes ? scratch + workspace_offset : NULL,
-                                                     workspace_bytes, stream);
+    void *workspace = workspace_bytes ? scratch + workspace_offset : NULL;
+    if (e == cudaSuccess)
+        e = wgmma ? af_cuda_wgmma_forward(&run, dev, workspace, workspace_bytes, stream)
+                  : af_cuda_mma_forward(&run, dev, workspace, workspace_bytes, stream);
     const cudaError_t launch = e;
     if (scratch) scratch_release(&from, scratch, scratch_bytes);
     if (launch != cudaSuccess) return cuda_fail(err, size, launch, "launching the tensor-core kernels");

@@ -33,6 +33,16 @@ int af_cuda_mma_fits_int32(const af_problem *p);
  * on `dev` (head dims, shared memory). */
 int af_cuda_mma_accepts_float8(const af_problem *p, const af_cuda_device *dev);
 
+/* The Hopper kernel (attn_wgmma.cuh: wgmma, TMA, a producer warpgroup and two consumer warpgroups) for compute
+ * capability 9.0: f16/bf16 q/k/v of one dtype, E and Ev <= 128, more than 64 packed rows (group·L), fixed-length
+ * or varlen/seqused_k K/V (not paged), no float8; the same preconditions on strides and alignment as
+ * af_cuda_mma_forward, and every other feature of it (masks, causal, windows, softcap, sinks, LSE, split-KV).
+ * af_cuda_wgmma_accepts says whether a problem is one of those on `dev`; the others use af_cuda_mma_forward. */
+int af_cuda_wgmma_accepts(const af_problem *p, const af_cuda_device *dev);
+cudaError_t af_cuda_wgmma_workspace_bytes(const af_problem *p, const af_cuda_device *dev, size_t *bytes);
+cudaError_t af_cuda_wgmma_forward(const af_problem *p, const af_cuda_device *dev, void *workspace,
+                                  size_t workspace_bytes, cudaStream_t stream);
+
 /* Every problem the CPU path accepts (f32 mainly; any strides, any head dims up to 1024) on the CUDA cores:
  * correct, slower. */
 cudaError_t af_cuda_simt_forward(const af_problem *p, const af_cuda_device *dev, cudaStream_t stream);

@@ -1,0 +1,230 @@
+/* The Hopper tensor-core kernel for f16/bf16, head dims up to 128 (sm_90a; FlashAttention-3's structure, first
+ * version: warp specialisation, TMA and wgmma, without the ping-pong and intra-warpgroup overlap yet):
+ *   - a CTA of 3 warpgroups owns AF_WG_ROWS = 128 packed query rows of one (batch, kv head) (pack-GQA as in
+ *     attn_mma.cuh); warpgroup 0 is the producer: its first thread streams K/V tiles of AF_WG_BC = 128 keys with TMA
+ *     into a ring of AF_WG_STAGES stages ("full" mbarriers with the tiles' transaction bytes, "empty" ones the
+ *     consumers arrive on), the other threads give their registers back (setmaxnreg.dec) and leave; warpgroups 1
+ *     and 2 (setmaxnreg.inc) each own 64 rows: S = Q·Kᵀ by wgmma with Q and K from shared memory, the online
+ *     softmax in registers, then O += P·V by wgmma with P from registers (the S accumulators packed in place: the
+ *     wgmma D layout is the mma C layout repeated along N, so attn_mma.cuh's mask, softmax and epilogue run on it
+ *     unchanged, 16 rows a warp) and V from shared memory read MN-major;
+ *   - Q is copied once by every thread with cp.async into the 128-byte swizzle the descriptors name (rows past the
+ *     sequence's packed rows and columns past E are zero), then fence.proxy.async makes it visible to wgmma;
+ *   - K and V tiles are boxes of 64 columns x 128 keys of the tensors seen as {E, keys, Hkv, B} (TMA's 128-byte
+ *     swizzle, keys past the tensor zero-filled; rows past the sequence are masked by the key ranges); head dim 128
+ *     takes two boxes side by side (column blocks of 128 x 128 bytes);
+ *   - causal and window tiles outside the block's keys are never loaded; split-KV, sinks and LSE as attn_mma.cuh.
+ * Variants: AF_WGMMA_KERNEL stamps one kernel per (head dim 64/128, dtype). */
+#ifndef AF_CUDA_ATTN_WGMMA_CUH
+#define AF_CUDA_ATTN_WGMMA_CUH
+#include <stdint.h>
+
+#include "cuda/attn_mma.cuh"
+#include "cuda/device_hopper.h"
+
+#define AF_WG_THREADS 384                      /* 3 warpgroups: the producer and two consumers */
+#define AF_WG_ROWS 128                         /* packed query rows per CTA: 64 per consumer warpgroup */
+#define AF_WG_BC 128                           /* keys per K/V tile */
+#define AF_WG_STAGES 2                         /* K/V tiles in flight */
+#define AF_WG_ATOM 64                          /* 16-bit elements in one 128-byte swizzle row: a column block */
+#define AF_WG_BLOCK_BYTES(rows) ((rows) * 128) /* one column block of `rows` rows */
+
+typedef struct {
+    af_mma_params m;                           /* everything attn_mma.cuh's kernel takes (double_buffer unused) */
+    CUtensorMap k_map, v_map;                  /* K / V as {E or Ev, keys, Hkv, B}, boxes {64, AF_WG_BC, 1, 1} */
+    int k_blocks, v_blocks;                    /* column blocks of K (ceil(E / 64)) and V (hd / 64: P·V reads all) */
+    int varlen_k;                              /* K/V packed by cu_seqlens_k: the box's batch coordinate is 0 */
+} af_wgmma_params;
+
+/* Shared memory: Q (hd/64 column blocks of 128 rows), then the stages' K and V (hd/64 column blocks of AF_WG_BC
+ * rows each), then the 2·AF_WG_STAGES mbarriers; every tile starts on a multiple of 1024 bytes. */
+static inline size_t af_wgmma_smem_bytes(int hd) {
+    const size_t blocks = (size_t)hd / AF_WG_ATOM;
+    return blocks * AF_WG_BLOCK_BYTES(AF_WG_ROWS) +
+           2 * AF_WG_STAGES * blocks * AF_WG_BLOCK_BYTES(AF_WG_BC) + 2 * AF_WG_STAGES * sizeof(uint64_t);
+}
+
+/* Byte offset of 16-byte chunk `chunk` (8 elements) of row `row` in a tile of column blocks of `rows` rows laid out
+ * as TMA's and wgmma's 128-byte swizzle: chunk c of a 128-byte row r at (c ^ (r % 8)) · 16. */
+AF_DEVICE int af_wgmma_offset(int row, int chunk, int rows) {
+    return (chunk / 8) * AF_WG_BLOCK_BYTES(rows) + row * 128 + (((chunk % 8) ^ (row % 8)) << 4);
+}
+
+/* The CTA's 128 packed query rows (from r0) into the swizzled Q tile by cp.async, hd/8 chunks a row, every thread
+ * of the CTA a share; rows past the sequence's packed rows and columns past E are zero-filled. */
+AF_DEVICE void af_wgmma_load_q(char *dst, const af_mma_params *p, int64_t b, int64_t hk, const af_sequence *sq,
+                               int64_t r0, const int hd) {
+    const int chunks = hd / 8;
+    for (int i = AF_THREAD_IDX; i < AF_WG_ROWS * chunks; i += AF_WG_THREADS) {
+        const int row = i / chunks, chunk = i % chunks, bytes = af_mma_chunk_bytes(p->E, chunk, 2);
+        const int64_t r = r0 + row;
+        const char *src = p->q;
+        int n = 0;
+        if (r < p->group * sq->L && bytes > 0) {
+            const int64_t h = hk * p->group + af_mma_div(r, sq->L), q = sq->q0 + af_mma_mod(r, sq->L);
+            src = p->q + 2 * (b * p->q_stride[0] + h * p->q_stride[1] + q * p->q_stride[2]) + chunk * 16;
+            n = bytes;
+        }
+        af_cp_async_16(dst + af_wgmma_offset(row, chunk, AF_WG_ROWS), src, n);
+    }
+}
+
+/* S(64 x 128) = Q(this warpgroup's 64 rows) · Kᵀ(128 keys), k-steps of 16 over E: A and B both K-major, 128-byte
+ * swizzle (stride 1024 bytes between groups of 8 rows; a k-step moves the start 32 bytes inside a column block). */
+AF_DEVICE void af_wgmma_scores(float s[AF_WG_BC / 2], const char *q_tile, const char *k_tile, int consumer, int E,
+                               const int hd, const int bf16) {
+    AF_MMA_UNROLL
+    for (int i = 0; i < AF_WG_BC / 2; i++) s[i] = 0.0f;   /* defined before the pipeline stage, not inside it */
+    af_wgmma_fence_regs(s, AF_WG_BC / 2);
+    af_wgmma_fence();
+    AF_MMA_UNROLL
+    for (int kk = 0; kk < hd / 16; kk++) {
+        if (16 * kk >= E) continue;   /* zero columns of the padded head dim */
+        const int block = kk / 4, step = (kk % 4) * 32;
+        const uint64_t a = af_wgmma_desc(q_tile + block * AF_WG_BLOCK_BYTES(AF_WG_ROWS) + consumer * 8 * 1024 + step,
+                                         AF_SWIZZLE_128B, 16, 1024);
+        const uint64_t k = af_wgmma_desc(k_tile + block * AF_WG_BLOCK_BYTES(AF_WG_BC) + step, AF_SWIZZLE_128B, 16,
+                                         1024);
+        if (bf16) af_wgmma_m64n128k16_bf16_ss(s, a, k, kk > 0);
+        else af_wgmma_m64n128k16_f16_ss(s, a, k, kk > 0);
+    }
+    af_wgmma_commit();
+    af_wgmma_wait_0();
+    af_wgmma_fence_regs(s, AF_WG_BC / 2);
+}
+
+/* O(64 x hd) += P(64 x 128) · V(128 keys x hd): P from registers (the S accumulators of keys 16ks..16ks+15 packed
+ * in pairs), V MN-major (a key's row of 64 columns is one 128-byte swizzle row; LBO steps column blocks, SBO groups
+ * of 8 keys). */
+AF_DEVICE void af_wgmma_values(float *o, const float s[AF_WG_BC / 2], const char *v_tile, const int hd,
+                               const int bf16) {
+    uint32_t pa[AF_WG_BC / 16][4];   /* all of P: a wgmma reads its registers until the wait */
+    AF_MMA_UNROLL
+    for (int ks = 0; ks < AF_WG_BC / 16; ks++)
+        AF_MMA_UNROLL
+        for (int j = 0; j < 4; j++) pa[ks][j] = af_mma_pack(s[8 * ks + 2 * j], s[8 * ks + 2 * j + 1], bf16);
+    af_wgmma_fence_regs_u32(&pa[0][0], AF_WG_BC / 4);
+    af_wgmma_fence_regs(o, hd / 2);   /* the softmax's rescale of O stays before the stage */
+    af_wgmma_fence();
+    AF_MMA_UNROLL
+    for (int ks = 0; ks < AF_WG_BC / 16; ks++) {
+        const uint64_t v = af_wgmma_desc(v_tile + ks * 2 * 1024, AF_SWIZZLE_128B, AF_WG_BLOCK_BYTES(AF_WG_BC), 1024);
+        if (hd == 64) {
+            if (bf16) af_wgmma_m64n64k16_bf16_rs_btrans(o, pa[ks], v, 1);
+            else af_wgmma_m64n64k16_f16_rs_btrans(o, pa[ks], v, 1);
+        } else {
+            if (bf16) af_wgmma_m64n128k16_bf16_rs_btrans(o, pa[ks], v, 1);
+            else af_wgmma_m64n128k16_f16_rs_btrans(o, pa[ks], v, 1);
+        }
+    }
+    af_wgmma_commit();
+    af_wgmma_wait_0();
+    af_wgmma_fence_regs(o, hd / 2);
+}
+
+/* The producer: tiles [t_begin, t_end) of AF_WG_BC keys, tile n into stage n % AF_WG_STAGES once the consumers
+ * released it (its "empty" barrier's phase n / AF_WG_STAGES - 1), both K and V completing on its "full" barrier. */
+AF_DEVICE void af_wgmma_produce(const af_wgmma_params *p, char *k_stages, char *v_stages, uint64_t *full,
+                                uint64_t *empty, int64_t b, int64_t hk, const af_sequence *sq, int64_t t_begin,
+                                int64_t t_end, const int hd) {
+    const int stage_bytes = (hd / AF_WG_ATOM) * AF_WG_BLOCK_BYTES(AF_WG_BC);
+    const int box_bytes = AF_WG_BLOCK_BYTES(AF_WG_BC);
+    const int batch = p->varlen_k ? 0 : (int)b;
+    for (int64_t tile = t_begin; tile < t_end; tile++) {
+        const int n = (int)(tile - t_begin), stage = n % AF_WG_STAGES;
+        if (n >= AF_WG_STAGES) af_mbarrier_wait_parity(&empty[stage], (uint32_t)((n / AF_WG_STAGES - 1) & 1));
+        af_mbarrier_arrive_expect_tx(&full[stage], (uint32_t)((p->k_blocks + p->v_blocks) * box_bytes));
+        const int key = (int)(sq->k0 + tile * AF_WG_BC);
+        for (int c = 0; c < p->k_blocks; c++)
+            af_tma_load_4d(k_stages + stage * stage_bytes + c * box_bytes, &p->k_map, &full[stage], c * AF_WG_ATOM,
+                           key, (int)hk, batch);
+        for (int c = 0; c < p->v_blocks; c++)
+            af_tma_load_4d(v_stages + stage * stage_bytes + c * box_bytes, &p->v_map, &full[stage], c * AF_WG_ATOM,
+                           key, (int)hk, batch);
+    }
+}
+
+/* The whole CTA: hd (64, 128) and bf16 are constants here (see AF_WGMMA_KERNEL). */
+AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int bf16) {
+    const af_mma_params *p = &wp->m;
+    const int64_t bhk = af_mma_div(AF_BLOCK_IDX_X, p->row_blocks) * AF_GRID_DIM_Y + AF_BLOCK_IDX_Y;
+    if (bhk >= p->heads) return;   /* the fold of B·Hkv into grid x has a ragged end */
+    const int64_t b = af_mma_div(bhk, p->Hkv), hk = af_mma_mod(bhk, p->Hkv);
+    const int64_t r0 = af_mma_mod(AF_BLOCK_IDX_X, p->row_blocks) * AF_WG_ROWS;
+    af_sequence sq;
+    int bad = af_mma_sequence_checked(p, b, &sq) != AF_SEQ_OK;
+    if (r0 >= p->group * sq.L) return;   /* past this sequence's rows (the combine skips them) */
+
+    int64_t lo_min, hi_min, lo_max, hi_max;
+    af_mma_block_keys(p, &sq, r0, AF_WG_ROWS, &lo_min, &hi_min, &lo_max, &hi_max);
+    const int64_t tiles = (hi_max + AF_WG_BC - 1) / AF_WG_BC, t_first = lo_min / AF_WG_BC;
+    int64_t t_begin = (int64_t)AF_BLOCK_IDX_Z * p->tiles_per_split;
+    int64_t t_end = t_begin + p->tiles_per_split < tiles ? t_begin + p->tiles_per_split : tiles;
+    if (t_begin < t_first) t_begin = t_first;
+    if (bad) t_end = t_begin;   /* no key read; l = NaN below makes its rows (or its partials) NaN */
+
+    char *base = af_shared_memory();   /* the swizzle patterns count from here (device_hopper.h) */
+    const int blocks = hd / AF_WG_ATOM;
+    char *q_tile = base, *k_stages = q_tile + blocks * AF_WG_BLOCK_BYTES(AF_WG_ROWS);
+    char *v_stages = k_stages + AF_WG_STAGES * blocks * AF_WG_BLOCK_BYTES(AF_WG_BC);
+    uint64_t *full = (uint64_t *)(v_stages + AF_WG_STAGES * blocks * AF_WG_BLOCK_BYTES(AF_WG_BC));
+    uint64_t *empty = full + AF_WG_STAGES;
+
+    if (AF_THREAD_IDX == 0) {
+        for (int s = 0; s < AF_WG_STAGES; s++) {
+            af_mbarrier_init(&full[s], 1);   /* the producer's arrive, with the tile's bytes */
+            af_mbarrier_init(&empty[s], AF_WG_THREADS - 128);   /* every consumer thread, done with the stage */
+        }
+        af_fence_mbarrier_init();
+    }
+    if (t_begin < t_end) af_wgmma_load_q(q_tile, p, b, hk, &sq, r0, hd);
+    af_cp_async_commit();
+    af_cp_async_wait_0();
+    af_fence_proxy_async();   /* Q, written through the generic proxy, is read by wgmma (the async proxy) */
+    af_syncthreads();         /* the barriers and Q are ready; the last barrier the whole CTA meets */
+
+    const int warpgroup = AF_THREAD_IDX / 128;
+    if (warpgroup == 0) {
+        AF_SETMAXNREG_DEC(24);
+        if (AF_THREAD_IDX == 0) af_wgmma_produce(wp, k_stages, v_stages, full, empty, b, hk, &sq, t_begin, t_end, hd);
+        return;
+    }
+    AF_SETMAXNREG_INC(240);
+    const int consumer = warpgroup - 1, warp = af_warp() % 4;
+    const int64_t rt0 = r0 + 64 * consumer + 16 * warp;   /* this warp's 16 rows, as attn_mma.cuh's row tiles */
+    float o[AF_MMA_Q_REG_COLS / 2];
+    AF_MMA_UNROLL
+    for (int d = 0; d < hd / 2; d++) o[d] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {bad ? NAN : 0.0f, bad ? NAN : 0.0f};
+    const int stage_bytes = blocks * AF_WG_BLOCK_BYTES(AF_WG_BC);
+    for (int64_t tile = t_begin; tile < t_end; tile++) {
+        const int n = (int)(tile - t_begin), stage = n % AF_WG_STAGES;
+        af_mbarrier_wait_parity(&full[stage], (uint32_t)((n / AF_WG_STAGES) & 1));
+        float s[AF_WG_BC / 2];
+        af_wgmma_scores(s, q_tile, k_stages + stage * stage_bytes, consumer, p->E, hd, bf16);
+        AF_MMA_UNROLL
+        for (int i = 0; i < AF_WG_BC / 2; i++)
+            s[i] = p->softcap_on ? p->softcap_log2 * tanhf(s[i] * p->scale_over_cap) : s[i] * p->scale_log2;
+        AF_MMA_UNROLL
+        for (int half = 0; half < AF_WG_BC / AF_MMA_BC; half++) {   /* attn_mma.cuh's helpers: 64 keys at a time */
+            float (*sub)[4] = (float (*)[4])(s + half * (AF_MMA_BC / 2));
+            const int64_t key0 = tile * AF_WG_BC + half * AF_MMA_BC;
+            if (p->mask || key0 + AF_MMA_BC > hi_min || key0 < lo_max)
+                af_mma_apply_mask(sub, p, b, hk, rt0, key0, bf16, 1);
+            af_mma_softmax(sub, (float (*)[4])o, m, l, hd, p->Ev);
+        }
+        af_wgmma_values(o, s, v_stages + stage * stage_bytes, hd, bf16);
+        af_mbarrier_arrive(&empty[stage]);   /* both products have read this stage */
+    }
+    af_mma_epilogue(p, (float (*)[4])o, m, l, b, hk, rt0, 1.0f, hd, bf16);
+}
+
+/* One kernel per (head dim, dtype). */
+#define AF_WGMMA_KERNEL(name, hd, bf16) \
+    AF_KERNEL_SM90(name, af_wgmma_params, p, AF_WG_THREADS) { af_wgmma_body(&p, hd, bf16); }
+AF_WGMMA_KERNEL(af_wgmma_f16_hd64, 64, 0)
+AF_WGMMA_KERNEL(af_wgmma_f16_hd128, 128, 0)
+AF_WGMMA_KERNEL(af_wgmma_bf16_hd64, 64, 1)
+AF_WGMMA_KERNEL(af_wgmma_bf16_hd128, 128, 1)
+
+#endif

@@ -1,0 +1,172 @@
+/* Host side of the Hopper path: which problems attn_wgmma.cuh's kernel takes, its plan (head-dim variant, grid,
+ * occupancy, split-KV count and workspace), K's and V's tensor maps, the launch and attn_combine.cuh's merge. Host
+ * code of src/cuda/backend.cu, beside attn_mma_launch.cuh (whose plan pieces and parameters it reuses). */
+#ifndef AF_CUDA_ATTN_WGMMA_LAUNCH_CUH
+#define AF_CUDA_ATTN_WGMMA_LAUNCH_CUH
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cuda/attn_mma_launch.cuh"
+#include "cuda/attn_wgmma.cuh"
+#include "cuda/kernels.h"
+
+typedef struct {
+    int hd;                                    /* 64 or 128 */
+    size_t smem;
+    int ctas_per_sm;
+    int64_t row_blocks, heads, tiles, tiles_per_split, splits, grid_x, grid_y;
+    size_t lse_bytes, workspace;
+} af_wgmma_plan;
+
+/* The kernel of a (head dim, dtype) variant handed to ACTION (a macro taking the kernel's name, which returns). */
+#define AF_WGMMA_WITH_VARIANT(hd, bf16, ACTION)          \
+    switch ((hd) * 2 + (bf16)) {                          \
+    case 64 * 2: ACTION(af_wgmma_f16_hd64);               \
+    case 128 * 2: ACTION(af_wgmma_f16_hd128);             \
+    case 64 * 2 + 1: ACTION(af_wgmma_bf16_hd64);          \
+    default: ACTION(af_wgmma_bf16_hd128);                 \
+    }
+
+#define AF_WGMMA_OCCUPANCY_OF(name)                                                                          \
+    do {                                                                                                     \
+        *kernel = #name;                                                                                     \
+        if ((e = AF_SET_MAX_SMEM(name, smem)) != cudaSuccess) return e;                                     \
+        return AF_OCCUPANCY(name, AF_WG_THREADS, smem, ctas);                                               \
+    } while (0)
+
+static cudaError_t af_wgmma_query_occupancy(int hd, int bf16, size_t smem, int *ctas, const char **kernel) {
+    cudaError_t e;
+    AF_WGMMA_WITH_VARIANT(hd, bf16, AF_WGMMA_OCCUPANCY_OF);
+}
+
+/* Occupancy per (device, variant), asked once (the workspace's size and the launch must agree). */
+static int af_wgmma_occupancy_cache[AF_MMA_OCCUPANCY_DEVICES][4];
+
+static cudaError_t af_wgmma_ctas_per_sm(const af_cuda_device *dev, int hd, int bf16, size_t smem, int *ctas) {
+    const int cacheable = dev->ordinal >= 0 && dev->ordinal < AF_MMA_OCCUPANCY_DEVICES;
+    int *slot = cacheable ? &af_wgmma_occupancy_cache[dev->ordinal][(hd == 128) * 2 + bf16] : NULL;
+    if (slot && (*ctas = __atomic_load_n(slot, __ATOMIC_RELAXED)) > 0) return cudaSuccess;
+    const char *kernel = "";
+    const cudaError_t e = af_wgmma_query_occupancy(hd, bf16, smem, ctas, &kernel);
+    if (e != cudaSuccess) return e;
+    if (*ctas < 1) return cudaErrorInvalidConfiguration;
+    if (slot && __atomic_exchange_n(slot, *ctas, __ATOMIC_RELAXED) == 0)
+        AF_MMA_NOTE_OCCUPANCY(kernel, dev->ordinal, *ctas, smem, AF_WG_THREADS);
+    return cudaSuccess;
+}
+
+/* K or V in place for TMA: the last dim contiguous, the other strides multiples of 16 bytes, 16-byte aligned. */
+static int af_wgmma_tma_ready(const char *base, const int64_t *stride) {
+    return stride[3] == 1 && stride[0] % 8 == 0 && stride[1] % 8 == 0 && stride[2] % 8 == 0 &&
+           (uintptr_t)base % 16 == 0;
+}
+
+int af_cuda_wgmma_accepts(const af_problem *p, const af_cuda_device *dev) {
+    const int hd = p->E <= 64 && p->Ev <= 64 ? 64 : 128;
+    return dev->cc_major == 9 && dev->cc_minor == 0 && (p->dtype == AF_F16 || p->dtype == AF_BF16) &&
+           p->kv_dtype == p->dtype && !p->page_table && p->E >= 1 && p->E <= 128 && p->Ev >= 1 && p->Ev <= 128 &&
+           (p->cu_seqlens_k ? p->total_k : p->S) >= 1 &&
+           p->group * p->L > AF_MMA_BLOCK_ROWS(1) && af_cuda_mma_fits_int32(p) &&
+           af_wgmma_smem_bytes(hd) <= af_mma_smem_optin(dev);
+}
+
+static cudaError_t af_wgmma_make_plan(const af_problem *p, const af_cuda_device *dev, af_wgmma_plan *plan) {
+    plan->hd = p->E <= 64 && p->Ev <= 64 ? 64 : 128;
+    plan->smem = af_wgmma_smem_bytes(plan->hd);
+    const cudaError_t e = af_wgmma_ctas_per_sm(dev, plan->hd, p->dtype == AF_BF16, plan->smem, &plan->ctas_per_sm);
+    if (e != cudaSuccess) return e;
+    plan->row_blocks = (p->group * p->L + AF_WG_ROWS - 1) / AF_WG_ROWS;
+    plan->heads = p->B * p->Hkv;
+    plan->tiles = (p->S + AF_WG_BC - 1) / AF_WG_BC;
+    const int64_t requested =
+        af_mma_split_count(plan->row_blocks * plan->heads, plan->tiles, dev->sm_count, plan->ctas_per_sm);
+    plan->tiles_per_split = requested > 1 ? (plan->tiles + requested - 1) / requested : plan->tiles;
+    plan->splits = requested > 1 ? (plan->tiles + plan->tiles_per_split - 1) / plan->tiles_per_split : 1;
+    if (plan->tiles_per_split < 1) plan->tiles_per_split = 1;   /* S = 0: no tile at all */
+    plan->grid_y = plan->heads < AF_MMA_GRID_YZ_MAX ? plan->heads : AF_MMA_GRID_YZ_MAX;
+    plan->grid_x = plan->row_blocks * ((plan->heads + plan->grid_y - 1) / plan->grid_y);
+    plan->lse_bytes = plan->workspace = 0;
+    if (plan->splits > 1) {
+        const size_t rows = (size_t)(p->B * p->Hq * p->L) * (size_t)plan->splits;
+        plan->lse_bytes = (rows * sizeof(float) + AF_MMA_WORKSPACE_ALIGN - 1) / AF_MMA_WORKSPACE_ALIGN *
+                          AF_MMA_WORKSPACE_ALIGN;
+        plan->workspace = plan->lse_bytes + rows * (size_t)p->Ev * sizeof(float);
+    }
+    return plan->grid_x > AF_MMA_GRID_X_MAX ? cudaErrorInvalidConfiguration : cudaSuccess;
+}
+
+cudaError_t af_cuda_wgmma_workspace_bytes(const af_problem *p, const af_cuda_device *dev, size_t *bytes) {
+    *bytes = 0;
+    if (p->B == 0 || p->Hq == 0 || p->L == 0) return cudaSuccess;
+    af_wgmma_plan plan;
+    const cudaError_t e = af_wgmma_make_plan(p, dev, &plan);
+    if (e == cudaSuccess) *bytes = plan.workspace;
+    return e;
+}
+
+/* A stride for a dimension of TMA's view: the tensor's own, or for a dimension of size 1 (whose stride nothing
+ * reads, and may be 0 in a packed varlen tensor) the extent of the dimensions inside it. */
+static uint64_t af_wgmma_stride(int64_t elements, uint64_t size, uint64_t inner_bytes) {
+    return size > 1 ? (uint64_t)elements * 2 : (inner_bytes + 15) / 16 * 16;
+}
+
+/* K or V (cols E or Ev) as {cols, keys, Hkv, B or 1}, boxes of 64 columns x AF_WG_BC keys, 128-byte swizzle. */
+static cudaError_t af_wgmma_encode(CUtensorMap *map, const af_problem *p, const char *data, const int64_t *stride,
+                                   int64_t cols, int bf16) {
+    const uint64_t keys = (uint64_t)(p->cu_seqlens_k ? p->total_k : p->S);
+    const uint64_t dims[4] = {(uint64_t)cols, keys, (uint64_t)p->Hkv, p->cu_seqlens_k ? 1 : (uint64_t)p->B};
+    uint64_t strides[3];
+    strides[0] = af_wgmma_stride(stride[2], dims[1], dims[0] * 2);
+    strides[1] = af_wgmma_stride(stride[1], dims[2], strides[0] * dims[1]);
+    strides[2] = af_wgmma_stride(stride[0], dims[3], strides[1] * dims[2]);
+    const uint32_t box[4] = {AF_WG_ATOM, AF_WG_BC, 1, 1};
+    return af_tma_encode_tiled(map, bf16 ? AF_TMA_BF16 : AF_TMA_F16, 4, data, dims, strides, box, AF_SWIZZLE_128B);
+}
+
+#define AF_WGMMA_LAUNCH_VARIANT(name)                                                                        \
+    do {                                                                                                     \
+        if ((e = AF_SET_MAX_SMEM(name, plan->smem)) != cudaSuccess) return e;                               \
+        return AF_LAUNCH(name, plan->grid_x, plan->grid_y, plan->splits, AF_WG_THREADS, plan->smem, stream, \
+                         *prm);                                                                              \
+    } while (0)
+
+static cudaError_t af_wgmma_launch(const af_wgmma_plan *plan, int bf16, const af_wgmma_params *prm,
+                                   cudaStream_t stream) {
+    cudaError_t e;
+    AF_WGMMA_WITH_VARIANT(plan->hd, bf16, AF_WGMMA_LAUNCH_VARIANT);
+}
+
+cudaError_t af_cuda_wgmma_forward(const af_problem *p, const af_cuda_device *dev, void *workspace,
+                                  size_t workspace_bytes, cudaStream_t stream) {
+    if (p->B == 0 || p->Hq == 0 || p->L == 0) return cudaSuccess;   /* no query row */
+    if (!af_cuda_wgmma_accepts(p, dev) || !af_wgmma_tma_ready(p->k, p->k_stride) ||
+        !af_wgmma_tma_ready(p->v, p->v_stride))
+        return cudaErrorInvalidValue;
+    af_wgmma_plan plan;
+    cudaError_t e = af_wgmma_make_plan(p, dev, &plan);
+    if (e != cudaSuccess) return e;
+    if (plan.workspace > 0 && (!workspace || workspace_bytes < plan.workspace)) return cudaErrorInvalidValue;
+    const int bf16 = p->dtype == AF_BF16;
+
+    af_wgmma_params prm;
+    memset(&prm, 0, sizeof prm);
+    af_mma_problem_params(p, &prm.m);
+    prm.m.double_buffer = 1;
+    prm.m.row_blocks = plan.row_blocks;
+    prm.m.heads = plan.heads;
+    prm.m.tiles_per_split = plan.tiles_per_split;
+    prm.m.part_lse = plan.splits > 1 ? (float *)workspace : NULL;
+    prm.m.part_o = plan.splits > 1 ? (float *)((char *)workspace + plan.lse_bytes) : NULL;
+    prm.k_blocks = (int)((p->E + AF_WG_ATOM - 1) / AF_WG_ATOM);
+    prm.v_blocks = plan.hd / AF_WG_ATOM;
+    prm.varlen_k = p->cu_seqlens_k != NULL;
+    if ((e = af_wgmma_encode(&prm.k_map, p, p->k, p->k_stride, p->E, bf16)) != cudaSuccess ||
+        (e = af_wgmma_encode(&prm.v_map, p, p->v, p->v_stride, p->Ev, bf16)) != cudaSuccess)
+        return e;
+
+    if ((e = af_wgmma_launch(&plan, bf16, &prm, stream)) != cudaSuccess || plan.splits == 1) return e;
+    return af_mma_combine(p, &prm.m, plan.splits, bf16, stream);
+}
+
+#endif
