@@ -16,6 +16,7 @@ when that is unavailable, through `attnforge bench --device cuda --json` (its ow
 import argparse
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -156,6 +157,19 @@ def measure(impl, fn):
         return None, (text[0] if text else type(e).__name__)[:100]
 
 
+def with_hopper_kernel(fn):
+    """fn() with attnforge's Hopper kernel (attn_wgmma.cuh) chosen: ATTNFORGE_CUDA_WGMMA=1, read at every call."""
+    before = os.environ.get("ATTNFORGE_CUDA_WGMMA")
+    os.environ["ATTNFORGE_CUDA_WGMMA"] = "1"
+    try:
+        return fn()
+    finally:
+        if before is None:
+            del os.environ["ATTNFORGE_CUDA_WGMMA"]
+        else:
+            os.environ["ATTNFORGE_CUDA_WGMMA"] = before
+
+
 def agreement(af, q, k, v, causal, gqa):
     """max |attnforge - torch flash-or-math| on this row's tensors (binding only): the outputs were compared."""
     if not af.binding:
@@ -187,6 +201,7 @@ def main():
     copy_gbps = copy_bandwidth(args.samples)
     print(f"device-to-device copy (torch, 1 GiB): {copy_gbps:.0f} GB/s (bytes read + written per second)\n")
     results, skipped = [], []
+    hopper = (props.major, props.minor) == (9, 0)   # the wgmma kernel's column: compute capability 9.0 only
 
     for dtype_name, E, L, causal in prefill_rows(args.quick, args.long):
         if time.monotonic() > deadline:
@@ -206,6 +221,12 @@ def main():
             row[col] = flops / t * 1e-12 if t else None
         diff, row["agreement_error"] = measure("agree", lambda: agreement(af, q, k, v, causal, False))
         row["max_abs_diff"] = diff
+        if hopper:
+            t, row["wgmma_error"] = measure("wgmma", lambda: with_hopper_kernel(
+                lambda: af.seconds(q, k, v, causal, False, args.samples, deadline)))
+            row["wgmma"] = flops / t * 1e-12 if t else None
+            row["wgmma_max_abs_diff"], _ = measure("agree", lambda: with_hopper_kernel(
+                lambda: agreement(af, q, k, v, causal, False)))
         results.append(row)
         log(f"cuda_compare: {dtype_name} E={E} L={L} causal={causal}: " +
             ", ".join(f"{c} {row[c]:.0f}" if row[c] else f"{c} -" for c in COLUMNS) + " TFLOP/s")
@@ -303,6 +324,19 @@ def print_tables(results, copy_gbps):
                        "ratio = attnforge / the best torch backend; "
                        "diff = max |attnforge − torch| on the row's tensors",
                        ["dtype", "E", "L=S", "causal", "attnforge", "flash", "cudnn", "efficient", "ratio", "diff"], 6,
+                       lines)
+    hopper = [r for r in prefill if "wgmma" in r]
+    if hopper:
+        lines = []
+        for r in hopper:
+            best = max([r[c] for c in COLUMNS[1:] if r[c]] or [0])
+            diff = f"{r['wgmma_max_abs_diff']:.1e}" if r.get("wgmma_max_abs_diff") is not None else "-"
+            lines.append([r["dtype"], r["E"], r["L"], "yes" if r["causal"] else "no", cell(r["wgmma"]),
+                          cell(r["attnforge"]), cell(r["cudnn"]), f"{r['wgmma'] / best:.2f}" if r["wgmma"] and best
+                          else "-", diff])
+        markdown_table("\nThe Hopper kernel (ATTNFORGE_CUDA_WGMMA=1: wgmma, TMA, warp specialisation), TFLOP/s beside "
+                       "the mma.sync kernel and cuDNN; ratio = wgmma / the best torch backend; diff = max |wgmma − "
+                       "torch|", ["dtype", "E", "L=S", "causal", "wgmma", "mma.sync", "cudnn", "ratio", "diff"], 5,
                        lines)
     decode = sorted((r for r in results if r["kind"] == "decode"), key=lambda r: (r["dtype"], r["S"]))
     if decode:

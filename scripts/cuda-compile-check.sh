@@ -3,7 +3,8 @@
 # when a tensor-core kernel for head dims 64 or 128 (the fast paths) has spill stores/loads or a stack frame, or when
 # the SASS of those kernels (of BUILD_DIR/libattnforge_cuda.so when it is built, else of the cubins compiled here)
 # holds no HMMA (tensor-core) instruction for sm_80 and sm_90, or when a 32-rows-a-warp kernel issues fewer than 3
-# HMMA per LDSM (ldmatrix) in its SASS. Prints a table: kernel x registers/stack/spills/smem/HMMA/LDSM.
+# HMMA per LDSM (ldmatrix) in its SASS, or when a Hopper kernel (af_wgmma_*) has spills or a stack frame for sm_90a or
+# holds no HGMMA (wgmma) or UTMALDG (TMA) there. Prints a table: kernel x registers/stack/spills/smem/HMMA/LDSM.
 # Usage: scripts/cuda-compile-check.sh BUILD_DIR
 # Environment: NVCC (default: nvcc on PATH, else /usr/local/cuda/bin/nvcc); CUOBJDUMP (default: on PATH, in the
 # toolkit, or pip's nvidia-cuda-cuobjdump; --dump-sass also needs nvdisasm: pip's nvidia-cuda-nvdisasm);
@@ -20,7 +21,8 @@ fi
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$1
 out=$build/cuda-compile-check
-fast_regex=${AF_FAST_KERNEL_REGEX:-'mma.*(^|[^0-9])(64|128)([^0-9]|$)'}
+fast_regex=${AF_FAST_KERNEL_REGEX:-'^af_mma_.*(^|[^0-9])(64|128)([^0-9]|$)'}
+hopper_regex=${AF_HOPPER_KERNEL_REGEX:-'^af_wgmma_'}
 reuse_regex=${AF_REUSE_KERNEL_REGEX:-'^af_mma_(f16|bf16)_hd(64|128)$'}
 min_ratio=${AF_MIN_HMMA_PER_LDSM:-3}
 
@@ -112,10 +114,10 @@ elif [ "${AF_REQUIRE_SASS_CHECK:-0}" = 1 ]; then
     failures=$((failures + 1))
 fi
 
-python3 - "$out" "$fast_regex" "${#sass_inputs[@]}" "$sass_source" "$reuse_regex" "$min_ratio" <<'PY' || failures=$((failures + 1))
+python3 - "$out" "$fast_regex" "${#sass_inputs[@]}" "$sass_source" "$reuse_regex" "$min_ratio" "$hopper_regex" <<'PY' || failures=$((failures + 1))
 import os, re, sys
 out, fast_regex, sass_count, sass_source = sys.argv[1], re.compile(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-reuse_regex, min_ratio = re.compile(sys.argv[5]), float(sys.argv[6])
+reuse_regex, min_ratio, hopper_regex = re.compile(sys.argv[5]), float(sys.argv[6]), re.compile(sys.argv[7])
 
 def ptxas_report(path):
     """{kernel: {regs, stack, spill_st, spill_ld, smem}} from ptxas -v, entry functions only."""
@@ -162,6 +164,8 @@ def sass_counts(path, opcode):
 failures = []
 hmma = sass_counts(os.path.join(out, "sass.txt"), "HMMA") if sass_count else {}
 ldsm = sass_counts(os.path.join(out, "sass.txt"), "LDSM") if sass_count else {}
+hgmma = sass_counts(os.path.join(out, "sass.txt"), "HGMMA") if sass_count else {}
+utmaldg = sass_counts(os.path.join(out, "sass.txt"), "UTMALDG") if sass_count else {}
 print(f"\nfast paths: kernels matching /{fast_regex.pattern}/ (*); static smem only (dynamic smem is set at launch)")
 print(f"SASS from: {sass_source}")
 print(f"HMMA/LDSM >= {min_ratio:g} for kernels matching /{reuse_regex.pattern}/ (+)")
@@ -186,6 +190,14 @@ for arch in ("80", "90a"):
         print(f"| sm_{arch} | {name}{' *' if is_fast else ''}{' +' if is_reuse else ''} | {k['regs']} | {k['stack']} | "
               f"{k['spill_st']} | {k['spill_ld']} | {k['smem']} | {shown} | {'-' if loads is None else loads} | "
               f"{'-' if ratio is None else f'{ratio:.2f}'} |")
+        if hopper_regex.search(name) and arch == "90a":
+            wg, tma = hgmma.get((f"sm_{arch}", name)), utmaldg.get((f"sm_{arch}", name))
+            print(f"|   | (sm_90a Hopper kernel: {wg} HGMMA, {tma} UTMALDG) | | | | | | | | |")
+            if k["stack"] or k["spill_st"] or k["spill_ld"]:
+                failures.append(f"sm_90a {name}: {k['stack']} bytes stack frame, {k['spill_st']} bytes spill stores, "
+                                f"{k['spill_ld']} bytes spill loads (the Hopper kernels must have none)")
+            if sass_count and (not wg or not tma):
+                failures.append(f"sm_90a {name}: {wg} HGMMA and {tma} UTMALDG in its SASS (want both: wgmma and TMA)")
         if is_reuse and sass_count and count and (ratio is None or ratio < min_ratio):
             failures.append(f"sm_{arch} {name}: {count} HMMA for {loads} LDSM in its SASS (want >= {min_ratio:g} "
                             f"HMMA per LDSM: each K/V fragment read from shared memory must feed the warp's 32 rows)")
@@ -195,6 +207,8 @@ for arch in ("80", "90a"):
         if is_fast and sass_count and not count:
             failures.append(f"sm_{arch} {name}: no HMMA in its SASS" if count == 0 else
                             f"sm_{arch} {name}: not found in the SASS of {sass_source}")
+if not any(hopper_regex.search(name) for name in ptxas_report(os.path.join(out, "ptxas_sm90a.log"))):
+    failures.append(f"sm_90a: no kernel matches /{hopper_regex.pattern}/ (the Hopper kernels)")
 if sass_count and not any(reuse_regex.search(name) for arch in ("80", "90a")
                           for name in ptxas_report(os.path.join(out, f"ptxas_sm{arch}.log"))):
     failures.append(f"no kernel matches /{reuse_regex.pattern}/ (the 32-rows-a-warp kernels)")

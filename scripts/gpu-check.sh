@@ -266,6 +266,11 @@ phase_verify() {
     bounded "$half" "$cli" verify --device cuda || code=1
     write_samples "$build/samples" || return 1
     verify_files "$cuda_lib" 60 "$build"/samples/random_*.samples.json || code=1
+    # the Hopper kernel (attn_wgmma.cuh: opt-in until it has run here) on the same samples, where the GPU is cc 9.0
+    if nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | grep -q '^9\.0'; then
+        echo "-- the same samples on the Hopper kernel (ATTNFORGE_CUDA_WGMMA=1)"
+        ATTNFORGE_CUDA_WGMMA=1 verify_files "$cuda_lib" 60 "$build"/samples/random_*.samples.json || code=1
+    fi
     echo "-- the occupancy of each tensor-core variant these samples ran (cudaOccupancyMaxActiveBlocksPerMultiprocessor)"
     sort -u "$build.occupancy"
     # the command-line checks of tests/cli_cuda.sh with the real backend in place of the emulated one
@@ -293,10 +298,11 @@ phase_sanitizer() {
     [ -n "$sanitizer" ] || { echo "compute-sanitizer not found"; return 77; }
     has_gpu || return 77
     export ATTNFORGE_CUDA_LIBRARY=$cuda_lib
-    local code=0 tool per=$((allowed / 4))
-    for tool in memcheck racecheck; do
+    local code=0 tool per=$((allowed / 5))
+    for tool in memcheck racecheck memcheck-wgmma; do   # small_1 has 132 packed rows: the Hopper kernel takes it
         echo "-- $tool"
-        bounded "$per" "$sanitizer" --tool "$tool" --error-exitcode 9 \
+        ATTNFORGE_CUDA_WGMMA=$([ "$tool" = memcheck-wgmma ] && echo 1 || echo 0) bounded "$per" "$sanitizer" \
+            --tool "${tool%-wgmma}" --error-exitcode 9 \
             "$cli" verify --device cuda --samples "$build/samples/small_1.samples.json" >"$build.$tool.log" 2>&1
         local c=$?
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|checks within tolerance|Error" "$build.$tool.log" | head -10

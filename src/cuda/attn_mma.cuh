@@ -306,16 +306,18 @@ AF_DEVICE void af_mma_apply_mask(float s[][4], const af_mma_params *p, int64_t b
     }
 }
 
-/* Online softmax over one tile for this lane's two rows (g and g+8): the row max over the quad, the lazy rescale
- * of O and l (only when the max grows by more than the threshold: O/l is the same for any reference point m, and
- * weights stay <= 2^threshold), then s <- 2^(s - m) and the lane's part of l. A row that has seen only -inf keeps
- * m = -inf and gets weights 2^(-inf - 0) = 0. */
-AF_DEVICE void af_mma_softmax(float s[][4], float o[][4], float m[2], float l[2], const int hd, const int Ev) {
+/* Online softmax over one tile of `keys` keys (a multiple of 8) for this lane's two rows (g and g+8): the row max
+ * over the quad, the lazy rescale of O and l (only when the max grows by more than the threshold: O/l is the same
+ * for any reference point m, and weights stay <= 2^threshold), then s <- 2^(s - m) and the lane's part of l. The
+ * max is the whole tile's before any weight: every P·V of the tile's keys comes after. A row that has seen only
+ * -inf keeps m = -inf and gets weights 2^(-inf - 0) = 0. */
+AF_DEVICE void af_mma_softmax_keys(float s[][4], float o[][4], float m[2], float l[2], const int hd, const int Ev,
+                                   const int keys) {
     AF_MMA_UNROLL
     for (int half = 0; half < 2; half++) {
         float mx = -INFINITY;
         AF_MMA_UNROLL
-        for (int n = 0; n < AF_MMA_BC / 8; n++) mx = fmaxf(mx, fmaxf(s[n][2 * half], s[n][2 * half + 1]));
+        for (int n = 0; n < keys / 8; n++) mx = fmaxf(mx, fmaxf(s[n][2 * half], s[n][2 * half + 1]));
         mx = fmaxf(mx, af_shfl_xor(mx, 1));
         mx = fmaxf(mx, af_shfl_xor(mx, 2));
         if (mx > m[half] + AF_MMA_RESCALE_THRESHOLD) {   /* also the first finite max: 2^(-inf) = 0 clears nothing */
@@ -332,13 +334,17 @@ AF_DEVICE void af_mma_softmax(float s[][4], float o[][4], float m[2], float l[2]
         const float base = m[half] == -INFINITY ? 0.0f : m[half];
         float sum = 0.0f;
         AF_MMA_UNROLL
-        for (int n = 0; n < AF_MMA_BC / 8; n++) {
+        for (int n = 0; n < keys / 8; n++) {
             s[n][2 * half] = af_ex2(s[n][2 * half] - base);
             s[n][2 * half + 1] = af_ex2(s[n][2 * half + 1] - base);
             sum += s[n][2 * half] + s[n][2 * half + 1];
         }
         l[half] += sum;
     }
+}
+
+AF_DEVICE void af_mma_softmax(float s[][4], float o[][4], float m[2], float l[2], const int hd, const int Ev) {
+    af_mma_softmax_keys(s, o, m, l, hd, Ev, AF_MMA_BC);
 }
 
 /* o[i] += P·V for the rt row tiles: P's A fragment for keys 16ks..16ks+15 is the S accumulators of n8 tiles 2ks

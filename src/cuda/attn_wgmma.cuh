@@ -206,13 +206,13 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
         for (int i = 0; i < AF_WG_BC / 2; i++)
             s[i] = p->softcap_on ? p->softcap_log2 * tanhf(s[i] * p->scale_over_cap) : s[i] * p->scale_log2;
         AF_MMA_UNROLL
-        for (int half = 0; half < AF_WG_BC / AF_MMA_BC; half++) {   /* attn_mma.cuh's helpers: 64 keys at a time */
-            float (*sub)[4] = (float (*)[4])(s + half * (AF_MMA_BC / 2));
+        for (int half = 0; half < AF_WG_BC / AF_MMA_BC; half++) {   /* attn_mma.cuh's masks: 64 keys at a time */
             const int64_t key0 = tile * AF_WG_BC + half * AF_MMA_BC;
             if (p->mask || key0 + AF_MMA_BC > hi_min || key0 < lo_max)
-                af_mma_apply_mask(sub, p, b, hk, rt0, key0, bf16, 1);
-            af_mma_softmax(sub, (float (*)[4])o, m, l, hd, p->Ev);
+                af_mma_apply_mask((float (*)[4])(s + half * (AF_MMA_BC / 2)), p, b, hk, rt0, key0, bf16, 1);
         }
+        /* one max over all 128 keys before any weight: the tile's single P·V uses them all */
+        af_mma_softmax_keys((float (*)[4])s, (float (*)[4])o, m, l, hd, p->Ev, AF_WG_BC);
         af_wgmma_values(o, s, v_stages + stage * stage_bytes, hd, bf16);
         af_mbarrier_arrive(&empty[stage]);   /* both products have read this stage */
     }
