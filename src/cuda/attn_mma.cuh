@@ -306,13 +306,13 @@ AF_DEVICE void af_mma_apply_mask(float s[][4], const af_mma_params *p, int64_t b
     }
 }
 
-/* Online softmax over one tile of `keys` keys (a multiple of 8) for this lane's two rows (g and g+8): the row max
- * over the quad, the lazy rescale of O and l (only when the max grows by more than the threshold: O/l is the same
- * for any reference point m, and weights stay <= 2^threshold), then s <- 2^(s - m) and the lane's part of l. The
- * max is the whole tile's before any weight: every P·V of the tile's keys comes after. A row that has seen only
- * -inf keeps m = -inf and gets weights 2^(-inf - 0) = 0. */
-AF_DEVICE void af_mma_softmax_keys(float s[][4], float o[][4], float m[2], float l[2], const int hd, const int Ev,
-                                   const int keys) {
+/* Online softmax over one tile of `keys` keys (a multiple of 8) for this lane's two rows (g and g+8), O left to the
+ * caller: the row max over the quad, the lazy rescale of l (only when the max grows by more than the threshold: O/l
+ * is the same for any reference point m, and weights stay <= 2^threshold) with the factor O must take in
+ * correction[half] (1: none), then s <- 2^(s - m) and the lane's part of l. The max is the whole tile's before any
+ * weight: every P·V of the tile's keys comes after. A row that has seen only -inf keeps m = -inf and gets weights
+ * 2^(-inf - 0) = 0. */
+AF_DEVICE void af_mma_softmax_weights(float s[][4], float m[2], float l[2], float correction[2], const int keys) {
     AF_MMA_UNROLL
     for (int half = 0; half < 2; half++) {
         float mx = -INFINITY;
@@ -320,16 +320,11 @@ AF_DEVICE void af_mma_softmax_keys(float s[][4], float o[][4], float m[2], float
         for (int n = 0; n < keys / 8; n++) mx = fmaxf(mx, fmaxf(s[n][2 * half], s[n][2 * half + 1]));
         mx = fmaxf(mx, af_shfl_xor(mx, 1));
         mx = fmaxf(mx, af_shfl_xor(mx, 2));
+        correction[half] = 1.0f;
         if (mx > m[half] + AF_MMA_RESCALE_THRESHOLD) {   /* also the first finite max: 2^(-inf) = 0 clears nothing */
-            const float correction = af_ex2(m[half] - mx);
+            correction[half] = af_ex2(m[half] - mx);
             m[half] = mx;
-            l[half] *= correction;
-            AF_MMA_UNROLL
-            for (int d = 0; d < hd / 8; d++) {
-                if (8 * d >= Ev) continue;
-                o[d][2 * half] *= correction;
-                o[d][2 * half + 1] *= correction;
-            }
+            l[half] *= correction[half];
         }
         const float base = m[half] == -INFINITY ? 0.0f : m[half];
         float sum = 0.0f;
@@ -343,8 +338,25 @@ AF_DEVICE void af_mma_softmax_keys(float s[][4], float o[][4], float m[2], float
     }
 }
 
+/* O's rows g and g+8 times af_mma_softmax_weights' correction (its columns below Ev: the rest stay 0). */
+AF_DEVICE void af_mma_rescale(float o[][4], const float correction[2], const int hd, const int Ev) {
+    AF_MMA_UNROLL
+    for (int half = 0; half < 2; half++) {
+        if (correction[half] == 1.0f) continue;
+        AF_MMA_UNROLL
+        for (int d = 0; d < hd / 8; d++) {
+            if (8 * d >= Ev) continue;
+            o[d][2 * half] *= correction[half];
+            o[d][2 * half + 1] *= correction[half];
+        }
+    }
+}
+
+/* Both, for a tile whose P·V comes after: the mma.sync kernel's softmax over its 64 keys. */
 AF_DEVICE void af_mma_softmax(float s[][4], float o[][4], float m[2], float l[2], const int hd, const int Ev) {
-    af_mma_softmax_keys(s, o, m, l, hd, Ev, AF_MMA_BC);
+    float correction[2];
+    af_mma_softmax_weights(s, m, l, correction, AF_MMA_BC);
+    af_mma_rescale(o, correction, hd, Ev);
 }
 
 /* o[i] += P·V for the rt row tiles: P's A fragment for keys 16ks..16ks+15 is the S accumulators of n8 tiles 2ks

@@ -69,14 +69,11 @@ AF_DEVICE void af_wgmma_load_q(char *dst, const af_mma_params *p, int64_t b, int
     }
 }
 
-/* S(64 x 128) = Q(this warpgroup's 64 rows) · Kᵀ(128 keys), k-steps of 16 over E: A and B both K-major, 128-byte
- * swizzle (stride 1024 bytes between groups of 8 rows; a k-step moves the start 32 bytes inside a column block). */
-AF_DEVICE void af_wgmma_scores(float s[AF_WG_BC / 2], const char *q_tile, const char *k_tile, int consumer, int E,
-                               const int hd, const int bf16) {
-    AF_MMA_UNROLL
-    for (int i = 0; i < AF_WG_BC / 2; i++) s[i] = 0.0f;   /* defined before the pipeline stage, not inside it */
-    af_wgmma_fence_regs(s, AF_WG_BC / 2);
-    af_wgmma_fence();
+/* Issues S(64 x 128) = Q(this warpgroup's 64 rows) · Kᵀ(128 keys) as one wgmma group (no wait), k-steps of 16 over E:
+ * A and B both K-major, 128-byte swizzle (stride 1024 bytes between groups of 8 rows; a k-step moves the start 32
+ * bytes inside a column block). Follows the caller's wgmma fence. */
+AF_DEVICE void af_wgmma_issue_scores(float s[AF_WG_BC / 2], const char *q_tile, const char *k_tile, int consumer,
+                                     int E, const int hd, const int bf16) {
     AF_MMA_UNROLL
     for (int kk = 0; kk < hd / 16; kk++) {
         if (16 * kk >= E) continue;   /* zero columns of the padded head dim */
@@ -89,23 +86,28 @@ AF_DEVICE void af_wgmma_scores(float s[AF_WG_BC / 2], const char *q_tile, const 
         else af_wgmma_m64n128k16_f16_ss(s, a, k, kk > 0);
     }
     af_wgmma_commit();
-    af_wgmma_wait_0();
+}
+
+/* S's accumulators zeroed and pinned before the wgmma stage that writes them (defined inside it, ptxas serialises). */
+AF_DEVICE void af_wgmma_zero(float s[AF_WG_BC / 2]) {
+    AF_MMA_UNROLL
+    for (int i = 0; i < AF_WG_BC / 2; i++) s[i] = 0.0f;
     af_wgmma_fence_regs(s, AF_WG_BC / 2);
 }
 
-/* O(64 x hd) += P(64 x 128) · V(128 keys x hd): P from registers (the S accumulators of keys 16ks..16ks+15 packed
- * in pairs), V MN-major (a key's row of 64 columns is one 128-byte swizzle row; LBO steps column blocks, SBO groups
- * of 8 keys). */
-AF_DEVICE void af_wgmma_values(float *o, const float s[AF_WG_BC / 2], const char *v_tile, const int hd,
-                               const int bf16) {
-    uint32_t pa[AF_WG_BC / 16][4];   /* all of P: a wgmma reads its registers until the wait */
+/* P's A fragments: the S accumulators of keys 16ks..16ks+15, packed in pairs (the wgmma D layout is its A layout). */
+AF_DEVICE void af_wgmma_pack_p(uint32_t pa[AF_WG_BC / 16][4], const float s[AF_WG_BC / 2], const int bf16) {
     AF_MMA_UNROLL
     for (int ks = 0; ks < AF_WG_BC / 16; ks++)
         AF_MMA_UNROLL
         for (int j = 0; j < 4; j++) pa[ks][j] = af_mma_pack(s[8 * ks + 2 * j], s[8 * ks + 2 * j + 1], bf16);
-    af_wgmma_fence_regs_u32(&pa[0][0], AF_WG_BC / 4);
-    af_wgmma_fence_regs(o, hd / 2);   /* the softmax's rescale of O stays before the stage */
-    af_wgmma_fence();
+}
+
+/* Issues O(64 x hd) += P(64 x 128) · V(128 keys x hd) as one wgmma group (no wait): P from registers (they must stay
+ * untouched until the wait), V MN-major (a key's row of 64 columns is one 128-byte swizzle row; LBO steps column
+ * blocks, SBO groups of 8 keys). Follows the caller's wgmma fence. */
+AF_DEVICE void af_wgmma_issue_values(float *o, uint32_t pa[AF_WG_BC / 16][4], const char *v_tile, const int hd,
+                                     const int bf16) {
     AF_MMA_UNROLL
     for (int ks = 0; ks < AF_WG_BC / 16; ks++) {
         const uint64_t v = af_wgmma_desc(v_tile + ks * 2 * 1024, AF_SWIZZLE_128B, AF_WG_BLOCK_BYTES(AF_WG_BC), 1024);
@@ -118,8 +120,24 @@ AF_DEVICE void af_wgmma_values(float *o, const float s[AF_WG_BC / 2], const char
         }
     }
     af_wgmma_commit();
-    af_wgmma_wait_0();
-    af_wgmma_fence_regs(o, hd / 2);
+}
+
+/* A tile's scores (its wgmma group complete) into weights: the scale or softcap, the masks of its two 64-key halves
+ * (attn_mma.cuh's, on the same fragment layout), then the online softmax over all 128 keys before any weight is used
+ * (O's correction left to the caller, whose P·V of the last tile may still be running). */
+AF_DEVICE void af_wgmma_weights(float s[AF_WG_BC / 2], const af_mma_params *p, int64_t b, int64_t hk, int64_t rt0,
+                                int64_t tile, int64_t hi_min, int64_t lo_max, float m[2], float l[2],
+                                float correction[2], const int bf16) {
+    AF_MMA_UNROLL
+    for (int i = 0; i < AF_WG_BC / 2; i++)
+        s[i] = p->softcap_on ? p->softcap_log2 * tanhf(s[i] * p->scale_over_cap) : s[i] * p->scale_log2;
+    AF_MMA_UNROLL
+    for (int half = 0; half < AF_WG_BC / AF_MMA_BC; half++) {
+        const int64_t key0 = tile * AF_WG_BC + half * AF_MMA_BC;
+        if (p->mask || key0 + AF_MMA_BC > hi_min || key0 < lo_max)
+            af_mma_apply_mask((float (*)[4])(s + half * (AF_MMA_BC / 2)), p, b, hk, rt0, key0, bf16, 1);
+    }
+    af_mma_softmax_weights((float (*)[4])s, m, l, correction, AF_WG_BC);
 }
 
 /* The producer: tiles [t_begin, t_end) of AF_WG_BC keys, tile n into stage n % AF_WG_STAGES once the consumers
@@ -197,24 +215,51 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
     for (int d = 0; d < hd / 2; d++) o[d] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {bad ? NAN : 0.0f, bad ? NAN : 0.0f};
     const int stage_bytes = blocks * AF_WG_BLOCK_BYTES(AF_WG_BC);
-    for (int64_t tile = t_begin; tile < t_end; tile++) {
-        const int n = (int)(tile - t_begin), stage = n % AF_WG_STAGES;
+    /* Two tiles in flight (FlashAttention-3's intra-warpgroup overlap): tile n's S = Q·Kᵀ is issued together with
+     * tile n-1's P·V; once S lands its softmax runs while P·V still does, then O takes the correction and the new P
+     * replaces the old one's registers; stage n-1 is released when its P·V has read it. The first tile (S alone) and
+     * the last P·V are peeled off the loop, so that no branch inside it hides from ptxas which wgmma group is done
+     * (a conditional one serialises them all). */
+    uint32_t pa[AF_WG_BC / 16][4];
+    float correction[2], s[AF_WG_BC / 2];
+    if (t_begin < t_end) {
+        af_mbarrier_wait_parity(&full[0], 0);
+        af_wgmma_zero(s);
+        af_wgmma_fence();
+        af_wgmma_issue_scores(s, q_tile, k_stages, consumer, p->E, hd, bf16);
+        af_wgmma_wait_0();
+        af_wgmma_fence_regs(s, AF_WG_BC / 2);
+        af_wgmma_weights(s, p, b, hk, rt0, t_begin, hi_min, lo_max, m, l, correction, bf16);
+        af_mma_rescale((float (*)[4])o, correction, hd, p->Ev);
+        af_wgmma_pack_p(pa, s, bf16);
+    }
+    for (int64_t tile = t_begin + 1; tile < t_end; tile++) {
+        const int n = (int)(tile - t_begin), stage = n % AF_WG_STAGES, last = (n - 1) % AF_WG_STAGES;
         af_mbarrier_wait_parity(&full[stage], (uint32_t)((n / AF_WG_STAGES) & 1));
-        float s[AF_WG_BC / 2];
-        af_wgmma_scores(s, q_tile, k_stages + stage * stage_bytes, consumer, p->E, hd, bf16);
-        AF_MMA_UNROLL
-        for (int i = 0; i < AF_WG_BC / 2; i++)
-            s[i] = p->softcap_on ? p->softcap_log2 * tanhf(s[i] * p->scale_over_cap) : s[i] * p->scale_log2;
-        AF_MMA_UNROLL
-        for (int half = 0; half < AF_WG_BC / AF_MMA_BC; half++) {   /* attn_mma.cuh's masks: 64 keys at a time */
-            const int64_t key0 = tile * AF_WG_BC + half * AF_MMA_BC;
-            if (p->mask || key0 + AF_MMA_BC > hi_min || key0 < lo_max)
-                af_mma_apply_mask((float (*)[4])(s + half * (AF_MMA_BC / 2)), p, b, hk, rt0, key0, bf16, 1);
-        }
-        /* one max over all 128 keys before any weight: the tile's single P·V uses them all */
-        af_mma_softmax_keys((float (*)[4])s, (float (*)[4])o, m, l, hd, p->Ev, AF_WG_BC);
-        af_wgmma_values(o, s, v_stages + stage * stage_bytes, hd, bf16);
-        af_mbarrier_arrive(&empty[stage]);   /* both products have read this stage */
+        af_wgmma_zero(s);
+        af_wgmma_fence_regs_u32(&pa[0][0], AF_WG_BC / 4);
+        af_wgmma_fence_regs(o, hd / 2);
+        af_wgmma_fence();
+        af_wgmma_issue_scores(s, q_tile, k_stages + stage * stage_bytes, consumer, p->E, hd, bf16);
+        af_wgmma_issue_values(o, pa, v_stages + last * stage_bytes, hd, bf16);
+        af_wgmma_wait_1();   /* S (the older group) has landed; P·V runs on */
+        af_wgmma_fence_regs(s, AF_WG_BC / 2);
+        af_wgmma_weights(s, p, b, hk, rt0, tile, hi_min, lo_max, m, l, correction, bf16);
+        af_wgmma_wait_0();
+        af_wgmma_fence_regs(o, hd / 2);
+        af_mbarrier_arrive(&empty[last]);   /* both products have read tile n-1's stage */
+        af_mma_rescale((float (*)[4])o, correction, hd, p->Ev);
+        af_wgmma_pack_p(pa, s, bf16);
+    }
+    if (t_begin < t_end) {   /* the last tile's P·V */
+        const int last = (int)((t_end - 1 - t_begin) % AF_WG_STAGES);
+        af_wgmma_fence_regs_u32(&pa[0][0], AF_WG_BC / 4);
+        af_wgmma_fence_regs(o, hd / 2);
+        af_wgmma_fence();
+        af_wgmma_issue_values(o, pa, v_stages + last * stage_bytes, hd, bf16);
+        af_wgmma_wait_0();
+        af_wgmma_fence_regs(o, hd / 2);
+        af_mbarrier_arrive(&empty[last]);
     }
     af_mma_epilogue(p, (float (*)[4])o, m, l, b, hk, rt0, 1.0f, hd, bf16);
 }
