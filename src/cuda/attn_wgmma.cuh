@@ -13,6 +13,9 @@
  *   - K and V tiles are boxes of 64 columns x 128 keys of the tensors seen as {E, keys, Hkv, B} (TMA's 128-byte
  *     swizzle, keys past the tensor zero-filled; rows past the sequence are masked by the key ranges); head dim 128
  *     takes two boxes side by side (column blocks of 128 x 128 bytes);
+ *   - a paged K/V cache (page size a multiple of 128, or 8..64 dividing 128) is seen as {E, page rows, Hkv, pages}:
+ *     a tile is one box inside a page, or 128 / page size boxes, one a page, each found through the page table;
+ *     boxes of keys past the sequence name page `num_pages`, past the pool, and are zero-filled;
  *   - causal and window tiles outside the block's keys are never loaded; split-KV, sinks and LSE as attn_mma.cuh.
  * Variants: AF_WGMMA_KERNEL stamps one kernel per (head dim 64/128, dtype). */
 #ifndef AF_CUDA_ATTN_WGMMA_CUH
@@ -34,14 +37,15 @@ typedef struct {
     CUtensorMap k_map, v_map;                  /* K / V as {E or Ev, keys, Hkv, B}, boxes {64, AF_WG_BC, 1, 1} */
     int k_blocks, v_blocks;                    /* column blocks of K (ceil(E / 64)) and V (hd / 64: P·V reads all) */
     int varlen_k;                              /* K/V packed by cu_seqlens_k: the box's batch coordinate is 0 */
+    int box_keys;                              /* keys per box: AF_WG_BC, or a paged cache's page size below it */
 } af_wgmma_params;
 
 /* Shared memory: Q (hd/64 column blocks of 128 rows), then the stages' K and V (hd/64 column blocks of AF_WG_BC
- * rows each), then the 2·AF_WG_STAGES mbarriers; every tile starts on a multiple of 1024 bytes. */
+ * rows each), then the 2·AF_WG_STAGES mbarriers and a flag; every tile starts on a multiple of 1024 bytes. */
 static inline size_t af_wgmma_smem_bytes(int hd) {
     const size_t blocks = (size_t)hd / AF_WG_ATOM;
-    return blocks * AF_WG_BLOCK_BYTES(AF_WG_ROWS) +
-           2 * AF_WG_STAGES * blocks * AF_WG_BLOCK_BYTES(AF_WG_BC) + 2 * AF_WG_STAGES * sizeof(uint64_t);
+    return blocks * AF_WG_BLOCK_BYTES(AF_WG_ROWS) + 2 * AF_WG_STAGES * blocks * AF_WG_BLOCK_BYTES(AF_WG_BC) +
+           2 * AF_WG_STAGES * sizeof(uint64_t) + sizeof(uint64_t);   /* and the bad-page flag */
 }
 
 /* Byte offset of 16-byte chunk `chunk` (8 elements) of row `row` in a tile of column blocks of `rows` rows laid out
@@ -147,18 +151,29 @@ AF_DEVICE void af_wgmma_produce(const af_wgmma_params *p, char *k_stages, char *
                                 int64_t t_end, const int hd) {
     const int stage_bytes = (hd / AF_WG_ATOM) * AF_WG_BLOCK_BYTES(AF_WG_BC);
     const int box_bytes = AF_WG_BLOCK_BYTES(AF_WG_BC);
-    const int batch = p->varlen_k ? 0 : (int)b;
+    /* 32-bit from here (the plan bounds keys, pages and the table's row): the producer runs on 24 registers */
+    const int32_t *table = p->m.page_table ? p->m.page_table + b * p->m.page_table_stride[0] : NULL;
+    const int table_step = (int)p->m.page_table_stride[1], page = (int)p->m.page_size, keys = (int)sq->S;
+    const int past_pool = (int)p->m.num_pages, first_key = (int)sq->k0, batch = p->varlen_k ? 0 : (int)b;
     for (int64_t tile = t_begin; tile < t_end; tile++) {
         const int n = (int)(tile - t_begin), stage = n % AF_WG_STAGES;
         if (n >= AF_WG_STAGES) af_mbarrier_wait_parity(&empty[stage], (uint32_t)((n / AF_WG_STAGES - 1) & 1));
         af_mbarrier_arrive_expect_tx(&full[stage], (uint32_t)((p->k_blocks + p->v_blocks) * box_bytes));
-        const int key = (int)(sq->k0 + tile * AF_WG_BC);
-        for (int c = 0; c < p->k_blocks; c++)
-            af_tma_load_4d(k_stages + stage * stage_bytes + c * box_bytes, &p->k_map, &full[stage], c * AF_WG_ATOM,
-                           key, (int)hk, batch);
-        for (int c = 0; c < p->v_blocks; c++)
-            af_tma_load_4d(v_stages + stage * stage_bytes + c * box_bytes, &p->v_map, &full[stage], c * AF_WG_ATOM,
-                           key, (int)hk, batch);
+        for (int box = 0; box < AF_WG_BC / p->box_keys; box++) {   /* paged: one box a page; else one box */
+            const int key = (int)tile * AF_WG_BC + box * p->box_keys;
+            int row = first_key + key, outer = batch;   /* fixed or varlen: {col, key, hk, batch} */
+            if (table) {   /* {col, row in its page, hk, page}; a page past the pool reads as zeros */
+                row = (int)((unsigned)key % (unsigned)page);
+                outer = key < keys ? table[(int)((unsigned)key / (unsigned)page) * table_step] : past_pool;
+            }
+            const int at = stage * stage_bytes + box * p->box_keys * 128;
+            for (int c = 0; c < p->k_blocks; c++)
+                af_tma_load_4d(k_stages + at + c * box_bytes, &p->k_map, &full[stage], c * AF_WG_ATOM, row, (int)hk,
+                               outer);
+            for (int c = 0; c < p->v_blocks; c++)
+                af_tma_load_4d(v_stages + at + c * box_bytes, &p->v_map, &full[stage], c * AF_WG_ATOM, row, (int)hk,
+                               outer);
+        }
     }
 }
 
@@ -187,19 +202,33 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
     char *v_stages = k_stages + AF_WG_STAGES * blocks * AF_WG_BLOCK_BYTES(AF_WG_BC);
     uint64_t *full = (uint64_t *)(v_stages + AF_WG_STAGES * blocks * AF_WG_BLOCK_BYTES(AF_WG_BC));
     uint64_t *empty = full + AF_WG_STAGES;
+    int *bad_page = (int *)(empty + AF_WG_STAGES);   /* a page entry of this CTA's keys outside the pool */
 
     if (AF_THREAD_IDX == 0) {
+        *bad_page = 0;
         for (int s = 0; s < AF_WG_STAGES; s++) {
             af_mbarrier_init(&full[s], 1);   /* the producer's arrive, with the tile's bytes */
             af_mbarrier_init(&empty[s], AF_WG_THREADS - 128);   /* every consumer thread, done with the stage */
         }
         af_fence_mbarrier_init();
     }
+    if (p->page_table && t_begin < t_end) {   /* the pages this CTA reads, checked before any is: warpgroup 0's share */
+        af_syncthreads();   /* *bad_page is 0 */
+        const int64_t hi = t_end * AF_WG_BC < sq.S ? t_end * AF_WG_BC : sq.S, lo = t_begin * AF_WG_BC;
+        if (AF_THREAD_IDX < 128 && hi > lo &&
+            !af_page_entries_valid(p->page_table, p->page_table_stride, p->num_pages, b, af_mma_div(lo, p->page_size),
+                                   af_mma_div(hi + p->page_size - 1, p->page_size), AF_THREAD_IDX, 128))
+            *bad_page = 1;
+    }
     if (t_begin < t_end) af_wgmma_load_q(q_tile, p, b, hk, &sq, r0, hd);
     af_cp_async_commit();
     af_cp_async_wait_0();
     af_fence_proxy_async();   /* Q, written through the generic proxy, is read by wgmma (the async proxy) */
-    af_syncthreads();         /* the barriers and Q are ready; the last barrier the whole CTA meets */
+    af_syncthreads();         /* the barriers, Q and the page check are ready; the last barrier the whole CTA meets */
+    if (*bad_page) {
+        bad = 1;
+        t_end = t_begin;
+    }
 
     const int warpgroup = AF_THREAD_IDX / 128;
     if (warpgroup == 0) {

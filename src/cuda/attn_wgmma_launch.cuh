@@ -62,11 +62,20 @@ static int af_wgmma_tma_ready(const char *base, const int64_t *stride) {
            (uintptr_t)base % 16 == 0;
 }
 
+/* A paged cache TMA can read: whole pages of 128 keys or more (tiles inside one), or pages of 8..64 keys that tile
+ * 128 (a box a page; 8-row multiples keep each box on the swizzle's 1024-byte pattern). */
+static int af_wgmma_pages_fit(const af_problem *p) {
+    const int64_t slots = p->page_size > 0 ? (p->S + p->page_size - 1) / p->page_size : 0;
+    return !p->page_table || ((p->page_size % AF_WG_BC == 0 ||
+                               (p->page_size >= 8 && p->page_size < AF_WG_BC && AF_WG_BC % p->page_size == 0)) &&
+                              p->page_table_stride[1] >= 0 && p->page_table_stride[1] * slots < ((int64_t)1 << 30));
+}
+
 int af_cuda_wgmma_accepts(const af_problem *p, const af_cuda_device *dev) {
     const int hd = p->E <= 64 && p->Ev <= 64 ? 64 : 128;
     return dev->cc_major == 9 && dev->cc_minor == 0 && (p->dtype == AF_F16 || p->dtype == AF_BF16) &&
-           p->kv_dtype == p->dtype && !p->page_table && p->E >= 1 && p->E <= 128 && p->Ev >= 1 && p->Ev <= 128 &&
-           (p->cu_seqlens_k ? p->total_k : p->S) >= 1 &&
+           p->kv_dtype == p->dtype && af_wgmma_pages_fit(p) && p->E >= 1 && p->E <= 128 && p->Ev >= 1 && p->Ev <= 128 &&
+           (p->page_table ? p->num_pages >= 1 : (p->cu_seqlens_k ? p->total_k : p->S) >= 1) &&   /* maps: not empty */
            p->group * p->L > AF_MMA_BLOCK_ROWS(1) && af_cuda_mma_fits_int32(p) &&
            af_wgmma_smem_bytes(hd) <= af_mma_smem_optin(dev);
 }
@@ -111,16 +120,18 @@ static uint64_t af_wgmma_stride(int64_t elements, uint64_t size, uint64_t inner_
     return size > 1 ? (uint64_t)elements * 2 : (inner_bytes + 15) / 16 * 16;
 }
 
-/* K or V (cols E or Ev) as {cols, keys, Hkv, B or 1}, boxes of 64 columns x AF_WG_BC keys, 128-byte swizzle. */
+/* K or V (cols E or Ev) as {cols, keys, Hkv, B or 1}, or paged as {cols, page rows, Hkv, pages}; boxes of 64
+ * columns x box_keys keys, 128-byte swizzle. */
 static cudaError_t af_wgmma_encode(CUtensorMap *map, const af_problem *p, const char *data, const int64_t *stride,
-                                   int64_t cols, int bf16) {
-    const uint64_t keys = (uint64_t)(p->cu_seqlens_k ? p->total_k : p->S);
-    const uint64_t dims[4] = {(uint64_t)cols, keys, (uint64_t)p->Hkv, p->cu_seqlens_k ? 1 : (uint64_t)p->B};
+                                   int64_t cols, int box_keys, int bf16) {
+    const uint64_t keys = (uint64_t)(p->page_table ? p->page_size : p->cu_seqlens_k ? p->total_k : p->S);
+    const uint64_t outer = (uint64_t)(p->page_table ? p->num_pages : p->cu_seqlens_k ? 1 : p->B);
+    const uint64_t dims[4] = {(uint64_t)cols, keys, (uint64_t)p->Hkv, outer};
     uint64_t strides[3];
     strides[0] = af_wgmma_stride(stride[2], dims[1], dims[0] * 2);
     strides[1] = af_wgmma_stride(stride[1], dims[2], strides[0] * dims[1]);
     strides[2] = af_wgmma_stride(stride[0], dims[3], strides[1] * dims[2]);
-    const uint32_t box[4] = {AF_WG_ATOM, AF_WG_BC, 1, 1};
+    const uint32_t box[4] = {AF_WG_ATOM, (uint32_t)box_keys, 1, 1};
     return af_tma_encode_tiled(map, bf16 ? AF_TMA_BF16 : AF_TMA_F16, 4, data, dims, strides, box, AF_SWIZZLE_128B);
 }
 
@@ -161,8 +172,9 @@ cudaError_t af_cuda_wgmma_forward(const af_problem *p, const af_cuda_device *dev
     prm.k_blocks = (int)((p->E + AF_WG_ATOM - 1) / AF_WG_ATOM);
     prm.v_blocks = plan.hd / AF_WG_ATOM;
     prm.varlen_k = p->cu_seqlens_k != NULL;
-    if ((e = af_wgmma_encode(&prm.k_map, p, p->k, p->k_stride, p->E, bf16)) != cudaSuccess ||
-        (e = af_wgmma_encode(&prm.v_map, p, p->v, p->v_stride, p->Ev, bf16)) != cudaSuccess)
+    prm.box_keys = p->page_table && p->page_size < AF_WG_BC ? (int)p->page_size : AF_WG_BC;
+    if ((e = af_wgmma_encode(&prm.k_map, p, p->k, p->k_stride, p->E, prm.box_keys, bf16)) != cudaSuccess ||
+        (e = af_wgmma_encode(&prm.v_map, p, p->v, p->v_stride, p->Ev, prm.box_keys, bf16)) != cudaSuccess)
         return e;
 
     if ((e = af_wgmma_launch(&plan, bf16, &prm, stream)) != cudaSuccess || plan.splits == 1) return e;

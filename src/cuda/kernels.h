@@ -35,7 +35,8 @@ int af_cuda_mma_accepts_float8(const af_problem *p, const af_cuda_device *dev);
 
 /* The Hopper kernel (attn_wgmma.cuh: wgmma, TMA, a producer warpgroup and two consumer warpgroups) for compute
  * capability 9.0: f16/bf16 q/k/v of one dtype, E and Ev <= 128, more than 64 packed rows (group·L), fixed-length
- * or varlen/seqused_k K/V (not paged), no float8; the same preconditions on strides and alignment as
+ * or varlen/seqused_k/paged K/V (paged: gathered, not by TMA), no float8; the same preconditions on strides and
+ * alignment as
  * af_cuda_mma_forward, and every other feature of it (masks, causal, windows, softcap, sinks, LSE, split-KV).
  * af_cuda_wgmma_accepts says whether a problem is one of those on `dev`; the others use af_cuda_mma_forward. */
 int af_cuda_wgmma_accepts(const af_problem *p, const af_cuda_device *dev);

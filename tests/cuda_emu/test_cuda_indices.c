@@ -118,6 +118,14 @@ static flash_case paged_decode(af_dtype dtype) {
     return c;
 }
 
+/* A paged prefill: the same cache under 40 rows of 2 heads a kv head (80 packed rows: the Hopper kernel takes it
+ * when ATTNFORGE_CUDA_WGMMA=1, a TMA box a page). */
+static flash_case paged_prefill(af_dtype dtype) {
+    flash_case c = paged_decode(dtype);
+    for (int b = 0; b < 3; b++) c.Lq[b] = 40;
+    return c;
+}
+
 /* Varlen q and K/V: 3 sequences of 5, 9 and 3 rows over 30, 12 and 20 keys, causal. */
 static flash_case varlen(af_dtype dtype) {
     flash_case c = flash_case_default(3, 4, 2, 9, 30, 64, 64);
@@ -216,6 +224,8 @@ static const bad_index bad_indices[] = {
      NULL},
     {"a page past the pool", paged_decode, page_past_the_pool, 2, 2, ROWS_NAN, "page_table: [2, 0] = 16 is outside [0, num_pages = 16)",
      NULL},
+    {"a page past the pool (prefill)", paged_prefill, page_past_the_pool, 2, 2, ROWS_NAN,
+     "page_table: [2, 0] = 16 is outside [0, num_pages = 16)", NULL},
     {"seqused_k past the pages", paged_decode, seqused_past_the_pages, 0, 0, ROWS_NAN,
      "seqused_k: [0] = 1000 is outside [0, ", NULL},
     {"cu_seqlens_k decreasing", varlen, cu_k_decreasing, 1, 2, ROWS_NAN, "cu_seqlens_k: must be non-decreasing",
@@ -237,13 +247,13 @@ static bool bad_rows_are(device_case *d, const bad_index *bad, char *why, size_t
     for (int64_t bs = bad->bad_first; bs <= bad->bad_last; bs++) {
     int64_t r0 = 0;
     for (int64_t b = 0; packed && b < bs; b++) r0 += c->Lq[b];
-    const int64_t r1 = r0 + (packed ? c->Lq[bs] : 1);
+    const int64_t r1 = r0 + c->Lq[bs];   /* fixed q: rows 0..Lq - 1 of batch bs */
     for (int64_t r = r0; r < r1; r++)
         for (int64_t h = 0; h < c->Hq; h++) {
-            const int64_t lse_packed[2] = {h, r}, lse_fixed[3] = {bs, h, 0};
+            const int64_t lse_packed[2] = {h, r}, lse_fixed[3] = {bs, h, r};
             const int64_t *lse_at = packed ? lse_packed : lse_fixed;
             for (int64_t e = 0; e < c->Ev; e++) {
-                const int64_t out_packed[3] = {r, h, e}, out_fixed[4] = {bs, 0, h, e};
+                const int64_t out_packed[3] = {r, h, e}, out_fixed[4] = {bs, r, h, e};
                 const int64_t *out_at = packed ? out_packed : out_fixed;
                 const double v = tt_get(&t->out, out_at), l = tt_get(&t->lse, lse_at);
                 const bool ok = bad->rows == ROWS_NAN ? isnan(v) && isnan(l)
@@ -263,11 +273,14 @@ static bool bad_rows_are(device_case *d, const bad_index *bad, char *why, size_t
 }
 
 static void bad_entries_stay_in_bounds_and_are_reported(void **state) {
-    const af_dtype dtypes[2] = {AF_F16, AF_F32};   /* the tensor cores and the CUDA cores */
+    /* the tensor cores (mma.sync, then the Hopper kernel where it takes the case) and the CUDA cores */
+    const af_dtype dtypes[3] = {AF_F16, AF_F16, AF_F32};
     for (size_t k = 0; k < sizeof bad_indices / sizeof bad_indices[0]; k++)
-        for (int di = 0; di < 2; di++) {
+        for (int di = 0; di < 3; di++) {
             const bad_index *bad = &bad_indices[k];
             const flash_case c = bad->make(dtypes[di]);
+            if (di == 1) setenv("ATTNFORGE_CUDA_WGMMA", "1", 1);
+            else unsetenv("ATTNFORGE_CUDA_WGMMA");
             device_case d;
             device_case_build(&d, &c);
             bad->corrupt(&d.t);
@@ -287,6 +300,7 @@ static void bad_entries_stay_in_bounds_and_are_reported(void **state) {
                 fail_msg("%s (%s): %s", bad->what, af_dtype_name(c.dtype), why);
             device_case_free(&d);
         }
+    unsetenv("ATTNFORGE_CUDA_WGMMA");
 }
 
 static int setup(void **state) {

@@ -541,6 +541,16 @@ static void flash_varlen_and_seqused(void **state) {
         c.kv = KV_VARLEN, c.seqused = true;
         check_flash(&c, ALIGNED_PADDED, &one_sm, SPLIT_NONE);
     }
+    {   /* paged K/V through TMA, a box a page: pages of 16 keys (8 boxes a tile) and of 256 (a tile inside one page),
+         * a first page shared by both sequences, causal, a split on many multiprocessors */
+        flash_case c = half_flash(1240, AF_BF16, 2, 4, 2, 0, 0, 64, 64);
+        const int64_t rows[2] = {40, 33}, keys[2] = {300, 150};
+        set_lengths(&c, rows, keys, NULL);
+        c.kv = KV_PAGED, c.seqused = true, c.page_size = 16, c.shared_page = true, c.causal = true;
+        check_flash(&c, ALIGNED_PADDED, &one_sm, SPLIT_NONE);
+        c.seed++, c.dtype = c.sink_dtype = AF_F16, c.page_size = 256, c.causal = false, c.E = 100, c.Ev = 72;
+        check_flash(&c, ALIGNED_CONTIGUOUS, &many_sms, SPLIT_YES);
+    }
     {   /* varlen q on many multiprocessors: split, with softcap and a window */
         flash_case c = half_flash(1230, AF_F16, 2, 2, 2, 0, 0, 64, 128);
         const int64_t rows[2] = {90, 66}, keys[2] = {330, 280};
@@ -550,7 +560,7 @@ static void flash_varlen_and_seqused(void **state) {
     }
 }
 
-/* Random flash cases of the Hopper path's forms (fixed, varlen K/V, seqused_k; paged ones become varlen), every
+/* Random flash cases of the Hopper path's forms (fixed, varlen K/V, seqused_k, paged), every
  * window, softcap and sink, head dims clamped to 128, rows raised past 64 packed ones, shrunk to the budget. */
 static double flash_tiles(const flash_case *c) {
     const int64_t group = c->Hkv > 0 ? c->Hq / c->Hkv : 1;
@@ -571,8 +581,9 @@ static void flash_random(void **state) {
         test_rng rng = {c.seed ^ 0x3c6ef372u};
         c.dtype = half_dtype(i);
         if (c.sink_dtype != AF_F32) c.sink_dtype = c.dtype;
-        if (c.kv == KV_PAGED) c.kv = KV_VARLEN;
         if (c.B == 0) c.B = 1;
+        if (c.kv == KV_PAGED && c.page_size != 16 && c.page_size != 64 && c.page_size != 128)
+            c.page_size = 16;   /* pages TMA can box (1, 3 and 17 are mma.sync's) */
         if (c.E > 128) c.E = rng_range(&rng, 1, 128);
         if (c.Ev > 128) c.Ev = rng_range(&rng, 1, 128);
         const int64_t group = c.Hq / c.Hkv, min_rows = 64 / group + 1;
@@ -656,6 +667,12 @@ static void accepts_and_refusals(void **state) {
     p = hopper_problem();
     static const int32_t table[2] = {0, 1};
     p.page_table = table, p.page_size = 256, p.page_table_stride[0] = 2, p.page_table_stride[1] = 1, p.num_pages = 2;
+    assert_true(af_cuda_wgmma_accepts(&p, &one_sm));   /* paged: a box a page, or a tile inside one */
+    p.page_size = 16;
+    assert_true(af_cuda_wgmma_accepts(&p, &one_sm));
+    p.page_size = 48;   /* no box tiles 128 keys: mma.sync reads it */
+    assert_false(af_cuda_wgmma_accepts(&p, &one_sm));
+    p.page_size = 4;    /* a box under the swizzle's 8-row pattern */
     assert_false(af_cuda_wgmma_accepts(&p, &one_sm));
 
     p = hopper_problem();
