@@ -70,6 +70,7 @@ if [ -n "$cuobjdump" ] && PATH="$(dirname "$cuobjdump"):$PATH" "$cuobjdump" --ve
     done
     [ "$(count 'SYNCS')" -ge 3 ] || fail "no mbarrier (SYNCS) instructions in the SASS"
     [ "$(count 'USETMAXREG')" -ge 2 ] || fail "setmaxnreg (USETMAXREG) missing from the SASS"
+    [ "$(count 'BAR\.(SYNC|ARV)')" -ge 2 ] || fail "the named barriers (BAR.SYNC, BAR.ARV) missing from the SASS"
 elif [ "${AF_REQUIRE_SASS_CHECK:-0}" = 1 ]; then
     fail "cuobjdump not found (AF_REQUIRE_SASS_CHECK=1): pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm"
 else

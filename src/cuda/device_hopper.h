@@ -79,6 +79,11 @@
  *                 the box at coordinates (c0 innermost, in elements, may be negative or past the end) to `smem`
  *                 (128-byte aligned; the swizzle pattern's alignment when swizzled), rows of box[0] elements,
  *                 and completes box bytes of transactions on `bar`.
+ * Named barriers (FlashAttention-3's ping-pong between consumer warpgroups; barrier 0 is af_syncthreads')
+ *   void af_named_bar_sync(int id, int threads)     bar.sync id, threads: waits until `threads` (a multiple of 32)
+ *                                        threads have arrived at barrier `id` (1..15) in this phase, itself included
+ *   void af_named_bar_arrive(int id, int threads)   bar.arrive id, threads: counts this thread's arrival, no wait
+ *                 Whole warps arrive together; every arrival of one phase names the same thread count.
  * Proxies and registers
  *   void af_fence_proxy_async(void)      fence.proxy.async.shared::cta: shared memory written by ordinary stores
  *                                        (or cp.async) is seen by wgmma and TMA only after this fence in the

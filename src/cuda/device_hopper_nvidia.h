@@ -164,6 +164,14 @@ AF_DEVICE void af_tma_load_4d(void *smem, const CUtensorMap *map, uint64_t *bar,
 }
 
 /* ---- Proxies and registers ---- */
+AF_DEVICE void af_named_bar_sync(int id, int threads)
+{
+    AF_HOPPER_ASM("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+AF_DEVICE void af_named_bar_arrive(int id, int threads)
+{
+    AF_HOPPER_ASM("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 AF_DEVICE void af_fence_proxy_async(void) { AF_HOPPER_ASM("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 /* n is an immediate: a literal stamped into the instruction. */

@@ -39,6 +39,7 @@ typedef struct {
     int need_fence;      /* no wgmma.fence since the start or the last wait_group */
     int parked;
     int waiting_bar;     /* the mbarrier waited on, -1 none */
+    int waiting_named;   /* the named barrier waited on, 0 none */
     unsigned wait_parity;
 } thread_state;
 
@@ -71,8 +72,14 @@ typedef struct {
     int *chunks, chunk_count;
 } mma_op;
 
+#define NAMED_BARRIERS 16   /* bar.sync's ids; 0 is af_syncthreads' */
+typedef struct {
+    int expected, arrived;   /* this phase's thread count (0: no phase open) and arrivals */
+} named_state;
+
 typedef struct {
     int threads, started, ended, parked;
+    named_state named[NAMED_BARRIERS];
     char *smem;
     size_t smem_bytes;
     thread_state *t;
@@ -211,6 +218,10 @@ static void describe(char *text, size_t size)
         return;
 #define APPEND(...) \
     if (used < size) used += (size_t)snprintf(text + used, size - used, __VA_ARGS__)
+    for (int id = 1; id < NAMED_BARRIERS; id++)
+        if (b->named[id].expected)
+            APPEND("named barrier %d: %d of %d threads arrived (a thread count or an arrive missing?); ", id,
+                   b->named[id].arrived, b->named[id].expected);
     for (int w = 0; w < (b->threads + WG - 1) / WG; w++)
         if (b->wg[w].arrived)
             APPEND("warpgroup %d: %d of %d threads in %s (%s); ", w, b->wg[w].arrived, WG, wg_names[b->wg[w].kind],
@@ -790,4 +801,52 @@ void af_emu_tma_load(void *smem, const CUtensorMap *map, uint64_t *bar, int rank
             deliver(b, b->copy_count - 1);
             break;
         }
+}
+
+/* ---- Named barriers: bar.sync / bar.arrive id, threads ---- */
+static named_state *named_arrive(hopper_block *b, int id, int threads, const char *what)
+{
+    if (id < 1 || id >= NAMED_BARRIERS)
+        report("%s: barrier id %d outside 1..%d (0 is af_syncthreads')", what, id, NAMED_BARRIERS - 1);
+    if (threads < 32 || threads % 32 || threads > b->threads)
+        report("%s: thread count %d is not a multiple of 32 in 32..%d (the block's threads)", what, threads,
+               b->threads);
+    named_state *n = &b->named[id];
+    if (n->expected && n->expected != threads)
+        report("%s: barrier %d's phase counts %d threads, this arrival says %d", what, id, n->expected, threads);
+    n->expected = threads;
+    n->arrived++;
+    return n;
+}
+
+/* The phase completes: its waiting threads run on, and the next phase starts empty. */
+static void named_release(hopper_block *b, int id)
+{
+    b->named[id].expected = b->named[id].arrived = 0;
+    for (int i = 0; i < b->threads; i++)
+        if (b->t[i].waiting_named == id) {
+            b->t[i].waiting_named = 0;
+            wake(b, i);
+        }
+}
+
+void af_named_bar_sync(int id, int threads)
+{
+    hopper_block *b = block("af_named_bar_sync");
+    named_state *n = named_arrive(b, id, threads, "af_named_bar_sync");
+    if (n->arrived == n->expected) {
+        named_release(b, id);
+        return;
+    }
+    thread_state *t = self_state(b);
+    t->waiting_named = id;
+    park(b, t);
+}
+
+void af_named_bar_arrive(int id, int threads)
+{
+    hopper_block *b = block("af_named_bar_arrive");
+    named_state *n = named_arrive(b, id, threads, "af_named_bar_arrive");
+    if (n->arrived == n->expected)
+        named_release(b, id);
 }

@@ -109,6 +109,8 @@ static inline void af_tma_load_4d(void *smem, const CUtensorMap *map, uint64_t *
 
 /* ---- Proxies and registers ---- */
 void af_fence_proxy_async(void);
+void af_named_bar_sync(int id, int threads);
+void af_named_bar_arrive(int id, int threads);
 void af_emu_setmaxnreg(int inc, int n);
 #define AF_SETMAXNREG_INC(n) af_emu_setmaxnreg(1, (n))
 #define AF_SETMAXNREG_DEC(n) af_emu_setmaxnreg(0, (n))

@@ -91,6 +91,8 @@ AF_KERNEL_SM90(af_hopper_probe, af_hopper_probe_params, p, 384)
     af_mbarrier_arrive(empty);
     if (af_mbarrier_try_wait_parity(empty, 0))
         sum += 1.0f;
+    af_named_bar_arrive(1, 384);   /* the ping-pong's named barriers (BAR.ARV / BAR.SYNC) */
+    af_named_bar_sync(1, 384);
     p.out[AF_BLOCK_IDX_X * 384 + AF_THREAD_IDX] = sum;
 }
 

@@ -673,6 +673,64 @@ static void test_rule_reports(void **state)
     expect_rule(RULE_EXTRA_ARRIVAL, "more arrivals than the mbarrier's count 1");
 }
 
+/* ---- Named barriers: FlashAttention-3's ping-pong, two warpgroups taking turns ---- */
+typedef struct {
+    int *log;            /* the turns, in the order they ran */
+    int rounds, mode;    /* mode 0: the schedule; 1: a count no phase reaches; 2: counts that disagree */
+} pingpong_params;
+
+AF_KERNEL_SM90(pingpong_kernel, pingpong_params, p, 256)
+{
+    const int wg = AF_THREAD_IDX / 128;
+    int *turn = (int *)af_shared_memory();
+    if (AF_THREAD_IDX == 0) *turn = 0;
+    af_syncthreads();
+    if (p.mode == 1) {   /* 128 threads arrive at a barrier counting 256: nobody else comes */
+        if (wg == 0) af_named_bar_sync(3, 256);
+        return;
+    }
+    if (p.mode == 2) {   /* one phase, two thread counts */
+        af_named_bar_sync(3, wg == 0 ? 256 : 128);
+        return;
+    }
+    for (int r = 0; r < p.rounds; r++) {
+        if (wg == 1) af_named_bar_sync(1, 256);   /* wait for warpgroup 0's turn to end */
+        if (AF_THREAD_IDX % 128 == 0) p.log[(*turn)++] = wg;
+        if (wg == 0) af_named_bar_arrive(1, 256);   /* warpgroup 1's turn */
+        if (wg == 0 && r + 1 < p.rounds) af_named_bar_sync(2, 256);   /* and back */
+        if (wg == 1) af_named_bar_arrive(2, 256);
+    }
+}
+
+static void test_named_barriers_ping_pong(void **state)
+{
+    (void)state;
+    enum { ROUNDS = 5 };
+    int *log = NULL;
+    assert_int_equal(cudaMalloc((void **)&log, 2 * ROUNDS * sizeof(int)), cudaSuccess);
+    pingpong_params p = {log, ROUNDS, 0};
+    assert_int_equal(AF_LAUNCH(pingpong_kernel, 1, 1, 1, 256, 64, 0, p), cudaSuccess);
+    for (int i = 0; i < 2 * ROUNDS; i++)
+        if (log[i] != i % 2) fail_msg("turn %d ran warpgroup %d, expected %d (the turns must alternate)", i, log[i], i % 2);
+    cudaFree(log);
+}
+
+static int named_mode;
+static void run_named(void)
+{
+    pingpong_params p = {NULL, 0, named_mode};
+    AF_LAUNCH(pingpong_kernel, 1, 1, 1, 256, 64, 0, p);
+}
+
+static void test_named_barrier_reports(void **state)
+{
+    (void)state;
+    named_mode = 1;
+    expect_abort(run_named, "named barrier 3: 128 of 256 threads arrived");
+    named_mode = 2;
+    expect_abort(run_named, "barrier 3's phase counts");   /* 128 vs 256, whichever arrived first */
+}
+
 /* Hopper primitives need AF_KERNEL_SM90's per-block state. */
 typedef struct {
     int unused;
@@ -707,6 +765,8 @@ int main(void)
         cmocka_unit_test(test_attention_tile),
         cmocka_unit_test(test_accumulator_written_in_flight),
         cmocka_unit_test(test_rule_reports),
+        cmocka_unit_test(test_named_barriers_ping_pong),
+        cmocka_unit_test(test_named_barrier_reports),
         cmocka_unit_test(test_needs_sm90_kernel),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
