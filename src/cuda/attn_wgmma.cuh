@@ -1,5 +1,5 @@
-/* The Hopper tensor-core kernel for f16/bf16, head dims up to 128 (sm_90a; FlashAttention-3's structure, first
- * version: warp specialisation, TMA and wgmma, without the ping-pong and intra-warpgroup overlap yet):
+/* The Hopper tensor-core kernel for f16/bf16, head dims up to 128 (sm_90a; FlashAttention-3's structure:
+ * warp specialisation, TMA and wgmma, the intra-warpgroup overlap and the ping-pong between consumers):
  *   - a CTA of 3 warpgroups owns AF_WG_ROWS = 128 packed query rows of one (batch, kv head) (pack-GQA as in
  *     attn_mma.cuh); warpgroup 0 is the producer: its first thread streams K/V tiles of AF_WG_BC = 128 keys with TMA
  *     into a ring of AF_WG_STAGES stages ("full" mbarriers with the tiles' transaction bytes, "empty" ones the
@@ -31,6 +31,7 @@
 #define AF_WG_STAGES 2                         /* K/V tiles in flight */
 #define AF_WG_ATOM 64                          /* 16-bit elements in one 128-byte swizzle row: a column block */
 #define AF_WG_BLOCK_BYTES(rows) ((rows) * 128) /* one column block of `rows` rows */
+#define AF_WG_TURN_BAR 1                       /* named barriers 1 and 2: consumer 0's and consumer 1's turn */
 
 typedef struct {
     af_mma_params m;                           /* everything attn_mma.cuh's kernel takes (double_buffer unused) */
@@ -144,6 +145,12 @@ AF_DEVICE void af_wgmma_weights(float s[AF_WG_BC / 2], const af_mma_params *p, i
     af_mma_softmax_weights((float (*)[4])s, m, l, correction, AF_WG_BC);
 }
 
+/* Hands the GEMM turn to the other consumer warpgroup once this one's are issued. Consumer 1 keeps its last turn:
+ * consumer 0 issues its last GEMMs before it, and every phase of both barriers is then complete at the end. */
+AF_DEVICE void af_wgmma_pass_turn(int consumer, int last) {
+    if (consumer == 0 || !last) af_named_bar_arrive(AF_WG_TURN_BAR + 1 - consumer, 256);
+}
+
 /* The producer: tiles [t_begin, t_end) of AF_WG_BC keys, tile n into stage n % AF_WG_STAGES once the consumers
  * released it (its "empty" barrier's phase n / AF_WG_STAGES - 1), both K and V completing on its "full" barrier. */
 AF_DEVICE void af_wgmma_produce(const af_wgmma_params *p, char *k_stages, char *v_stages, uint64_t *full,
@@ -248,14 +255,20 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
      * tile n-1's P·V; once S lands its softmax runs while P·V still does, then O takes the correction and the new P
      * replaces the old one's registers; stage n-1 is released when its P·V has read it. The first tile (S alone) and
      * the last P·V are peeled off the loop, so that no branch inside it hides from ptxas which wgmma group is done
-     * (a conditional one serialises them all). */
+     * (a conditional one serialises them all).
+     * Ping-pong between the two consumers (FlashAttention-3's scheduler barriers): a warpgroup issues its GEMMs only
+     * on its turn (its named barrier) and hands the turn over once they are issued, so one warpgroup's softmax runs
+     * while the other's GEMMs hold the tensor cores. */
     uint32_t pa[AF_WG_BC / 16][4];
     float correction[2], s[AF_WG_BC / 2];
     if (t_begin < t_end) {
+        if (consumer == 0) af_named_bar_arrive(AF_WG_TURN_BAR, 256);   /* consumer 0 takes the first turn */
         af_mbarrier_wait_parity(&full[0], 0);
         af_wgmma_zero(s);
         af_wgmma_fence();
+        af_named_bar_sync(AF_WG_TURN_BAR + consumer, 256);
         af_wgmma_issue_scores(s, q_tile, k_stages, consumer, p->E, hd, bf16);
+        af_wgmma_pass_turn(consumer, t_begin + 1 == t_end);
         af_wgmma_wait_0();
         af_wgmma_fence_regs(s, AF_WG_BC / 2);
         af_wgmma_weights(s, p, b, hk, rt0, t_begin, hi_min, lo_max, m, l, correction, bf16);
@@ -269,8 +282,10 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
         af_wgmma_fence_regs_u32(&pa[0][0], AF_WG_BC / 4);
         af_wgmma_fence_regs(o, hd / 2);
         af_wgmma_fence();
+        af_named_bar_sync(AF_WG_TURN_BAR + consumer, 256);
         af_wgmma_issue_scores(s, q_tile, k_stages + stage * stage_bytes, consumer, p->E, hd, bf16);
         af_wgmma_issue_values(o, pa, v_stages + last * stage_bytes, hd, bf16);
+        af_wgmma_pass_turn(consumer, tile + 1 == t_end);
         af_wgmma_wait_1();   /* S (the older group) has landed; P·V runs on */
         af_wgmma_fence_regs(s, AF_WG_BC / 2);
         af_wgmma_weights(s, p, b, hk, rt0, tile, hi_min, lo_max, m, l, correction, bf16);
