@@ -144,8 +144,9 @@ def ptxas_report(path):
             kernels[current]["smem"] = int(s.group(1)) if s else 0
     return kernels
 
-def sass_counts(path, opcode):
-    """{(arch, kernel): number of `opcode` instructions} from cuobjdump --dump-sass."""
+def sass_counts(path, opcode, pattern=None):
+    """{(arch, kernel): number of `opcode` instructions (or lines matching `pattern`)} from cuobjdump --dump-sass."""
+    pattern = re.compile(pattern or (r"\b" + opcode + r"\."))
     counts, arch, kernel = {}, None, None
     for line in open(path, errors="replace"):
         m = re.match(r"\s*arch = (sm_\w+)", line)
@@ -157,7 +158,7 @@ def sass_counts(path, opcode):
             kernel = m.group(1)
             counts.setdefault((arch, kernel), 0)
             continue
-        if kernel and re.search(r"\b" + opcode + r"\.", line):
+        if kernel and pattern.search(line):
             counts[(arch, kernel)] += 1
     return counts
 
@@ -166,6 +167,8 @@ hmma = sass_counts(os.path.join(out, "sass.txt"), "HMMA") if sass_count else {}
 ldsm = sass_counts(os.path.join(out, "sass.txt"), "LDSM") if sass_count else {}
 hgmma = sass_counts(os.path.join(out, "sass.txt"), "HGMMA") if sass_count else {}
 utmaldg = sass_counts(os.path.join(out, "sass.txt"), "UTMALDG") if sass_count else {}
+bar_arv = sass_counts(os.path.join(out, "sass.txt"), "", r"\bBAR\.ARV\b") if sass_count else {}
+depbar = sass_counts(os.path.join(out, "sass.txt"), "", r"\bWARPGROUP\.DEPBAR\b") if sass_count else {}
 print(f"\nfast paths: kernels matching /{fast_regex.pattern}/ (*); static smem only (dynamic smem is set at launch)")
 print(f"SASS from: {sass_source}")
 print(f"HMMA/LDSM >= {min_ratio:g} for kernels matching /{reuse_regex.pattern}/ (+)")
@@ -192,12 +195,17 @@ for arch in ("80", "90a"):
               f"{'-' if ratio is None else f'{ratio:.2f}'} |")
         if hopper_regex.search(name) and arch == "90a":
             wg, tma = hgmma.get((f"sm_{arch}", name)), utmaldg.get((f"sm_{arch}", name))
-            print(f"|   | (sm_90a Hopper kernel: {wg} HGMMA, {tma} UTMALDG) | | | | | | | | |")
+            arv, dep = bar_arv.get((f"sm_{arch}", name)), depbar.get((f"sm_{arch}", name))
+            print(f"|   | (sm_90a Hopper kernel: {wg} HGMMA, {tma} UTMALDG, {dep} WARPGROUP.DEPBAR, {arv} BAR.ARV) "
+                  f"| | | | | | | | |")
             if k["stack"] or k["spill_st"] or k["spill_ld"]:
                 failures.append(f"sm_90a {name}: {k['stack']} bytes stack frame, {k['spill_st']} bytes spill stores, "
                                 f"{k['spill_ld']} bytes spill loads (the Hopper kernels must have none)")
             if sass_count and (not wg or not tma):
                 failures.append(f"sm_90a {name}: {wg} HGMMA and {tma} UTMALDG in its SASS (want both: wgmma and TMA)")
+            if sass_count and re.search(r"_hd(64|128)$", name) and not arv:
+                failures.append(f"sm_90a {name}: no BAR.ARV in its SASS (the consumers' ping-pong hands turns over "
+                                f"with named barriers)")
         if is_reuse and sass_count and count and (ratio is None or ratio < min_ratio):
             failures.append(f"sm_{arch} {name}: {count} HMMA for {loads} LDSM in its SASS (want >= {min_ratio:g} "
                             f"HMMA per LDSM: each K/V fragment read from shared memory must feed the warp's 32 rows)")

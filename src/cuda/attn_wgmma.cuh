@@ -1,23 +1,26 @@
-/* The Hopper tensor-core kernel for f16/bf16, head dims up to 128 (sm_90a; FlashAttention-3's structure:
+/* The Hopper tensor-core kernel for f16/bf16, head dims up to 256 (sm_90a; FlashAttention-3's structure:
  * warp specialisation, TMA and wgmma, the intra-warpgroup overlap and the ping-pong between consumers):
  *   - a CTA of 3 warpgroups owns AF_WG_ROWS = 128 packed query rows of one (batch, kv head) (pack-GQA as in
- *     attn_mma.cuh); warpgroup 0 is the producer: its first thread streams K/V tiles of AF_WG_BC = 128 keys with TMA
+ *     attn_mma.cuh); warpgroup 0 is the producer: its first thread streams K/V tiles of bc keys (AF_WG_BC = 128; 64 at head
+ *     dim 256, so that two stages fit beside Q) with TMA
  *     into a ring of AF_WG_STAGES stages ("full" mbarriers with the tiles' transaction bytes, "empty" ones the
  *     consumers arrive on), the other threads give their registers back (setmaxnreg.dec) and leave; warpgroups 1
  *     and 2 (setmaxnreg.inc) each own 64 rows: S = Q·Kᵀ by wgmma with Q and K from shared memory, the online
  *     softmax in registers, then O += P·V by wgmma with P from registers (the S accumulators packed in place: the
  *     wgmma D layout is the mma C layout repeated along N, so attn_mma.cuh's mask, softmax and epilogue run on it
- *     unchanged, 16 rows a warp) and V from shared memory read MN-major;
+ *     unchanged, 16 rows a warp) and V from shared memory read MN-major; the two consumers take turns
+ *     issuing their GEMMs (named barriers), so one's softmax runs under the other's products (head dims <= 128);
  *   - Q is copied once by every thread with cp.async into the 128-byte swizzle the descriptors name (rows past the
  *     sequence's packed rows and columns past E are zero), then fence.proxy.async makes it visible to wgmma;
- *   - K and V tiles are boxes of 64 columns x 128 keys of the tensors seen as {E, keys, Hkv, B} (TMA's 128-byte
- *     swizzle, keys past the tensor zero-filled; rows past the sequence are masked by the key ranges); head dim 128
- *     takes two boxes side by side (column blocks of 128 x 128 bytes);
- *   - a paged K/V cache (page size a multiple of 128, or 8..64 dividing 128) is seen as {E, page rows, Hkv, pages}:
- *     a tile is one box inside a page, or 128 / page size boxes, one a page, each found through the page table;
+ *   - K and V tiles are boxes of 64 columns x bc keys of the tensors seen as {E, keys, Hkv, B} (TMA's 128-byte
+ *     swizzle, keys past the tensor zero-filled; rows past the sequence are masked by the key ranges); head dims
+ *     128 and 256 take hd / 64 boxes side by side (column blocks of bc x 128 bytes); at head dim 256 O's columns are
+ *     two n128 products a k-step;
+ *   - a paged K/V cache (page size a multiple of bc, or 8 keys or more dividing bc) is seen as {E, page rows, Hkv,
+ *     pages}: a tile is one box inside a page, or bc / page size boxes, one a page, each found through the page table;
  *     boxes of keys past the sequence name page `num_pages`, past the pool, and are zero-filled;
  *   - causal and window tiles outside the block's keys are never loaded; split-KV, sinks and LSE as attn_mma.cuh.
- * Variants: AF_WGMMA_KERNEL stamps one kernel per (head dim 64/128, dtype). */
+ * Variants: AF_WGMMA_KERNEL stamps one kernel per (head dim 64/128/256, dtype). */
 #ifndef AF_CUDA_ATTN_WGMMA_CUH
 #define AF_CUDA_ATTN_WGMMA_CUH
 #include <stdint.h>
@@ -27,26 +30,29 @@
 
 #define AF_WG_THREADS 384                      /* 3 warpgroups: the producer and two consumers */
 #define AF_WG_ROWS 128                         /* packed query rows per CTA: 64 per consumer warpgroup */
-#define AF_WG_BC 128                           /* keys per K/V tile */
+#define AF_WG_BC 128                           /* keys per K/V tile, head dims 64 and 128 */
+#define AF_WG_BC_OF(hd) ((hd) > 128 ? 64 : AF_WG_BC)   /* head dim 256: 64-key tiles keep two stages in shared memory */
+#define AF_WG_HD_MAX 256                       /* largest head-dim variant */
 #define AF_WG_STAGES 2                         /* K/V tiles in flight */
 #define AF_WG_ATOM 64                          /* 16-bit elements in one 128-byte swizzle row: a column block */
 #define AF_WG_BLOCK_BYTES(rows) ((rows) * 128) /* one column block of `rows` rows */
 #define AF_WG_TURN_BAR 1                       /* named barriers 1 and 2: consumer 0's and consumer 1's turn */
+#define AF_WG_PRODUCER_BAR 3                   /* named barrier 3: the producer's warp, a tail tile's V rows cleared */
 
 typedef struct {
     af_mma_params m;                           /* everything attn_mma.cuh's kernel takes (double_buffer unused) */
     CUtensorMap k_map, v_map;                  /* K / V as {E or Ev, keys, Hkv, B}, boxes {64, AF_WG_BC, 1, 1} */
     int k_blocks, v_blocks;                    /* column blocks of K (ceil(E / 64)) and V (hd / 64: P·V reads all) */
     int varlen_k;                              /* K/V packed by cu_seqlens_k: the box's batch coordinate is 0 */
-    int box_keys;                              /* keys per box: AF_WG_BC, or a paged cache's page size below it */
+    int box_keys;                              /* keys per box: the tile's, or a paged cache's page size below it */
 } af_wgmma_params;
 
-/* Shared memory: Q (hd/64 column blocks of 128 rows), then the stages' K and V (hd/64 column blocks of AF_WG_BC
- * rows each), then the 2·AF_WG_STAGES mbarriers and a flag; every tile starts on a multiple of 1024 bytes. */
+/* Shared memory: Q (hd/64 column blocks of 128 rows), then the stages' K and V (hd/64 column blocks of a tile's
+ * keys each), then the 2·AF_WG_STAGES + 1 mbarriers and a flag; every tile starts on a multiple of 1024 bytes. */
 static inline size_t af_wgmma_smem_bytes(int hd) {
     const size_t blocks = (size_t)hd / AF_WG_ATOM;
-    return blocks * AF_WG_BLOCK_BYTES(AF_WG_ROWS) + 2 * AF_WG_STAGES * blocks * AF_WG_BLOCK_BYTES(AF_WG_BC) +
-           2 * AF_WG_STAGES * sizeof(uint64_t) + sizeof(uint64_t);   /* and the bad-page flag */
+    return blocks * AF_WG_BLOCK_BYTES(AF_WG_ROWS) + 2 * AF_WG_STAGES * blocks * AF_WG_BLOCK_BYTES(AF_WG_BC_OF(hd)) +
+           (2 * AF_WG_STAGES + 1) * sizeof(uint64_t) + sizeof(uint64_t);   /* and the tail's, and a flag */
 }
 
 /* Byte offset of 16-byte chunk `chunk` (8 elements) of row `row` in a tile of column blocks of `rows` rows laid out
@@ -74,100 +80,132 @@ AF_DEVICE void af_wgmma_load_q(char *dst, const af_mma_params *p, int64_t b, int
     }
 }
 
-/* Issues S(64 x 128) = Q(this warpgroup's 64 rows) · Kᵀ(128 keys) as one wgmma group (no wait), k-steps of 16 over E:
+/* Issues S(64 x bc) = Q(this warpgroup's 64 rows) · Kᵀ(bc keys) as one wgmma group (no wait), k-steps of 16 over E:
  * A and B both K-major, 128-byte swizzle (stride 1024 bytes between groups of 8 rows; a k-step moves the start 32
  * bytes inside a column block). Follows the caller's wgmma fence. */
 AF_DEVICE void af_wgmma_issue_scores(float s[AF_WG_BC / 2], const char *q_tile, const char *k_tile, int consumer,
                                      int E, const int hd, const int bf16) {
+    const int bc = AF_WG_BC_OF(hd);
     AF_MMA_UNROLL
     for (int kk = 0; kk < hd / 16; kk++) {
         if (16 * kk >= E) continue;   /* zero columns of the padded head dim */
         const int block = kk / 4, step = (kk % 4) * 32;
         const uint64_t a = af_wgmma_desc(q_tile + block * AF_WG_BLOCK_BYTES(AF_WG_ROWS) + consumer * 8 * 1024 + step,
                                          AF_SWIZZLE_128B, 16, 1024);
-        const uint64_t k = af_wgmma_desc(k_tile + block * AF_WG_BLOCK_BYTES(AF_WG_BC) + step, AF_SWIZZLE_128B, 16,
-                                         1024);
-        if (bf16) af_wgmma_m64n128k16_bf16_ss(s, a, k, kk > 0);
-        else af_wgmma_m64n128k16_f16_ss(s, a, k, kk > 0);
-    }
-    af_wgmma_commit();
-}
-
-/* S's accumulators zeroed and pinned before the wgmma stage that writes them (defined inside it, ptxas serialises). */
-AF_DEVICE void af_wgmma_zero(float s[AF_WG_BC / 2]) {
-    AF_MMA_UNROLL
-    for (int i = 0; i < AF_WG_BC / 2; i++) s[i] = 0.0f;
-    af_wgmma_fence_regs(s, AF_WG_BC / 2);
-}
-
-/* P's A fragments: the S accumulators of keys 16ks..16ks+15, packed in pairs (the wgmma D layout is its A layout). */
-AF_DEVICE void af_wgmma_pack_p(uint32_t pa[AF_WG_BC / 16][4], const float s[AF_WG_BC / 2], const int bf16) {
-    AF_MMA_UNROLL
-    for (int ks = 0; ks < AF_WG_BC / 16; ks++)
-        AF_MMA_UNROLL
-        for (int j = 0; j < 4; j++) pa[ks][j] = af_mma_pack(s[8 * ks + 2 * j], s[8 * ks + 2 * j + 1], bf16);
-}
-
-/* Issues O(64 x hd) += P(64 x 128) · V(128 keys x hd) as one wgmma group (no wait): P from registers (they must stay
- * untouched until the wait), V MN-major (a key's row of 64 columns is one 128-byte swizzle row; LBO steps column
- * blocks, SBO groups of 8 keys). Follows the caller's wgmma fence. */
-AF_DEVICE void af_wgmma_issue_values(float *o, uint32_t pa[AF_WG_BC / 16][4], const char *v_tile, const int hd,
-                                     const int bf16) {
-    AF_MMA_UNROLL
-    for (int ks = 0; ks < AF_WG_BC / 16; ks++) {
-        const uint64_t v = af_wgmma_desc(v_tile + ks * 2 * 1024, AF_SWIZZLE_128B, AF_WG_BLOCK_BYTES(AF_WG_BC), 1024);
-        if (hd == 64) {
-            if (bf16) af_wgmma_m64n64k16_bf16_rs_btrans(o, pa[ks], v, 1);
-            else af_wgmma_m64n64k16_f16_rs_btrans(o, pa[ks], v, 1);
+        const uint64_t k = af_wgmma_desc(k_tile + block * AF_WG_BLOCK_BYTES(bc) + step, AF_SWIZZLE_128B, 16, 1024);
+        if (bc == 64) {
+            if (bf16) af_wgmma_m64n64k16_bf16_ss(s, a, k, kk > 0);
+            else af_wgmma_m64n64k16_f16_ss(s, a, k, kk > 0);
         } else {
-            if (bf16) af_wgmma_m64n128k16_bf16_rs_btrans(o, pa[ks], v, 1);
-            else af_wgmma_m64n128k16_f16_rs_btrans(o, pa[ks], v, 1);
+            if (bf16) af_wgmma_m64n128k16_bf16_ss(s, a, k, kk > 0);
+            else af_wgmma_m64n128k16_f16_ss(s, a, k, kk > 0);
         }
     }
     af_wgmma_commit();
 }
 
-/* A tile's scores (its wgmma group complete) into weights: the scale or softcap, the masks of its two 64-key halves
- * (attn_mma.cuh's, on the same fragment layout), then the online softmax over all 128 keys before any weight is used
+/* S's accumulators zeroed and pinned before the wgmma stage that writes them (defined inside it, ptxas serialises). */
+AF_DEVICE void af_wgmma_zero(float s[AF_WG_BC / 2], const int bc) {
+    AF_MMA_UNROLL
+    for (int i = 0; i < bc / 2; i++) s[i] = 0.0f;
+    af_wgmma_fence_regs(s, bc / 2);
+}
+
+/* P's A fragments: the S accumulators of keys 16ks..16ks+15, packed in pairs (the wgmma D layout is its A layout). */
+AF_DEVICE void af_wgmma_pack_p(uint32_t pa[AF_WG_BC / 16][4], const float s[AF_WG_BC / 2], const int bc,
+                               const int bf16) {
+    AF_MMA_UNROLL
+    for (int ks = 0; ks < bc / 16; ks++)
+        AF_MMA_UNROLL
+        for (int j = 0; j < 4; j++) pa[ks][j] = af_mma_pack(s[8 * ks + 2 * j], s[8 * ks + 2 * j + 1], bf16);
+}
+
+/* Issues O(64 x hd) += P(64 x bc) · V(bc keys x hd) as one wgmma group (no wait): P from registers (they must stay
+ * untouched until the wait), V MN-major (a key's row of 64 columns is one 128-byte swizzle row; LBO steps column
+ * blocks, SBO groups of 8 keys). Head dim 256 takes two n128 products a k-step, on O's two column halves (the D
+ * layout's index i + 64 is column 128 + that of i). Follows the caller's wgmma fence. */
+AF_DEVICE void af_wgmma_issue_values(float *o, uint32_t pa[AF_WG_BC / 16][4], const char *v_tile, const int hd,
+                                     const int bf16) {
+    const int bc = AF_WG_BC_OF(hd);
+    AF_MMA_UNROLL
+    for (int ks = 0; ks < bc / 16; ks++) {
+        AF_MMA_UNROLL
+        for (int half = 0; half < (hd == 256 ? 2 : 1); half++) {
+            const uint64_t v = af_wgmma_desc(v_tile + half * 2 * AF_WG_BLOCK_BYTES(bc) + ks * 2 * 1024,
+                                             AF_SWIZZLE_128B, AF_WG_BLOCK_BYTES(bc), 1024);
+            if (hd == 64) {
+                if (bf16) af_wgmma_m64n64k16_bf16_rs_btrans(o, pa[ks], v, 1);
+                else af_wgmma_m64n64k16_f16_rs_btrans(o, pa[ks], v, 1);
+            } else {
+                if (bf16) af_wgmma_m64n128k16_bf16_rs_btrans(o + 64 * half, pa[ks], v, 1);
+                else af_wgmma_m64n128k16_f16_rs_btrans(o + 64 * half, pa[ks], v, 1);
+            }
+        }
+    }
+    af_wgmma_commit();
+}
+
+/* A tile's scores (its wgmma group complete) into weights: the scale or softcap, the masks of its 64-key parts
+ * (attn_mma.cuh's, on the same fragment layout), then the online softmax over all bc keys before any weight is used
  * (O's correction left to the caller, whose P·V of the last tile may still be running). */
 AF_DEVICE void af_wgmma_weights(float s[AF_WG_BC / 2], const af_mma_params *p, int64_t b, int64_t hk, int64_t rt0,
                                 int64_t tile, int64_t hi_min, int64_t lo_max, float m[2], float l[2],
-                                float correction[2], const int bf16) {
+                                float correction[2], const int bc, const int bf16) {
     AF_MMA_UNROLL
-    for (int i = 0; i < AF_WG_BC / 2; i++)
+    for (int i = 0; i < bc / 2; i++)
         s[i] = p->softcap_on ? p->softcap_log2 * tanhf(s[i] * p->scale_over_cap) : s[i] * p->scale_log2;
     AF_MMA_UNROLL
-    for (int half = 0; half < AF_WG_BC / AF_MMA_BC; half++) {
-        const int64_t key0 = tile * AF_WG_BC + half * AF_MMA_BC;
+    for (int half = 0; half < bc / AF_MMA_BC; half++) {
+        const int64_t key0 = tile * bc + half * AF_MMA_BC;
         if (p->mask || key0 + AF_MMA_BC > hi_min || key0 < lo_max)
             af_mma_apply_mask((float (*)[4])(s + half * (AF_MMA_BC / 2)), p, b, hk, rt0, key0, bf16, 1);
     }
-    af_mma_softmax_weights((float (*)[4])s, m, l, correction, AF_WG_BC);
+    af_mma_softmax_weights((float (*)[4])s, m, l, correction, bc);
 }
 
-/* Hands the GEMM turn to the other consumer warpgroup once this one's are issued. Consumer 1 keeps its last turn:
- * consumer 0 issues its last GEMMs before it, and every phase of both barriers is then complete at the end. */
-AF_DEVICE void af_wgmma_pass_turn(int consumer, int last) {
-    if (consumer == 0 || !last) af_named_bar_arrive(AF_WG_TURN_BAR + 1 - consumer, 256);
+/* Hands the GEMM turn to the other consumer warpgroup once this one's are issued. Unconditional, as a branch
+ * between a wgmma and its wait makes ptxas serialise every wgmma (C7520); so consumer 1's last hand-over leaves
+ * half a phase on consumer 0's barrier when the CTA exits, as FlashAttention-3's does (barriers start empty in
+ * every CTA). */
+AF_DEVICE void af_wgmma_pass_turn(int consumer) { af_named_bar_arrive(AF_WG_TURN_BAR + 1 - consumer, 256); }
+
+/* The producer's warp zeroes the V rows of keys past the sequence in its last, partial tile (keys `valid`.. of
+ * the stage), landed on the tail barrier: TMA reads whole boxes, so they hold the next sequence's keys, a page's
+ * unused rows or anything at all, and a weight of 0 times a NaN there would be NaN. The stores are published to the
+ * async proxy and the warp meets before its lane 0 completes the stage's "full" phase. */
+AF_DEVICE void af_wgmma_clear_tail(char *v_stage, uint64_t *tail_bar, int valid, const int hd) {
+    const int bc = AF_WG_BC_OF(hd), chunks = (bc - valid) * 8;   /* the rows' 16-byte chunks in one column block */
+    af_mbarrier_wait_parity(tail_bar, 0);   /* its only phase */
+    for (int block = 0; block < hd / AF_WG_ATOM; block++)
+        for (int i = af_lane(); i < chunks; i += 32) {
+            uint32_t *w = (uint32_t *)(v_stage + block * AF_WG_BLOCK_BYTES(bc) + valid * 128 + i * 16);
+            w[0] = w[1] = w[2] = w[3] = 0u;
+        }
+    af_fence_proxy_async();
+    af_named_bar_sync(AF_WG_PRODUCER_BAR, 32);
 }
 
-/* The producer: tiles [t_begin, t_end) of AF_WG_BC keys, tile n into stage n % AF_WG_STAGES once the consumers
- * released it (its "empty" barrier's phase n / AF_WG_STAGES - 1), both K and V completing on its "full" barrier. */
+/* The producer, warp 0 of warpgroup 0 (lane 0 issues): tiles [t_begin, t_end) of bc keys, tile n into stage
+ * n % AF_WG_STAGES once the consumers released it (its "empty" barrier's phase n / AF_WG_STAGES - 1), both K and V
+ * completing on its "full" barrier; the sequence's partial last tile lands on the tail barrier instead, is cleared
+ * past its keys, then completes "full" with lane 0's arrive. */
 AF_DEVICE void af_wgmma_produce(const af_wgmma_params *p, char *k_stages, char *v_stages, uint64_t *full,
-                                uint64_t *empty, int64_t b, int64_t hk, const af_sequence *sq, int64_t t_begin,
-                                int64_t t_end, const int hd) {
-    const int stage_bytes = (hd / AF_WG_ATOM) * AF_WG_BLOCK_BYTES(AF_WG_BC);
-    const int box_bytes = AF_WG_BLOCK_BYTES(AF_WG_BC);
+                                uint64_t *empty, uint64_t *tail_bar, int64_t b, int64_t hk, const af_sequence *sq,
+                                int64_t t_begin, int64_t t_end, const int hd) {
+    const int bc = AF_WG_BC_OF(hd), stage_bytes = (hd / AF_WG_ATOM) * AF_WG_BLOCK_BYTES(bc);
+    const int block_bytes = AF_WG_BLOCK_BYTES(bc);   /* a column block of the stage's K or V */
     /* 32-bit from here (the plan bounds keys, pages and the table's row): the producer runs on 24 registers */
     const int32_t *table = p->m.page_table ? p->m.page_table + b * p->m.page_table_stride[0] : NULL;
     const int table_step = (int)p->m.page_table_stride[1], page = (int)p->m.page_size, keys = (int)sq->S;
     const int past_pool = (int)p->m.num_pages, first_key = (int)sq->k0, batch = p->varlen_k ? 0 : (int)b;
+    const int tail = keys % bc ? keys / bc : -1, lane = af_lane();
     for (int64_t tile = t_begin; tile < t_end; tile++) {
         const int n = (int)(tile - t_begin), stage = n % AF_WG_STAGES;
+        uint64_t *landing = tile == tail ? tail_bar : &full[stage];
         if (n >= AF_WG_STAGES) af_mbarrier_wait_parity(&empty[stage], (uint32_t)((n / AF_WG_STAGES - 1) & 1));
-        af_mbarrier_arrive_expect_tx(&full[stage], (uint32_t)((p->k_blocks + p->v_blocks) * box_bytes));
-        for (int box = 0; box < AF_WG_BC / p->box_keys; box++) {   /* paged: one box a page; else one box */
-            const int key = (int)tile * AF_WG_BC + box * p->box_keys;
+        if (lane == 0) af_mbarrier_arrive_expect_tx(landing, (uint32_t)((p->k_blocks + p->v_blocks) * block_bytes));
+        for (int box = 0; lane == 0 && box < bc / p->box_keys; box++) {   /* paged: one box a page; else one box */
+            const int key = (int)tile * bc + box * p->box_keys;
             int row = first_key + key, outer = batch;   /* fixed or varlen: {col, key, hk, batch} */
             if (table) {   /* {col, row in its page, hk, page}; a page past the pool reads as zeros */
                 row = (int)((unsigned)key % (unsigned)page);
@@ -175,18 +213,21 @@ AF_DEVICE void af_wgmma_produce(const af_wgmma_params *p, char *k_stages, char *
             }
             const int at = stage * stage_bytes + box * p->box_keys * 128;
             for (int c = 0; c < p->k_blocks; c++)
-                af_tma_load_4d(k_stages + at + c * box_bytes, &p->k_map, &full[stage], c * AF_WG_ATOM, row, (int)hk,
-                               outer);
+                af_tma_load_4d(k_stages + at + c * block_bytes, &p->k_map, landing, c * AF_WG_ATOM, row, (int)hk, outer);
             for (int c = 0; c < p->v_blocks; c++)
-                af_tma_load_4d(v_stages + at + c * box_bytes, &p->v_map, &full[stage], c * AF_WG_ATOM, row, (int)hk,
-                               outer);
+                af_tma_load_4d(v_stages + at + c * block_bytes, &p->v_map, landing, c * AF_WG_ATOM, row, (int)hk, outer);
+        }
+        if (tile == tail) {
+            af_wgmma_clear_tail(v_stages + stage * stage_bytes, tail_bar, keys - tail * bc, hd);
+            if (lane == 0) af_mbarrier_arrive(&full[stage]);
         }
     }
 }
 
-/* The whole CTA: hd (64, 128) and bf16 are constants here (see AF_WGMMA_KERNEL). */
+/* The whole CTA: hd (64, 128, 256) and bf16 are constants here (see AF_WGMMA_KERNEL). */
 AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int bf16) {
     const af_mma_params *p = &wp->m;
+    const int bc = AF_WG_BC_OF(hd);
     const int64_t bhk = af_mma_div(AF_BLOCK_IDX_X, p->row_blocks) * AF_GRID_DIM_Y + AF_BLOCK_IDX_Y;
     if (bhk >= p->heads) return;   /* the fold of B·Hkv into grid x has a ragged end */
     const int64_t b = af_mma_div(bhk, p->Hkv), hk = af_mma_mod(bhk, p->Hkv);
@@ -197,7 +238,7 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
 
     int64_t lo_min, hi_min, lo_max, hi_max;
     af_mma_block_keys(p, &sq, r0, AF_WG_ROWS, &lo_min, &hi_min, &lo_max, &hi_max);
-    const int64_t tiles = (hi_max + AF_WG_BC - 1) / AF_WG_BC, t_first = lo_min / AF_WG_BC;
+    const int64_t tiles = (hi_max + bc - 1) / bc, t_first = lo_min / bc;
     int64_t t_begin = (int64_t)AF_BLOCK_IDX_Z * p->tiles_per_split;
     int64_t t_end = t_begin + p->tiles_per_split < tiles ? t_begin + p->tiles_per_split : tiles;
     if (t_begin < t_first) t_begin = t_first;
@@ -206,10 +247,10 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
     char *base = af_shared_memory();   /* the swizzle patterns count from here (device_hopper.h) */
     const int blocks = hd / AF_WG_ATOM;
     char *q_tile = base, *k_stages = q_tile + blocks * AF_WG_BLOCK_BYTES(AF_WG_ROWS);
-    char *v_stages = k_stages + AF_WG_STAGES * blocks * AF_WG_BLOCK_BYTES(AF_WG_BC);
-    uint64_t *full = (uint64_t *)(v_stages + AF_WG_STAGES * blocks * AF_WG_BLOCK_BYTES(AF_WG_BC));
-    uint64_t *empty = full + AF_WG_STAGES;
-    int *bad_page = (int *)(empty + AF_WG_STAGES);   /* a page entry of this CTA's keys outside the pool */
+    char *v_stages = k_stages + AF_WG_STAGES * blocks * AF_WG_BLOCK_BYTES(bc);
+    uint64_t *full = (uint64_t *)(v_stages + AF_WG_STAGES * blocks * AF_WG_BLOCK_BYTES(bc));
+    uint64_t *empty = full + AF_WG_STAGES, *tail_bar = empty + AF_WG_STAGES;
+    int *bad_page = (int *)(tail_bar + 1);   /* a page entry of this CTA's keys outside the pool */
 
     if (AF_THREAD_IDX == 0) {
         *bad_page = 0;
@@ -217,11 +258,12 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
             af_mbarrier_init(&full[s], 1);   /* the producer's arrive, with the tile's bytes */
             af_mbarrier_init(&empty[s], AF_WG_THREADS - 128);   /* every consumer thread, done with the stage */
         }
+        af_mbarrier_init(tail_bar, 1);   /* the producer's arrive with the partial last tile's bytes */
         af_fence_mbarrier_init();
     }
     if (p->page_table && t_begin < t_end) {   /* the pages this CTA reads, checked before any is: warpgroup 0's share */
         af_syncthreads();   /* *bad_page is 0 */
-        const int64_t hi = t_end * AF_WG_BC < sq.S ? t_end * AF_WG_BC : sq.S, lo = t_begin * AF_WG_BC;
+        const int64_t hi = t_end * bc < sq.S ? t_end * bc : sq.S, lo = t_begin * bc;
         if (AF_THREAD_IDX < 128 && hi > lo &&
             !af_page_entries_valid(p->page_table, p->page_table_stride, p->num_pages, b, af_mma_div(lo, p->page_size),
                                    af_mma_div(hi + p->page_size - 1, p->page_size), AF_THREAD_IDX, 128))
@@ -240,17 +282,20 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
     const int warpgroup = AF_THREAD_IDX / 128;
     if (warpgroup == 0) {
         AF_SETMAXNREG_DEC(24);
-        if (AF_THREAD_IDX == 0) af_wgmma_produce(wp, k_stages, v_stages, full, empty, b, hk, &sq, t_begin, t_end, hd);
+        if (AF_THREAD_IDX < 32)
+            af_wgmma_produce(wp, k_stages, v_stages, full, empty, tail_bar, b, hk, &sq, t_begin, t_end, hd);
         return;
     }
     AF_SETMAXNREG_INC(240);
-    const int consumer = warpgroup - 1, warp = af_warp() % 4;
+    /* the consumer index as a warp-uniform value: its Q descriptors then live in uniform registers (head dim 256
+     * spilled 16 of them) */
+    const int consumer = af_warp_broadcast(warpgroup - 1), warp = af_warp() % 4;
     const int64_t rt0 = r0 + 64 * consumer + 16 * warp;   /* this warp's 16 rows, as attn_mma.cuh's row tiles */
-    float o[AF_MMA_Q_REG_COLS / 2];
+    float o[AF_WG_HD_MAX / 2];
     AF_MMA_UNROLL
     for (int d = 0; d < hd / 2; d++) o[d] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {bad ? NAN : 0.0f, bad ? NAN : 0.0f};
-    const int stage_bytes = blocks * AF_WG_BLOCK_BYTES(AF_WG_BC);
+    const int stage_bytes = blocks * AF_WG_BLOCK_BYTES(bc), ping_pong = hd <= 128;
     /* Two tiles in flight (FlashAttention-3's intra-warpgroup overlap): tile n's S = Q·Kᵀ is issued together with
      * tile n-1's P·V; once S lands its softmax runs while P·V still does, then O takes the correction and the new P
      * replaces the old one's registers; stage n-1 is released when its P·V has read it. The first tile (S alone) and
@@ -258,46 +303,49 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
      * (a conditional one serialises them all).
      * Ping-pong between the two consumers (FlashAttention-3's scheduler barriers): a warpgroup issues its GEMMs only
      * on its turn (its named barrier) and hands the turn over once they are issued, so one warpgroup's softmax runs
-     * while the other's GEMMs hold the tensor cores. */
+     * while the other's GEMMs hold the tensor cores (head dims up to 128, as FlashAttention-3: at 256 one P·V is
+     * long enough to keep the other warpgroup waiting). */
     uint32_t pa[AF_WG_BC / 16][4];
     float correction[2], s[AF_WG_BC / 2];
     if (t_begin < t_end) {
-        if (consumer == 0) af_named_bar_arrive(AF_WG_TURN_BAR, 256);   /* consumer 0 takes the first turn */
+        if (ping_pong && consumer == 0) af_named_bar_arrive(AF_WG_TURN_BAR, 256);   /* consumer 0 takes the first turn */
         af_mbarrier_wait_parity(&full[0], 0);
-        af_wgmma_zero(s);
+        af_wgmma_zero(s, bc);
         af_wgmma_fence();
-        af_named_bar_sync(AF_WG_TURN_BAR + consumer, 256);
+        if (ping_pong) af_named_bar_sync(AF_WG_TURN_BAR + consumer, 256);
         af_wgmma_issue_scores(s, q_tile, k_stages, consumer, p->E, hd, bf16);
-        af_wgmma_pass_turn(consumer, t_begin + 1 == t_end);
+        if (ping_pong) af_wgmma_pass_turn(consumer);
         af_wgmma_wait_0();
-        af_wgmma_fence_regs(s, AF_WG_BC / 2);
-        af_wgmma_weights(s, p, b, hk, rt0, t_begin, hi_min, lo_max, m, l, correction, bf16);
+        af_wgmma_fence_regs(s, bc / 2);
+        af_wgmma_weights(s, p, b, hk, rt0, t_begin, hi_min, lo_max, m, l, correction, bc, bf16);
         af_mma_rescale((float (*)[4])o, correction, hd, p->Ev);
-        af_wgmma_pack_p(pa, s, bf16);
+        af_wgmma_pack_p(pa, s, bc, bf16);
     }
-    for (int64_t tile = t_begin + 1; tile < t_end; tile++) {
-        const int n = (int)(tile - t_begin), stage = n % AF_WG_STAGES, last = (n - 1) % AF_WG_STAGES;
+    const int count = (int)(t_end - t_begin);   /* the loop counts in 32 bits: a register pair less at head dim 256 */
+    for (int n = 1; n < count; n++) {
+        const int64_t tile = t_begin + n;
+        const int stage = n % AF_WG_STAGES, last = (n - 1) % AF_WG_STAGES;
         af_mbarrier_wait_parity(&full[stage], (uint32_t)((n / AF_WG_STAGES) & 1));
-        af_wgmma_zero(s);
-        af_wgmma_fence_regs_u32(&pa[0][0], AF_WG_BC / 4);
+        af_wgmma_zero(s, bc);
+        af_wgmma_fence_regs_u32(&pa[0][0], bc / 4);
         af_wgmma_fence_regs(o, hd / 2);
         af_wgmma_fence();
-        af_named_bar_sync(AF_WG_TURN_BAR + consumer, 256);
+        if (ping_pong) af_named_bar_sync(AF_WG_TURN_BAR + consumer, 256);
         af_wgmma_issue_scores(s, q_tile, k_stages + stage * stage_bytes, consumer, p->E, hd, bf16);
         af_wgmma_issue_values(o, pa, v_stages + last * stage_bytes, hd, bf16);
-        af_wgmma_pass_turn(consumer, tile + 1 == t_end);
+        if (ping_pong) af_wgmma_pass_turn(consumer);
         af_wgmma_wait_1();   /* S (the older group) has landed; P·V runs on */
-        af_wgmma_fence_regs(s, AF_WG_BC / 2);
-        af_wgmma_weights(s, p, b, hk, rt0, tile, hi_min, lo_max, m, l, correction, bf16);
+        af_wgmma_fence_regs(s, bc / 2);
+        af_wgmma_weights(s, p, b, hk, rt0, tile, hi_min, lo_max, m, l, correction, bc, bf16);
         af_wgmma_wait_0();
         af_wgmma_fence_regs(o, hd / 2);
         af_mbarrier_arrive(&empty[last]);   /* both products have read tile n-1's stage */
         af_mma_rescale((float (*)[4])o, correction, hd, p->Ev);
-        af_wgmma_pack_p(pa, s, bf16);
+        af_wgmma_pack_p(pa, s, bc, bf16);
     }
-    if (t_begin < t_end) {   /* the last tile's P·V */
-        const int last = (int)((t_end - 1 - t_begin) % AF_WG_STAGES);
-        af_wgmma_fence_regs_u32(&pa[0][0], AF_WG_BC / 4);
+    if (count > 0) {   /* the last tile's P·V */
+        const int last = (count - 1) % AF_WG_STAGES;
+        af_wgmma_fence_regs_u32(&pa[0][0], bc / 4);
         af_wgmma_fence_regs(o, hd / 2);
         af_wgmma_fence();
         af_wgmma_issue_values(o, pa, v_stages + last * stage_bytes, hd, bf16);
@@ -315,5 +363,7 @@ AF_WGMMA_KERNEL(af_wgmma_f16_hd64, 64, 0)
 AF_WGMMA_KERNEL(af_wgmma_f16_hd128, 128, 0)
 AF_WGMMA_KERNEL(af_wgmma_bf16_hd64, 64, 1)
 AF_WGMMA_KERNEL(af_wgmma_bf16_hd128, 128, 1)
+AF_WGMMA_KERNEL(af_wgmma_f16_hd256, 256, 0)
+AF_WGMMA_KERNEL(af_wgmma_bf16_hd256, 256, 1)
 
 #endif

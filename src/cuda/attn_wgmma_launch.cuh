@@ -12,7 +12,8 @@
 #include "cuda/kernels.h"
 
 typedef struct {
-    int hd;                                    /* 64 or 128 */
+    int hd;                                    /* 64, 128 or 256 */
+    int bc;                                    /* keys per tile (AF_WG_BC_OF(hd)) */
     size_t smem;
     int ctas_per_sm;
     int64_t row_blocks, heads, tiles, tiles_per_split, splits, grid_x, grid_y;
@@ -24,7 +25,9 @@ typedef struct {
     switch ((hd) * 2 + (bf16)) {                          \
     case 64 * 2: ACTION(af_wgmma_f16_hd64);               \
     case 128 * 2: ACTION(af_wgmma_f16_hd128);             \
+    case 256 * 2: ACTION(af_wgmma_f16_hd256);             \
     case 64 * 2 + 1: ACTION(af_wgmma_bf16_hd64);          \
+    case 256 * 2 + 1: ACTION(af_wgmma_bf16_hd256);        \
     default: ACTION(af_wgmma_bf16_hd128);                 \
     }
 
@@ -41,11 +44,11 @@ static cudaError_t af_wgmma_query_occupancy(int hd, int bf16, size_t smem, int *
 }
 
 /* Occupancy per (device, variant), asked once (the workspace's size and the launch must agree). */
-static int af_wgmma_occupancy_cache[AF_MMA_OCCUPANCY_DEVICES][4];
+static int af_wgmma_occupancy_cache[AF_MMA_OCCUPANCY_DEVICES][6];
 
 static cudaError_t af_wgmma_ctas_per_sm(const af_cuda_device *dev, int hd, int bf16, size_t smem, int *ctas) {
     const int cacheable = dev->ordinal >= 0 && dev->ordinal < AF_MMA_OCCUPANCY_DEVICES;
-    int *slot = cacheable ? &af_wgmma_occupancy_cache[dev->ordinal][(hd == 128) * 2 + bf16] : NULL;
+    int *slot = cacheable ? &af_wgmma_occupancy_cache[dev->ordinal][(hd / 128) * 2 + bf16] : NULL;
     if (slot && (*ctas = __atomic_load_n(slot, __ATOMIC_RELAXED)) > 0) return cudaSuccess;
     const char *kernel = "";
     const cudaError_t e = af_wgmma_query_occupancy(hd, bf16, smem, ctas, &kernel);
@@ -62,32 +65,40 @@ static int af_wgmma_tma_ready(const char *base, const int64_t *stride) {
            (uintptr_t)base % 16 == 0;
 }
 
-/* A paged cache TMA can read: whole pages of 128 keys or more (tiles inside one), or pages of 8..64 keys that tile
- * 128 (a box a page; 8-row multiples keep each box on the swizzle's 1024-byte pattern). */
+/* The head-dim variant of a problem: the smallest of 64, 128, 256 holding E and Ev. */
+static int af_wgmma_head_dim(const af_problem *p) {
+    return p->E <= 64 && p->Ev <= 64 ? 64 : p->E <= 128 && p->Ev <= 128 ? 128 : 256;
+}
+
+/* A paged cache TMA can read: whole tiles inside a page (a multiple of the tile's bc keys), or pages of 8 keys or
+ * more that tile bc (a box a page; 8-row multiples keep each box on the swizzle's 1024-byte pattern). */
 static int af_wgmma_pages_fit(const af_problem *p) {
     const int64_t slots = p->page_size > 0 ? (p->S + p->page_size - 1) / p->page_size : 0;
-    return !p->page_table || ((p->page_size % AF_WG_BC == 0 ||
-                               (p->page_size >= 8 && p->page_size < AF_WG_BC && AF_WG_BC % p->page_size == 0)) &&
+    const int64_t bc = AF_WG_BC_OF(af_wgmma_head_dim(p));
+    return !p->page_table || ((p->page_size % bc == 0 ||
+                               (p->page_size >= 8 && p->page_size < bc && bc % p->page_size == 0)) &&
                               p->page_table_stride[1] >= 0 && p->page_table_stride[1] * slots < ((int64_t)1 << 30));
 }
 
 int af_cuda_wgmma_accepts(const af_problem *p, const af_cuda_device *dev) {
-    const int hd = p->E <= 64 && p->Ev <= 64 ? 64 : 128;
+    const int hd = af_wgmma_head_dim(p);
     return dev->cc_major == 9 && dev->cc_minor == 0 && (p->dtype == AF_F16 || p->dtype == AF_BF16) &&
-           p->kv_dtype == p->dtype && af_wgmma_pages_fit(p) && p->E >= 1 && p->E <= 128 && p->Ev >= 1 && p->Ev <= 128 &&
+           p->kv_dtype == p->dtype && af_wgmma_pages_fit(p) && p->E >= 1 && p->E <= AF_WG_HD_MAX && p->Ev >= 1 &&
+           p->Ev <= AF_WG_HD_MAX &&
            (p->page_table ? p->num_pages >= 1 : (p->cu_seqlens_k ? p->total_k : p->S) >= 1) &&   /* maps: not empty */
            p->group * p->L > AF_MMA_BLOCK_ROWS(1) && af_cuda_mma_fits_int32(p) &&
            af_wgmma_smem_bytes(hd) <= af_mma_smem_optin(dev);
 }
 
 static cudaError_t af_wgmma_make_plan(const af_problem *p, const af_cuda_device *dev, af_wgmma_plan *plan) {
-    plan->hd = p->E <= 64 && p->Ev <= 64 ? 64 : 128;
+    plan->hd = af_wgmma_head_dim(p);
+    plan->bc = AF_WG_BC_OF(plan->hd);
     plan->smem = af_wgmma_smem_bytes(plan->hd);
     const cudaError_t e = af_wgmma_ctas_per_sm(dev, plan->hd, p->dtype == AF_BF16, plan->smem, &plan->ctas_per_sm);
     if (e != cudaSuccess) return e;
     plan->row_blocks = (p->group * p->L + AF_WG_ROWS - 1) / AF_WG_ROWS;
     plan->heads = p->B * p->Hkv;
-    plan->tiles = (p->S + AF_WG_BC - 1) / AF_WG_BC;
+    plan->tiles = (p->S + plan->bc - 1) / plan->bc;
     const int64_t requested =
         af_mma_split_count(plan->row_blocks * plan->heads, plan->tiles, dev->sm_count, plan->ctas_per_sm);
     plan->tiles_per_split = requested > 1 ? (plan->tiles + requested - 1) / requested : plan->tiles;
@@ -172,7 +183,7 @@ cudaError_t af_cuda_wgmma_forward(const af_problem *p, const af_cuda_device *dev
     prm.k_blocks = (int)((p->E + AF_WG_ATOM - 1) / AF_WG_ATOM);
     prm.v_blocks = plan.hd / AF_WG_ATOM;
     prm.varlen_k = p->cu_seqlens_k != NULL;
-    prm.box_keys = p->page_table && p->page_size < AF_WG_BC ? (int)p->page_size : AF_WG_BC;
+    prm.box_keys = p->page_table && p->page_size < plan.bc ? (int)p->page_size : plan.bc;
     if ((e = af_wgmma_encode(&prm.k_map, p, p->k, p->k_stride, p->E, prm.box_keys, bf16)) != cudaSuccess ||
         (e = af_wgmma_encode(&prm.v_map, p, p->v, p->v_stride, p->Ev, prm.box_keys, bf16)) != cudaSuccess)
         return e;

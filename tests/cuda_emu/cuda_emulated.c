@@ -41,6 +41,7 @@ typedef enum { FIBER_READY, FIBER_RUNNING, FIBER_BARRIER, FIBER_COLLECTIVE, FIBE
 typedef enum {
     COLLECTIVE_NONE,
     COLLECTIVE_SHFL_XOR,
+    COLLECTIVE_BROADCAST,
     COLLECTIVE_MMA_F16,
     COLLECTIVE_MMA_BF16,
     COLLECTIVE_LDMATRIX_X4,
@@ -49,7 +50,8 @@ typedef enum {
     COLLECTIVE_LDMATRIX_X2_TRANS
 } collective_kind;
 
-static const char *const collective_names[] = {"none", "af_shfl_xor", "af_mma_16816_f16", "af_mma_16816_bf16",
+static const char *const collective_names[] = {"none", "af_shfl_xor", "af_warp_broadcast", "af_mma_16816_f16",
+                                               "af_mma_16816_bf16",
                                                "af_ldmatrix_x4", "af_ldmatrix_x4_trans", "af_ldmatrix_x2",
                                                "af_ldmatrix_x2_trans"};
 
@@ -310,6 +312,22 @@ float af_shfl_xor(float v, int lane_mask)
     return self->shfl_result;
 }
 
+int af_warp_broadcast(int v)
+{
+    block_run *b = require_block("af_warp_broadcast");
+    fiber *self = b->current;
+    self->shfl_value = (float)v;   /* exact: the ints broadcast here are indices far below 2^24 */
+    if (v != (int)(float)v)
+        report("af_warp_broadcast: %d is not exact in the emulation's float slot", v);
+    arrive(b, self, COLLECTIVE_BROADCAST);
+    return (int)self->shfl_result;
+}
+
+static void complete_broadcast(fiber *lanes)
+{
+    for (int l = 0; l < 32; l++) lanes[l].shfl_result = lanes[0].shfl_value;
+}
+
 static void complete_shfl(fiber *lanes)
 {
     for (int l = 0; l < 32; l++) {
@@ -458,6 +476,7 @@ static void complete_collective(block_run *b, int warp, collective_kind kind)
     fiber *lanes = &b->fibers[warp * 32];
     switch (kind) {
     case COLLECTIVE_SHFL_XOR: complete_shfl(lanes); break;
+    case COLLECTIVE_BROADCAST: complete_broadcast(lanes); break;
     case COLLECTIVE_MMA_F16: complete_mma(lanes, 0); break;
     case COLLECTIVE_MMA_BF16: complete_mma(lanes, 1); break;
     case COLLECTIVE_LDMATRIX_X4: complete_ldmatrix(b, warp, lanes, 4, 0, kind); break;

@@ -261,6 +261,7 @@ void af_syncthreads(void);
 
 /* ---- Warp collectives (all 32 lanes, same collective) ---- */
 float af_shfl_xor(float v, int lane_mask);
+int af_warp_broadcast(int v);
 void af_mma_16816_f16(float d[4], const uint32_t a[4], const uint32_t b[2]);
 void af_mma_16816_bf16(float d[4], const uint32_t a[4], const uint32_t b[2]);
 void af_ldmatrix_x4(uint32_t r[4], const void *smem_row);

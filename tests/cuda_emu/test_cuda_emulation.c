@@ -320,6 +320,29 @@ static void shfl_xor_exchanges_lanes(void **state)
     }
 }
 
+/* af_warp_broadcast: every lane gets its warp's lane 0 value (each warp its own), also negative and large ones. */
+typedef struct {
+    int *out; /* [thread] */
+} broadcast_params;
+
+AF_KERNEL(broadcast_kernel, broadcast_params, p, 96)
+{
+    const int v = (AF_THREAD_IDX % 32 + 3) * (af_warp() == 1 ? -1 : 1000 * (af_warp() + 1));
+    p.out[AF_THREAD_IDX] = af_warp_broadcast(v);
+}
+
+static void warp_broadcast_gives_lane_0(void **state)
+{
+    (void)state;
+    int out[96];
+    broadcast_params p = {out};
+    assert_int_equal(AF_LAUNCH(broadcast_kernel, 1, 1, 1, 96, 0, NULL, p), cudaSuccess);
+    for (int thread = 0; thread < 96; thread++) {
+        const int warp = thread / 32;
+        assert_int_equal(out[thread], 3 * (warp == 1 ? -1 : 1000 * (warp + 1)));
+    }
+}
+
 /* ---- numbers ---- */
 static void ex2_specials(void **state)
 {
@@ -732,6 +755,7 @@ int main(void)
         cmocka_unit_test(ldmatrix_all_variants),
         cmocka_unit_test(cp_async_groups_and_fill),
         cmocka_unit_test(shfl_xor_exchanges_lanes),
+        cmocka_unit_test(warp_broadcast_gives_lane_0),
         cmocka_unit_test(ex2_specials),
         cmocka_unit_test(pack_rounds_to_nearest_even),
         cmocka_unit_test(grid_runs_every_block_once_in_seeded_order),

@@ -210,13 +210,50 @@ static bool run_flash(flash_tensors *t, wgmma_launch *run, char *why, size_t siz
     return ok;
 }
 
-static void check_flash(const flash_case *c, aligned_layout layout, const af_cuda_device *dev,
-                        split_expectation split) {
+/* K/V rows no sequence reads set to NaN: past seqused_k in a fixed or packed tensor, the unused rows of a last page,
+ * unused and spare pages. TMA reads whole boxes, so a kernel that gave them weight 0 without clearing them would
+ * turn 0·NaN into NaN rows. */
+static void poison_unread_rows(flash_tensors *t) {
+    const flash_case *c = &t->c;
+    const int rank = c->kv == KV_VARLEN ? 3 : 4;   /* {B, S, Hkv, E}, {total, Hkv, E}, {pages, page size, Hkv, E} */
+    const int64_t *shape = t->k.view.shape, rows = rank == 4 ? shape[0] * shape[1] : shape[0];
+    bool *read = calloc((size_t)rows, sizeof *read);
+    if (!read) fail_msg("out of memory");
+    for (int b = 0; b < c->B; b++)
+        for (int64_t j = 0; j < c->Sk[b]; j++) {
+            int64_t row = b * c->S_stored[0] + j;   /* fixed: {B, S, Hkv, E} */
+            if (c->kv == KV_VARLEN) {
+                const int64_t at = b;
+                row = (int64_t)tt_get(&t->cu_k, &at) + j;
+            } else if (c->kv == KV_PAGED) {
+                const int64_t idx[2] = {b, j / c->page_size};
+                row = (int64_t)tt_get(&t->page_table, idx) * c->page_size + j % c->page_size;
+            }
+            read[row] = true;
+        }
+    for (int64_t row = 0; row < rows; row++) {
+        if (read[row]) continue;
+        for (int64_t h = 0; h < c->Hkv; h++)
+            for (int side = 0; side < 2; side++) {
+                test_tensor *x = side ? &t->v : &t->k;
+                for (int64_t e = 0; e < x->view.shape[rank - 1]; e++) {
+                    int64_t idx[4] = {row, h, e, 0};
+                    if (rank == 4) idx[0] = row / shape[1], idx[1] = row % shape[1], idx[2] = h, idx[3] = e;
+                    tt_set(x, idx, NAN);
+                }
+            }
+    }
+    free(read);
+}
+
+static void check_flash_with(const flash_case *c, aligned_layout layout, const af_cuda_device *dev,
+                             split_expectation split, bool poison) {
     char desc[1024], why[640] = "";
     flash_case_describe(c, desc, sizeof desc);
     flash_tensors t;
     const bool built = flash_case_build(c, &t) && relayout(&t.q, layout) &&
                        relayout(&t.k, (layout + 1) % ALIGNED_COUNT) && relayout(&t.v, (layout + 2) % ALIGNED_COUNT);
+    if (built && poison) poison_unread_rows(&t);
     wgmma_launch run = {dev, 0, NULL, false};
     const bool ok = built && run_flash(&t, &run, why, sizeof why);
     cudaFree(run.workspace);
@@ -224,6 +261,11 @@ static void check_flash(const flash_case *c, aligned_layout layout, const af_cud
     if (!built) fail_msg("could not build the flash case (%s): %s", af_last_error(), desc);
     if (!ok) fail_msg("%s (layout %s, sm_count %d)\n    %s", desc, aligned_names[layout], dev->sm_count, why);
     check_split(&run, split, desc);
+}
+
+static void check_flash(const flash_case *c, aligned_layout layout, const af_cuda_device *dev,
+                        split_expectation split) {
+    check_flash_with(c, layout, dev, split, false);
 }
 
 static flash_case half_flash(uint64_t seed, af_dtype dtype, int64_t B, int64_t Hq, int64_t Hkv, int64_t L, int64_t S,
@@ -261,6 +303,28 @@ static void head_dims(void **state) {
         c.lse_layout = (tensor_layout)((d + 1) % LAYOUT_COUNT);
         c.with_lse = d % 4 != 3;
         check_case(&c, (aligned_layout)(d % ALIGNED_COUNT), &one_sm, SPLIT_NONE, NULL);
+    }
+}
+
+/* Head dim 256 (64-key tiles, two n128 products a k-step for O's column halves, no ping-pong): E and Ev padded from
+ * 129..256, both dtypes, several tiles through the ring (5 of 64 keys), causal of both alignments with tiles skipped,
+ * a mask, GQA rows of two heads in a block, a split on many multiprocessors. */
+static void head_dim_256(void **state) {
+    (void)state;
+    static const int64_t dims[][2] = {{256, 256}, {200, 256}, {256, 100}, {160, 200}, {130, 129}, {256, 64}};
+    for (int d = 0; d < 6; d++) {
+        sdpa_case c = small_case(150 + (uint64_t)d, half_dtype(d), d % 3 == 1 ? 4 : 2, 2, d % 3 == 1 ? 40 : 70,
+                                 d % 2 ? 300 : 190, dims[d][0], dims[d][1]);
+        c.is_causal = d == 2;
+        c.causal_bottom_right = d == 3;
+        if (d == 4) {
+            c.mask = MASK_ADDITIVE;
+            c.mask_shape = "1LS";
+            c.masked_row_rate = 0.2;
+        }
+        c.with_lse = d != 5;
+        check_case(&c, (aligned_layout)(d % ALIGNED_COUNT), d == 5 ? &many_sms : &one_sm,
+                   d == 5 ? SPLIT_YES : SPLIT_NONE, NULL);
     }
 }
 
@@ -560,8 +624,53 @@ static void flash_varlen_and_seqused(void **state) {
     }
 }
 
+/* NaN in every K/V row no sequence reads (poison_unread_rows): past seqused_k in fixed and packed tensors, in a last
+ * page's unused rows and in unused pages; the tail tile's partial rows at each head dim, split and not. */
+static void flash_nan_past_keys(void **state) {
+    (void)state;
+    static const int64_t dims[3] = {64, 128, 256};
+    for (int d = 0; d < 3; d++) {
+        flash_case c = half_flash(1400 + 10 * (uint64_t)d, half_dtype(d), 2, 4, 2, 40, 0, dims[d], dims[d] - 8);
+        const int64_t rows[2] = {40, 40}, keys[2] = {150, 37}, stored[2] = {260, 260};
+        set_lengths(&c, rows, keys, stored);
+        c.seqused = true;
+        check_flash_with(&c, ALIGNED_CONTIGUOUS, &one_sm, SPLIT_NONE, true);
+        c.kv = KV_VARLEN, c.seed++;
+        const int64_t stored2[2] = {200, 90};
+        set_lengths(&c, rows, keys, stored2);
+        check_flash_with(&c, ALIGNED_PADDED, &many_sms, SPLIT_ANY, true);
+        c.kv = KV_PAGED, c.page_size = d == 2 ? 32 : 16, c.seed++;
+        check_flash_with(&c, ALIGNED_SWAPPED, &one_sm, SPLIT_NONE, true);
+        c.page_size = 256, c.causal = true, c.seed++;
+        check_flash_with(&c, ALIGNED_CONTIGUOUS, &many_sms, SPLIT_ANY, true);
+    }
+}
+
+/* Head dim 256 through af_flash_attn's forms: paged K/V whose pages are a box each (32 keys, two a 64-key tile) or
+ * hold whole tiles (128), a shared first page; varlen K/V with a window, softcap and a sink; split. */
+static void flash_head_dim_256(void **state) {
+    (void)state;
+    flash_case c = half_flash(1300, AF_BF16, 2, 4, 2, 0, 0, 256, 192);
+    const int64_t rows[2] = {40, 33}, keys[2] = {200, 90};
+    set_lengths(&c, rows, keys, NULL);
+    c.kv = KV_PAGED, c.seqused = true, c.page_size = 32, c.shared_page = true, c.causal = true;
+    check_flash(&c, ALIGNED_PADDED, &one_sm, SPLIT_NONE);
+    c.seed++, c.dtype = c.sink_dtype = AF_F16, c.page_size = 128, c.causal = false, c.E = 144, c.Ev = 256;
+    check_flash(&c, ALIGNED_CONTIGUOUS, &many_sms, SPLIT_YES);
+
+    c = half_flash(1310, AF_F16, 2, 2, 2, 0, 0, 256, 256);
+    const int64_t rows2[2] = {70, 66}, keys2[2] = {230, 150};
+    set_lengths(&c, rows2, keys2, NULL);
+    c.varlen_q = true, c.kv = KV_VARLEN, c.softcap = 20.0, c.amplitude = 3.0, c.sink = true;
+    c.has_window = true, c.left = 100, c.right = 30;
+    check_flash(&c, ALIGNED_SWAPPED, &one_sm, SPLIT_NONE);
+}
+
+/* The emulation's cost of a tile relative to head dim 128's: head dim 256 reads twice the columns. */
+static double hd_cost(int64_t E, int64_t Ev) { return E > 128 || Ev > 128 ? 2.0 : 1.0; }
+
 /* Random flash cases of the Hopper path's forms (fixed, varlen K/V, seqused_k, paged), every
- * window, softcap and sink, head dims clamped to 128, rows raised past 64 packed ones, shrunk to the budget. */
+ * window, softcap and sink, head dims up to 256, rows raised past 64 packed ones, shrunk to the budget. */
 static double flash_tiles(const flash_case *c) {
     const int64_t group = c->Hkv > 0 ? c->Hq / c->Hkv : 1;
     int64_t rows = 0, keys = 0;
@@ -569,7 +678,7 @@ static double flash_tiles(const flash_case *c) {
         rows = c->Lq[b] > rows ? c->Lq[b] : rows;
         keys = c->S_stored[b] > keys ? c->S_stored[b] : keys;
     }
-    return (double)c->B * c->Hkv * ((group * rows + 127) / 128) * ((keys + 127) / 128);
+    return (double)c->B * c->Hkv * ((group * rows + 127) / 128) * ((keys + 127) / 128) * hd_cost(c->E, c->Ev);
 }
 
 static void flash_random(void **state) {
@@ -584,8 +693,6 @@ static void flash_random(void **state) {
         if (c.B == 0) c.B = 1;
         if (c.kv == KV_PAGED && c.page_size != 16 && c.page_size != 64 && c.page_size != 128)
             c.page_size = 16;   /* pages TMA can box (1, 3 and 17 are mma.sync's) */
-        if (c.E > 128) c.E = rng_range(&rng, 1, 128);
-        if (c.Ev > 128) c.Ev = rng_range(&rng, 1, 128);
         const int64_t group = c.Hq / c.Hkv, min_rows = 64 / group + 1;
         int64_t longest = 0;
         for (int b = 0; b < c.B; b++) longest = c.Lq[b] > longest ? c.Lq[b] : longest;
@@ -634,10 +741,10 @@ static af_problem hopper_problem(void) {
     return p;
 }
 
-/* af_cuda_wgmma_accepts: yes for f16/bf16, E and Ev up to 128, more than 64 packed rows, fixed or varlen K/V and
+/* af_cuda_wgmma_accepts: yes for f16/bf16, E and Ev up to 256, more than 64 packed rows, fixed or varlen K/V and
  * seqused_k, on compute capability 9.0 with the shared memory for the variant; no on 8.0, 8.9 or 10.0 (sm_90a code
- * runs on 9.0 only), for head dims past 128, a page table, float8 (K/V or all), f32, mixed dtypes, 64 packed rows
- * or fewer. */
+ * runs on 9.0 only), for head dims past 256, page sizes TMA cannot box, float8 (K/V or all), f32, mixed dtypes,
+ * 64 packed rows or fewer. */
 static void accepts_and_refusals(void **state) {
     (void)state;
     const af_cuda_device ampere = {20, 108, 8, 0, 163 * 1024}, ada = {21, 128, 8, 9, 99 * 1024},
@@ -656,10 +763,15 @@ static void accepts_and_refusals(void **state) {
     p.dtype = p.kv_dtype = p.out_dtype = AF_BF16;
     assert_true(af_cuda_wgmma_accepts(&p, &one_sm));
     p.E = 256, p.Ev = 128;
-    assert_false(af_cuda_wgmma_accepts(&p, &one_sm));
+    assert_true(af_cuda_wgmma_accepts(&p, &one_sm));
+    assert_false(af_cuda_wgmma_accepts(&p, &small));   /* head dim 256's ~192 KiB */
     p.E = 128, p.Ev = 256;
-    assert_false(af_cuda_wgmma_accepts(&p, &one_sm));
+    assert_true(af_cuda_wgmma_accepts(&p, &one_sm));
     p.E = 129, p.Ev = 64;
+    assert_true(af_cuda_wgmma_accepts(&p, &one_sm));
+    p.E = 257, p.Ev = 64;
+    assert_false(af_cuda_wgmma_accepts(&p, &one_sm));
+    p.E = 64, p.Ev = 257;
     assert_false(af_cuda_wgmma_accepts(&p, &one_sm));
     p.E = 1, p.Ev = 1;
     assert_true(af_cuda_wgmma_accepts(&p, &one_sm));
@@ -749,11 +861,11 @@ static void random_case(void **state) {
 /* CTA-tiles of a case: (batch, kv head) pairs x 128-row blocks x 128-key tiles. */
 static double sdpa_tiles(const sdpa_case *c) {
     const int64_t group = c->Hq / c->Hkv;
-    return (double)c->B * c->Hkv * ((group * c->L + 127) / 128) * ((c->S + 127) / 128);
+    return (double)c->B * c->Hkv * ((group * c->L + 127) / 128) * ((c->S + 127) / 128) * hd_cost(c->E, c->Ev);
 }
 
-/* The generator's case (every mask shape and causality) made one of the Hopper path's: f16/bf16, head dims clamped to
- * 128, more than 64 packed rows (L raised), keys now and then past a tile or two, then shrunk to the emulation's
+/* The generator's case (every mask shape and causality) made one of the Hopper path's: f16/bf16, head dims up to
+ * 256, more than 64 packed rows (L raised), keys now and then past a tile or two, then shrunk to the emulation's
  * budget (batch, then the keys, then the rows down to 65 packed ones); q/k/v re-laid out to the preconditions;
  * devices alternate so splits happen. */
 static void random_wgmma_case(uint64_t seed, int index, void *out) {
@@ -761,8 +873,6 @@ static void random_wgmma_case(uint64_t seed, int index, void *out) {
     sdpa_case c = case_random(seed, index, 0);
     test_rng rng = {c.seed ^ 0x85ebca6bu};
     c.dtype = half_dtype(index);
-    if (c.E > 128) c.E = rng_range(&rng, 1, 128);
-    if (c.Ev > 128) c.Ev = rng_range(&rng, 1, 128);
     if (c.B == 0) c.B = 1;
     const int64_t group = c.Hq / c.Hkv, min_L = 64 / group + 1;
     if (c.L < min_L) c.L = min_L + rng_range(&rng, 0, 140 / group);
@@ -781,13 +891,15 @@ static void random_wgmma_case(uint64_t seed, int index, void *out) {
 int main(void) {
     static const struct CMUnitTest fixed[] = {
         cmocka_unit_test(accepts_and_refusals), cmocka_unit_test(workspace_sizes),
-        cmocka_unit_test(head_dims),            cmocka_unit_test(gqa_row_wrapping),
+        cmocka_unit_test(head_dims),            cmocka_unit_test(head_dim_256),
+        cmocka_unit_test(gqa_row_wrapping),
         cmocka_unit_test(causal_alignments),    cmocka_unit_test(masks),
         cmocka_unit_test(kv_ring),              cmocka_unit_test(split_kv),
         cmocka_unit_test(edge_sizes),           cmocka_unit_test(lazy_rescale),
         cmocka_unit_test(rescale_inside_a_tile),
         cmocka_unit_test(grid_fold),            cmocka_unit_test(flash_windows),
         cmocka_unit_test(flash_softcap_and_sinks), cmocka_unit_test(flash_varlen_and_seqused),
+        cmocka_unit_test(flash_head_dim_256),   cmocka_unit_test(flash_nan_past_keys),
         cmocka_unit_test(flash_random),
     };
     setenv("ATTNFORGE_EMU_OCCUPANCY", TEST_OCCUPANCY, 1);
