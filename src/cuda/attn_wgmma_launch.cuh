@@ -62,14 +62,23 @@ static int af_wgmma_tma_ready(const char *base, const int64_t *stride) {
            (uintptr_t)base % 16 == 0;
 }
 
-/* A paged cache TMA can read: whole pages of 128 keys or more (tiles inside one), or pages of 8..64 keys that tile
- * 128 (a box a page; 8-row multiples keep each box on the swizzle's 1024-byte pattern). */
+/* Pages TMA can box: whole pages of 128 keys or more (tiles inside one), or pages of 8..64 keys that tile 128 (a box
+ * a page; 8-row multiples keep each box on the swizzle's 1024-byte pattern). */
+static int af_wgmma_tma_pages(int64_t page_size) {
+    return page_size % AF_WG_BC == 0 || (page_size >= 8 && page_size < AF_WG_BC && AF_WG_BC % page_size == 0);
+}
+
+/* A paged cache the kernel can read: any page size (TMA boxes or the gathered path), its table indexed in 32 bits. */
 static int af_wgmma_pages_fit(const af_problem *p) {
     const int64_t slots = p->page_size > 0 ? (p->S + p->page_size - 1) / p->page_size : 0;
-    return !p->page_table || ((p->page_size % AF_WG_BC == 0 ||
-                               (p->page_size >= 8 && p->page_size < AF_WG_BC && AF_WG_BC % p->page_size == 0)) &&
-                              p->page_table_stride[1] >= 0 && p->page_table_stride[1] * slots < ((int64_t)1 << 30));
+    return !p->page_table || (p->page_size >= 1 && p->page_table_stride[1] >= 0 &&
+                              p->page_table_stride[1] * slots < ((int64_t)1 << 30));
 }
+
+/* The gathered path (attn_wgmma_gather.cuh): a paged cache whose pages TMA cannot box, copied by warpgroup 0 with
+ * cp.async; no tensor map. It zero-fills keys past the sequence, so unlike TMA's tiles of contiguous K/V it reads
+ * no row past a sequence (nor needs those rows finite). */
+static int af_wgmma_gathered(const af_problem *p) { return p->page_table && !af_wgmma_tma_pages(p->page_size); }
 
 int af_cuda_wgmma_accepts(const af_problem *p, const af_cuda_device *dev) {
     const int hd = p->E <= 64 && p->Ev <= 64 ? 64 : 128;
@@ -173,8 +182,10 @@ cudaError_t af_cuda_wgmma_forward(const af_problem *p, const af_cuda_device *dev
     prm.v_blocks = plan.hd / AF_WG_ATOM;
     prm.varlen_k = p->cu_seqlens_k != NULL;
     prm.box_keys = p->page_table && p->page_size < AF_WG_BC ? (int)p->page_size : AF_WG_BC;
-    if ((e = af_wgmma_encode(&prm.k_map, p, p->k, p->k_stride, p->E, prm.box_keys, bf16)) != cudaSuccess ||
-        (e = af_wgmma_encode(&prm.v_map, p, p->v, p->v_stride, p->Ev, prm.box_keys, bf16)) != cudaSuccess)
+    prm.gather = af_wgmma_gathered(p);
+    if (!prm.gather &&   /* the gathered path reads no tensor map: none is encoded */
+        ((e = af_wgmma_encode(&prm.k_map, p, p->k, p->k_stride, p->E, prm.box_keys, bf16)) != cudaSuccess ||
+         (e = af_wgmma_encode(&prm.v_map, p, p->v, p->v_stride, p->Ev, prm.box_keys, bf16)) != cudaSuccess))
         return e;
 
     if ((e = af_wgmma_launch(&plan, bf16, &prm, stream)) != cudaSuccess || plan.splits == 1) return e;
