@@ -583,7 +583,7 @@ static void flash_random(void **state) {
         if (c.sink_dtype != AF_F32) c.sink_dtype = c.dtype;
         if (c.B == 0) c.B = 1;
         if (c.kv == KV_PAGED && c.page_size != 16 && c.page_size != 64 && c.page_size != 128)
-            c.page_size = 16;   /* pages TMA can box (1, 3 and 17 are mma.sync's) */
+            c.page_size = 16;   /* pages TMA can box (1, 3 and 17: test_cuda_wgmma_gather.c) */
         if (c.E > 128) c.E = rng_range(&rng, 1, 128);
         if (c.Ev > 128) c.Ev = rng_range(&rng, 1, 128);
         const int64_t group = c.Hq / c.Hkv, min_rows = 64 / group + 1;
