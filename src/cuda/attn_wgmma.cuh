@@ -1,10 +1,10 @@
 /* The Hopper tensor-core kernel for f16/bf16, head dims up to 256 (sm_90a; FlashAttention-3's structure:
  * warp specialisation, TMA and wgmma, the intra-warpgroup overlap and the ping-pong between consumers):
  *   - a CTA of 3 warpgroups owns AF_WG_ROWS = 128 packed query rows of one (batch, kv head) (pack-GQA as in
- *     attn_mma.cuh); warpgroup 0 is the producer: its first thread streams K/V tiles of bc keys (AF_WG_BC = 128; 64 at head
- *     dim 256, so that two stages fit beside Q) with TMA
- *     into a ring of AF_WG_STAGES stages ("full" mbarriers with the tiles' transaction bytes, "empty" ones the
- *     consumers arrive on), the other threads give their registers back (setmaxnreg.dec) and leave; warpgroups 1
+ *     attn_mma.cuh); warpgroup 0 is the producer: its first thread streams K/V tiles of bc keys (AF_WG_BC = 128;
+ *     64 at head dim 256, so that two stages fit beside Q) with TMA into a ring of AF_WG_STAGES stages ("full" mbarriers with the tiles' transaction bytes, "empty" ones the
+ *     consumers arrive on), the other threads give their registers back (setmaxnreg.dec) and leave (or, on the
+ *     gathered path below, all its threads copy the tiles with cp.async on that register budget); warpgroups 1
  *     and 2 (setmaxnreg.inc) each own 64 rows: S = Q·Kᵀ by wgmma with Q and K from shared memory, the online
  *     softmax in registers, then O += P·V by wgmma with P from registers (the S accumulators packed in place: the
  *     wgmma D layout is the mma C layout repeated along N, so attn_mma.cuh's mask, softmax and epilogue run on it
@@ -19,6 +19,10 @@
  *   - a paged K/V cache (page size a multiple of bc, or 8 keys or more dividing bc) is seen as {E, page rows, Hkv,
  *     pages}: a tile is one box inside a page, or bc / page size boxes, one a page, each found through the page table;
  *     boxes of keys past the sequence name page `num_pages`, past the pool, and are zero-filled;
+ *   - any other page size (1..7, 48, 96, 100, 200, ...) takes the gathered path (`gather`, attn_wgmma_gather.cuh):
+ *     all 128 threads of warpgroup 0 copy the tile with cp.async, a key a thread through the page table, into the
+ *     same swizzled stages (keys past the sequence and columns past E / Ev zero-filled), each fencing the async
+ *     proxy and arriving on the "full" barrier (then counting 128 arrivals, no transaction bytes); no tensor map;
  *   - causal and window tiles outside the block's keys are never loaded; split-KV, sinks and LSE as attn_mma.cuh.
  * Variants: AF_WGMMA_KERNEL stamps one kernel per (head dim 64/128/256, dtype). */
 #ifndef AF_CUDA_ATTN_WGMMA_CUH
@@ -45,6 +49,8 @@ typedef struct {
     int k_blocks, v_blocks;                    /* column blocks of K (ceil(E / 64)) and V (hd / 64: P·V reads all) */
     int varlen_k;                              /* K/V packed by cu_seqlens_k: the box's batch coordinate is 0 */
     int box_keys;                              /* keys per box: the tile's, or a paged cache's page size below it */
+    int gather;                                /* paged K/V that TMA cannot box: warpgroup 0 gathers with cp.async
+                                                  (attn_wgmma_gather.cuh); k_map / v_map unset and never read */
 } af_wgmma_params;
 
 /* Shared memory: Q (hd/64 column blocks of 128 rows), then the stages' K and V (hd/64 column blocks of a tile's
@@ -60,6 +66,8 @@ static inline size_t af_wgmma_smem_bytes(int hd) {
 AF_DEVICE int af_wgmma_offset(int row, int chunk, int rows) {
     return (chunk / 8) * AF_WG_BLOCK_BYTES(rows) + row * 128 + (((chunk % 8) ^ (row % 8)) << 4);
 }
+
+#include "cuda/attn_wgmma_gather.cuh"
 
 /* The CTA's 128 packed query rows (from r0) into the swizzled Q tile by cp.async, hd/8 chunks a row, every thread
  * of the CTA a share; rows past the sequence's packed rows and columns past E are zero-filled. */
@@ -255,7 +263,8 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
     if (AF_THREAD_IDX == 0) {
         *bad_page = 0;
         for (int s = 0; s < AF_WG_STAGES; s++) {
-            af_mbarrier_init(&full[s], 1);   /* the producer's arrive, with the tile's bytes */
+            /* TMA: the producer's arrive, with the tile's bytes; gathered: each producer thread's, its copies done */
+            af_mbarrier_init(&full[s], wp->gather ? AF_WG_GATHER_THREADS : 1);
             af_mbarrier_init(&empty[s], AF_WG_THREADS - 128);   /* every consumer thread, done with the stage */
         }
         af_mbarrier_init(tail_bar, 1);   /* the producer's arrive with the partial last tile's bytes */
@@ -282,7 +291,8 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
     const int warpgroup = AF_THREAD_IDX / 128;
     if (warpgroup == 0) {
         AF_SETMAXNREG_DEC(24);
-        if (AF_THREAD_IDX < 32)
+        if (wp->gather) af_wgmma_gather(wp, k_stages, v_stages, full, empty, b, hk, &sq, t_begin, t_end, hd);
+        else if (AF_THREAD_IDX < 32)
             af_wgmma_produce(wp, k_stages, v_stages, full, empty, tail_bar, b, hk, &sq, t_begin, t_end, hd);
         return;
     }

@@ -70,14 +70,24 @@ static int af_wgmma_head_dim(const af_problem *p) {
     return p->E <= 64 && p->Ev <= 64 ? 64 : p->E <= 128 && p->Ev <= 128 ? 128 : 256;
 }
 
-/* A paged cache TMA can read: whole tiles inside a page (a multiple of the tile's bc keys), or pages of 8 keys or
+/* Pages TMA can box for tiles of bc keys: whole pages of bc keys or more (tiles inside one), or pages of 8 keys or
  * more that tile bc (a box a page; 8-row multiples keep each box on the swizzle's 1024-byte pattern). */
+static int af_wgmma_tma_pages(int64_t page_size, int64_t bc) {
+    return page_size % bc == 0 || (page_size >= 8 && page_size < bc && bc % page_size == 0);
+}
+
+/* A paged cache the kernel can read: any page size (TMA boxes or the gathered path), its table indexed in 32 bits. */
 static int af_wgmma_pages_fit(const af_problem *p) {
     const int64_t slots = p->page_size > 0 ? (p->S + p->page_size - 1) / p->page_size : 0;
-    const int64_t bc = AF_WG_BC_OF(af_wgmma_head_dim(p));
-    return !p->page_table || ((p->page_size % bc == 0 ||
-                               (p->page_size >= 8 && p->page_size < bc && bc % p->page_size == 0)) &&
-                              p->page_table_stride[1] >= 0 && p->page_table_stride[1] * slots < ((int64_t)1 << 30));
+    return !p->page_table || (p->page_size >= 1 && p->page_table_stride[1] >= 0 &&
+                              p->page_table_stride[1] * slots < ((int64_t)1 << 30));
+}
+
+/* The gathered path (attn_wgmma_gather.cuh): a paged cache whose pages TMA cannot box, copied by warpgroup 0 with
+ * cp.async; no tensor map. It zero-fills keys past the sequence, so unlike TMA's tiles of contiguous K/V it reads
+ * no row past a sequence (nor needs those rows finite). */
+static int af_wgmma_gathered(const af_problem *p) {
+    return p->page_table && !af_wgmma_tma_pages(p->page_size, AF_WG_BC_OF(af_wgmma_head_dim(p)));
 }
 
 int af_cuda_wgmma_accepts(const af_problem *p, const af_cuda_device *dev) {
@@ -184,8 +194,10 @@ cudaError_t af_cuda_wgmma_forward(const af_problem *p, const af_cuda_device *dev
     prm.v_blocks = plan.hd / AF_WG_ATOM;
     prm.varlen_k = p->cu_seqlens_k != NULL;
     prm.box_keys = p->page_table && p->page_size < plan.bc ? (int)p->page_size : plan.bc;
-    if ((e = af_wgmma_encode(&prm.k_map, p, p->k, p->k_stride, p->E, prm.box_keys, bf16)) != cudaSuccess ||
-        (e = af_wgmma_encode(&prm.v_map, p, p->v, p->v_stride, p->Ev, prm.box_keys, bf16)) != cudaSuccess)
+    prm.gather = af_wgmma_gathered(p);
+    if (!prm.gather &&   /* the gathered path reads no tensor map: none is encoded */
+        ((e = af_wgmma_encode(&prm.k_map, p, p->k, p->k_stride, p->E, prm.box_keys, bf16)) != cudaSuccess ||
+         (e = af_wgmma_encode(&prm.v_map, p, p->v, p->v_stride, p->Ev, prm.box_keys, bf16)) != cudaSuccess))
         return e;
 
     if ((e = af_wgmma_launch(&plan, bf16, &prm, stream)) != cudaSuccess || plan.splits == 1) return e;

@@ -109,6 +109,8 @@ typedef struct {
     warp_state *warps_state;
     int *ready;       /* ring of fiber indices */
     int ready_head, ready_count;
+    int *lazy;        /* ring of fibers that run only when no other is ready (af_emu_yield) */
+    int lazy_head, lazy_count;
     int done, at_barrier;
     long long epoch;
     int block_idx[3];
@@ -203,16 +205,23 @@ static void switch_context(block_run *b, fiber *from, fiber *to, int from_exits)
 /* The running fiber stops (it waits or has exited): the next ready one runs, or the scheduler once all exited. */
 static void run_next(block_run *b, fiber *self)
 {
-    if (b->ready_count == 0) {
+    if (b->ready_count == 0 && b->lazy_count == 0) {
         if (b->done == b->threads) {
             switch_context(b, self, NULL, 1);
             report("an exited thread was resumed");
         }
         describe_deadlock(b);
     }
-    int next = b->ready[b->ready_head];
-    b->ready_head = (b->ready_head + 1) % b->threads;
-    b->ready_count--;
+    int next;
+    if (b->ready_count > 0) {
+        next = b->ready[b->ready_head];
+        b->ready_head = (b->ready_head + 1) % b->threads;
+        b->ready_count--;
+    } else {
+        next = b->lazy[b->lazy_head];
+        b->lazy_head = (b->lazy_head + 1) % b->threads;
+        b->lazy_count--;
+    }
     fiber *to = &b->fibers[next];
     to->state = FIBER_RUNNING;
     if (to != self)
@@ -696,7 +705,7 @@ static void run_block(block_run *b, uint64_t *rng)
 {
     b->done = b->at_barrier = 0;
     b->epoch = 0;
-    b->ready_head = b->ready_count = 0;
+    b->ready_head = b->ready_count = b->lazy_head = b->lazy_count = 0;
     b->main_stack_known = 0;
     memset(b->warps_state, 0, (size_t)b->warps * sizeof *b->warps_state);
     /* Shared memory starts as NaN bytes (f16, bf16 and f32 alike), as uninitialised on a GPU. */
@@ -778,14 +787,16 @@ cudaError_t af_emu_launch(af_emu_kernel *kernel, long long gx, long long gy, lon
     b.fibers = pool.fibers;
     b.warps_state = (warp_state *)calloc((size_t)b.warps, sizeof *b.warps_state);
     b.ready = (int *)calloc((size_t)b.threads, sizeof *b.ready);
+    b.lazy = (int *)calloc((size_t)b.threads, sizeof *b.lazy);
     b.chunks = (chunk_state *)calloc(b.smem_bytes / 16 + 1, sizeof *b.chunks);
-    ok = ok && b.warps_state && b.ready && b.chunks;
+    ok = ok && b.warps_state && b.ready && b.lazy && b.chunks;
     ok = ok && posix_memalign(&smem, 128, b.smem_bytes ? b.smem_bytes : 16) == 0;
     if (!ok) {
         fprintf(stderr, "cuda_emulated: out of memory for a block of %d threads of kernel %s\n", b.threads,
                 kernel->name);
         free(smem);
         free(b.chunks);
+        free(b.lazy);
         free(b.ready);
         free(b.warps_state);
         pool_destroy(&pool);
@@ -822,6 +833,7 @@ cudaError_t af_emu_launch(af_emu_kernel *kernel, long long gx, long long gy, lon
 
     free(smem);
     free(b.chunks);
+    free(b.lazy);
     free(b.ready);
     free(b.warps_state);
     pool_destroy(&pool);
@@ -835,7 +847,7 @@ void af_emu_park(void (*describe)(char *text, size_t size))
     block_run *b = require_block("af_emu_park");
     fiber *self = b->current;
     self->state = FIBER_COLLECTIVE;   /* not at the barrier: af_syncthreads never releases it */
-    if (b->ready_count == 0) {
+    if (b->ready_count == 0 && b->lazy_count == 0) {
         char text[3072] = "";
         if (describe)
             describe(text, sizeof text);
@@ -854,4 +866,25 @@ void af_emu_wake(int thread)
     push_ready(b, thread);
 }
 
+/* The running thread goes on only once no other thread is ready (the slowest it may be): whatever the threads it
+ * woke do meanwhile, they do before anything this thread does next. */
+void af_emu_yield(void)
+{
+    block_run *b = require_block("af_emu_yield");
+    fiber *self = b->current;
+    if (b->ready_count == 0)
+        return;
+    self->state = FIBER_READY;
+    b->lazy[(b->lazy_head + b->lazy_count) % b->threads] = self->view.thread_idx;
+    b->lazy_count++;
+    run_next(b, self);
+}
+
 size_t af_emu_shared_memory_bytes(void) { return require_block("af_emu_shared_memory_bytes")->smem_bytes; }
+
+int af_emu_cp_async_in_flight(size_t offset)
+{
+    block_run *b = require_block("af_emu_cp_async_in_flight");
+    const chunk_state *ch = &b->chunks[offset / 16];
+    return ch->in_flight ? ch->in_flight_thread : -1;
+}

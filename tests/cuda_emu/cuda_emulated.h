@@ -293,11 +293,15 @@ static inline unsigned int af_atomic_cas(unsigned int *address, unsigned int com
 }
 
 /* ---- Hooks for the Hopper emulation (cuda_emulated_hopper.c), defined at the end of cuda_emulated.c: the running
- * thread waits until af_emu_wake(thread) (a deadlock, described by `describe`, when no thread could run); the size
- * of the block's dynamic shared memory ---- */
+ * thread waits until af_emu_wake(thread) (a deadlock, described by `describe`, when no thread could run); the
+ * running thread goes on only once no other thread is ready (af_emu_yield); the size of the block's dynamic shared memory;
+ * the thread whose cp.async into the 16-byte chunk at shared offset `offset` is issued and not yet complete (-1:
+ * none) ---- */
 void af_emu_park(void (*describe)(char *text, size_t size));
 void af_emu_wake(int thread);
+void af_emu_yield(void);
 size_t af_emu_shared_memory_bytes(void);
+int af_emu_cp_async_in_flight(size_t offset);
 
 #ifdef __cplusplus
 }

@@ -275,6 +275,11 @@ static void check_async_read(hopper_block *b, size_t chunk, const char *what)
     if (b->chunk_tma[chunk])
         report("race: %s reads shared bytes [%zu, %zu) that a TMA copy has not delivered (no mbarrier wait for "
                "its phase)", what, chunk * 16, chunk * 16 + 16);
+    int copier = af_emu_cp_async_in_flight(chunk * 16);
+    if (copier >= 0)
+        report("race: %s reads shared bytes [%zu, %zu) that thread %d's cp.async has not completed (no "
+               "cp.async wait_group before the barrier that hands them over)", what, chunk * 16, chunk * 16 + 16,
+               copier);
     if (memcmp(b->smem + chunk * 16, b->shadow + chunk * 16, 16) != 0)
         report("async proxy: %s reads shared bytes [%zu, %zu) written by ordinary stores (or cp.async) with no "
                "af_fence_proxy_async (fence.proxy.async.shared::cta) since", what, chunk * 16, chunk * 16 + 16);
@@ -609,21 +614,27 @@ void af_mbarrier_init(uint64_t *bar, int count)
 
 void af_fence_mbarrier_init(void) { (void)block("af_fence_mbarrier_init"); }
 
-/* The phase completes when every arrival came and no transaction byte is outstanding; its waiters wake. */
-static void try_complete(hopper_block *b, int i)
+/* The phase completes when every arrival came and no transaction byte is outstanding; its waiters wake. Returns
+ * how many woke. */
+static int try_complete(hopper_block *b, int i)
 {
     mbarrier_state *m = &b->bars[i];
     if (m->pending != 0 || m->tx != 0)
-        return;
+        return 0;
     m->phase++;
     m->pending = m->count;
+    int woken = 0;
     for (int k = 0; k < b->threads; k++)
         if (b->t[k].waiting_bar == i && b->t[k].parked) {
             b->t[k].waiting_bar = -1;
             wake(b, k);
+            woken++;
         }
+    return woken;
 }
 
+/* An arrival that completes a phase lets its waiters run before the arriving thread goes on (they may, on the
+ * GPU): what that thread does after its arrive (a cp.async wait, a fence) is then seen to come too late. */
 static void arrive(hopper_block *b, int i, const char *what)
 {
     mbarrier_state *m = &b->bars[i];
@@ -634,7 +645,10 @@ static void arrive(hopper_block *b, int i, const char *what)
     if (m->pending == 0 && m->tx < 0)
         report("%s: the last arrival leaves the mbarrier at shared offset %zu %lld transaction bytes below zero: "
                "TMA copies completed more bytes than arrive.expect_tx announced", what, m->offset, -m->tx);
-    try_complete(b, i);
+    int woke = try_complete(b, i);
+    if (getenv("DBG_YIELD")) fprintf(stderr, "arrive t%d bar%d woke %d\n", af_emu_self->thread_idx, i, woke);
+    if (woke)
+        af_emu_yield();
 }
 
 void af_mbarrier_arrive(uint64_t *bar)

@@ -3,7 +3,9 @@
  * double product, TMA boxes (2-d to 4-d, out-of-bounds zero fill, the swizzled placement), mbarrier phases in a
  * two-stage producer/consumer ring, a small attention tile (TMA, Q·Kᵀ, P from registers, P·V); each broken rule
  * runs in a forked child that must abort with the expected report; and the deliberate breakages of issue 30 (a
- * wrong descriptor swizzle, a missing fence, a wrong expect-tx count, a swapped fragment) are caught. */
+ * wrong descriptor swizzle, a missing fence, a wrong expect-tx count, a swapped fragment) are caught; a tile copied
+ * by a warpgroup's cp.async and handed to wgmma over an mbarrier, and the report when a thread arrives before its
+ * cp.async wait. */
 #include <math.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -738,6 +740,85 @@ typedef struct {
 
 AF_KERNEL(plain_kernel, plain_params, p, 128) { af_fence_proxy_async(); }
 
+/* ---- cp.async into a wgmma operand handed over by an mbarrier (attn_wgmma_gather.cuh's protocol) ---- */
+typedef struct {
+    const uint16_t *a;   /* 64 x 16 f16, row-major, 16-byte aligned */
+    float *d;            /* 64 x 64: A·Aᵀ */
+    int arrive_early;    /* the breakage: each producer arrives before its cp.async wait */
+} handover_params;
+
+/* Warpgroup 0 copies A's 128 16-byte chunks (a chunk a thread) with cp.async into the 128-byte swizzle, then waits
+ * for them, fences the async proxy and arrives on a barrier counting its 128 threads; warpgroup 1 waits on it and
+ * runs D = A·Aᵀ by wgmma (A K-major as both operands). */
+AF_KERNEL_SM90(handover_kernel, handover_params, p, 256)
+{
+    char *smem = af_shared_memory();
+    uint64_t *full = (uint64_t *)(smem + 8192);
+    int tid = AF_THREAD_IDX;
+    if (tid == 0) {
+        af_mbarrier_init(full, 128);
+        af_fence_mbarrier_init();
+    }
+    af_syncthreads();
+    if (tid < 128) {
+        AF_SETMAXNREG_DEC(24);
+        int row = tid / 2, chunk = tid % 2;
+        af_cp_async_16(smem + swizzle128((size_t)row * 128 + (size_t)chunk * 16), p.a + row * 16 + chunk * 8, 16);
+        af_cp_async_commit();
+        if (p.arrive_early)
+            af_mbarrier_arrive(full);
+        af_cp_async_wait_0();
+        af_fence_proxy_async();
+        if (!p.arrive_early)
+            af_mbarrier_arrive(full);
+        return;
+    }
+    AF_SETMAXNREG_INC(240);
+    af_mbarrier_wait_parity(full, 0);
+    int w = (tid % 128) / 32, g = (tid % 32) / 4, t = tid % 4;
+    float d[32];
+    uint64_t desc = af_wgmma_desc(smem, AF_SWIZZLE_128B, 16, 1024);
+    af_wgmma_fence();
+    af_wgmma_m64n64k16_f16_ss(d, desc, desc, 0);
+    af_wgmma_commit();
+    af_wgmma_wait_0();
+    af_wgmma_fence_regs(d, 32);
+    for (int i = 0; i < 32; i++)
+        p.d[(16 * w + g + 8 * ((i / 2) % 2)) * 64 + 8 * (i / 4) + 2 * t + i % 2] = d[i];
+}
+
+static uint16_t handover_a[64 * 16] __attribute__((aligned(16)));
+static float handover_d[64 * 64];
+
+static void run_handover(int arrive_early)
+{
+    handover_params p = {handover_a, handover_d, arrive_early};
+    assert_int_equal(AF_LAUNCH(handover_kernel, 1, 1, 1, 256, 8192 + 64, 0, p), cudaSuccess);
+}
+
+static void run_handover_early(void) { run_handover(1); }
+
+/* The protocol gives A·Aᵀ; an arrive before the cp.async wait hands over chunks still in flight: the waiters run
+ * once the phase completes, and their wgmma's read is reported. */
+static void test_cp_async_handover(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 64 * 16; i++)
+        handover_a[i] = random_half(0);
+    run_handover(0);
+    for (int r = 0; r < 64; r++)
+        for (int c = 0; c < 64; c++) {
+            double ref = 0, scale = 0;
+            for (int k = 0; k < 16; k++) {
+                ref += half(handover_a[r * 16 + k], 0) * half(handover_a[c * 16 + k], 0);
+                scale += fabs(half(handover_a[r * 16 + k], 0) * half(handover_a[c * 16 + k], 0));
+            }
+            if (!(fabs((double)handover_d[r * 64 + c] - ref) <= 1e-5 * scale))
+                fail_msg("D[%d][%d] = %g, expected %g", r, c, (double)handover_d[r * 64 + c], ref);
+        }
+    expect_abort(run_handover_early, "cp.async has not completed (no cp.async wait_group before the barrier");
+}
+
 static void run_plain(void)
 {
     plain_params p = {0};
@@ -767,6 +848,7 @@ int main(void)
         cmocka_unit_test(test_rule_reports),
         cmocka_unit_test(test_named_barriers_ping_pong),
         cmocka_unit_test(test_named_barrier_reports),
+        cmocka_unit_test(test_cp_async_handover),
         cmocka_unit_test(test_needs_sm90_kernel),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

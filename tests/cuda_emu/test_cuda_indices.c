@@ -126,6 +126,14 @@ static flash_case paged_prefill(af_dtype dtype) {
     return c;
 }
 
+/* The same prefill in pages of 5 keys, which TMA cannot box: the Hopper kernel's gathered path (cp.async) takes it
+ * when ATTNFORGE_CUDA_WGMMA=1. */
+static flash_case paged_prefill_gathered(af_dtype dtype) {
+    flash_case c = paged_prefill(dtype);
+    c.page_size = 5;
+    return c;
+}
+
 /* Varlen q and K/V: 3 sequences of 5, 9 and 3 rows over 30, 12 and 20 keys, causal. */
 static flash_case varlen(af_dtype dtype) {
     flash_case c = flash_case_default(3, 4, 2, 9, 30, 64, 64);
@@ -226,6 +234,8 @@ static const bad_index bad_indices[] = {
      NULL},
     {"a page past the pool (prefill)", paged_prefill, page_past_the_pool, 2, 2, ROWS_NAN,
      "page_table: [2, 0] = 16 is outside [0, num_pages = 16)", NULL},
+    {"a page past the pool (gathered prefill)", paged_prefill_gathered, page_past_the_pool, 2, 2, ROWS_NAN,
+     "page_table: [2, 0] = 25 is outside [0, num_pages = 25)", NULL},
     {"seqused_k past the pages", paged_decode, seqused_past_the_pages, 0, 0, ROWS_NAN,
      "seqused_k: [0] = 1000 is outside [0, ", NULL},
     {"cu_seqlens_k decreasing", varlen, cu_k_decreasing, 1, 2, ROWS_NAN, "cu_seqlens_k: must be non-decreasing",

@@ -692,7 +692,7 @@ static void flash_random(void **state) {
         if (c.sink_dtype != AF_F32) c.sink_dtype = c.dtype;
         if (c.B == 0) c.B = 1;
         if (c.kv == KV_PAGED && c.page_size != 16 && c.page_size != 64 && c.page_size != 128)
-            c.page_size = 16;   /* pages TMA can box (1, 3 and 17 are mma.sync's) */
+            c.page_size = 16;   /* pages TMA can box (1, 3 and 17: test_cuda_wgmma_gather.c) */
         const int64_t group = c.Hq / c.Hkv, min_rows = 64 / group + 1;
         int64_t longest = 0;
         for (int b = 0; b < c.B; b++) longest = c.Lq[b] > longest ? c.Lq[b] : longest;
@@ -742,9 +742,9 @@ static af_problem hopper_problem(void) {
 }
 
 /* af_cuda_wgmma_accepts: yes for f16/bf16, E and Ev up to 256, more than 64 packed rows, fixed or varlen K/V and
- * seqused_k, on compute capability 9.0 with the shared memory for the variant; no on 8.0, 8.9 or 10.0 (sm_90a code
- * runs on 9.0 only), for head dims past 256, page sizes TMA cannot box, float8 (K/V or all), f32, mixed dtypes,
- * 64 packed rows or fewer. */
+ * seqused_k, paged K/V of any page size (TMA boxes or the gathered path), on compute capability 9.0 with the shared
+ * memory for the variant; no on 8.0, 8.9 or 10.0 (sm_90a code runs on 9.0 only), for head dims past 256, float8
+ * (K/V or all), f32, mixed dtypes, 64 packed rows or fewer. */
 static void accepts_and_refusals(void **state) {
     (void)state;
     const af_cuda_device ampere = {20, 108, 8, 0, 163 * 1024}, ada = {21, 128, 8, 9, 99 * 1024},
@@ -782,10 +782,13 @@ static void accepts_and_refusals(void **state) {
     assert_true(af_cuda_wgmma_accepts(&p, &one_sm));   /* paged: a box a page, or a tile inside one */
     p.page_size = 16;
     assert_true(af_cuda_wgmma_accepts(&p, &one_sm));
-    p.page_size = 48;   /* no box tiles 128 keys: mma.sync reads it */
-    assert_false(af_cuda_wgmma_accepts(&p, &one_sm));
-    p.page_size = 4;    /* a box under the swizzle's 8-row pattern */
-    assert_false(af_cuda_wgmma_accepts(&p, &one_sm));
+    assert_false(af_wgmma_gathered(&p));
+    p.page_size = 48;   /* no box tiles 128 keys: the gathered path (test_cuda_wgmma_gather.c) */
+    assert_true(af_cuda_wgmma_accepts(&p, &one_sm));
+    assert_true(af_wgmma_gathered(&p));
+    p.page_size = 4;    /* a box under the swizzle's 8-row pattern: gathered too */
+    assert_true(af_cuda_wgmma_accepts(&p, &one_sm));
+    assert_true(af_wgmma_gathered(&p));
 
     p = hopper_problem();
     p.kv_dtype = AF_F8E4M3;
