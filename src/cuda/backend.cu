@@ -441,11 +441,11 @@ static void scratch_release(const scratch_source *from, char *ptr, size_t bytes)
                 "%s: %s)", from->device, cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
-/* The Hopper kernel (attn_wgmma.cuh) runs on compute capability 9.0 only when ATTNFORGE_CUDA_WGMMA=1: it has
- * not run on a GPU yet (docs/CUDA.md); everything else, and everything by default, runs on the mma.sync kernels. */
+/* The Hopper kernel (attn_wgmma.cuh) runs what it accepts on compute capability 9.0 unless ATTNFORGE_CUDA_WGMMA=0
+ * (read at each call): the way back to the mma.sync kernels, which run everything else. */
 static bool hopper_kernel_enabled(void) {
     const char *on = getenv("ATTNFORGE_CUDA_WGMMA");
-    return on && strcmp(on, "1") == 0;
+    return !(on && strcmp(on, "0") == 0);
 }
 
 static int mma_forward(const af_problem *p, const af_cuda_device *dev, int device, cudaStream_t stream,

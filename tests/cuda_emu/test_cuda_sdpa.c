@@ -690,28 +690,36 @@ static void scratch_comes_from_a_pool_that_keeps_its_memory(void **state) {
 }
 
 /* Each tensor-core variant's occupancy (cudaOccupancyMaxActiveBlocksPerMultiprocessor) is asked once per device
- * and named in the debug log: 32 rows a warp past 64 packed rows, the 16-row twin for decode. Runs before any other
+ * and named in the debug log: on this emulated 9.0 the Hopper kernel past 64 packed rows (asked once over two calls),
+ * and with ATTNFORGE_CUDA_WGMMA=0 mma.sync's 32 rows a warp, then its 16-row twin for decode. Runs before any other
  * case of this process asks (the test before it runs in a child). */
 static void occupancy_is_asked_once_per_variant_and_logged(void **state) {
-    static char seen[sizeof log_text];   /* run_case starts each call's log afresh: the three calls' logs */
+    static char seen[sizeof log_text];   /* run_case starts each call's log afresh: the four calls' logs */
     seen[0] = '\0';
+    const char *outer = getenv("ATTNFORGE_CUDA_WGMMA");
+    char kept[8] = "";
+    if (outer) snprintf(kept, sizeof kept, "%s", outer);
     af_set_log_callback(capture_log, NULL, AF_LOG_DEBUG);
     sdpa_case c = case_default(1, 2, 1, 40, 70, 64, 64);   /* 80 packed rows */
     c.dtype = AF_BF16;
-    for (int call = 0; call < 3; call++) {
-        if (call == 2) c.L = 3;   /* decode: 6 packed rows */
+    for (int call = 0; call < 4; call++) {
+        setenv("ATTNFORGE_CUDA_WGMMA", call < 2 ? "1" : "0", 1);
+        if (call == 3) c.L = 3;   /* decode: 6 packed rows */
         expect_case(&c);
         strncat(seen, log_text, sizeof seen - strlen(seen) - 1);
     }
+    if (outer) setenv("ATTNFORGE_CUDA_WGMMA", kept, 1);
+    else unsetenv("ATTNFORGE_CUDA_WGMMA");
     af_set_log_callback(capture_log, NULL, AF_LOG_INFO);
-    int wide = 0, narrow = 0;
+    int hopper = 0, wide = 0, narrow = 0;
+    for (const char *at = seen; (at = strstr(at, "af_wgmma_bf16_hd64: ")) != NULL; at++) hopper++;
     for (const char *at = seen; (at = strstr(at, "af_mma_bf16_hd64")) != NULL; at++) {
         if (!strncmp(at, "af_mma_bf16_hd64: ", 18)) wide++;
         if (!strncmp(at, "af_mma_bf16_hd64_w16: ", 22)) narrow++;
     }
-    if (wide != 1 || narrow != 1 || !strstr(seen, "CTAs per multiprocessor"))
-        fail_msg("want one occupancy line for af_mma_bf16_hd64 and one for its _w16 twin, got %d and %d:\n%s", wide,
-                 narrow, seen);
+    if (hopper != 1 || wide != 1 || narrow != 1 || !strstr(seen, "CTAs per multiprocessor"))
+        fail_msg("want one occupancy line for af_wgmma_bf16_hd64, af_mma_bf16_hd64 and its _w16 twin, got %d, %d "
+                 "and %d:\n%s", hopper, wide, narrow, seen);
 }
 
 static int setup(void **state) {
