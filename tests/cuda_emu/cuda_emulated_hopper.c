@@ -646,7 +646,6 @@ static void arrive(hopper_block *b, int i, const char *what)
         report("%s: the last arrival leaves the mbarrier at shared offset %zu %lld transaction bytes below zero: "
                "TMA copies completed more bytes than arrive.expect_tx announced", what, m->offset, -m->tx);
     int woke = try_complete(b, i);
-    if (getenv("DBG_YIELD")) fprintf(stderr, "arrive t%d bar%d woke %d\n", af_emu_self->thread_idx, i, woke);
     if (woke)
         af_emu_yield();
 }
