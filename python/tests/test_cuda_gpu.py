@@ -127,6 +127,44 @@ def test_flash_attn_varlen_and_paged_match_the_cpu():
     torch.testing.assert_close(got.cpu(), want, atol=3e-3, rtol=3e-3)
 
 
+@pytest.mark.parametrize("kernel", ["default", "mma.sync"])
+@pytest.mark.parametrize("head_dim,page_size", [(64, 16), (128, 48), (128, 256), (256, 3), (256, 32), (128, None)])
+def test_prefill_paths_match_the_cpu(monkeypatch, kernel, head_dim, page_size):
+    """Prefill (more than 64 packed rows: on compute capability 9.0 the Hopper kernel by default, its TMA boxes or its
+    gathered path by page size; ATTNFORGE_CUDA_WGMMA=0 the mma.sync kernels) for each head-dim variant, paged or
+    not, causal, with NaN in every K/V row no sequence reads: against the CPU."""
+    monkeypatch.setenv("ATTNFORGE_CUDA_WGMMA", "0" if kernel == "mma.sync" else "1")
+    torch.manual_seed(head_dim + (page_size or 0))
+    used = [300, 157]
+    q = torch.randn(2, 90, 8, head_dim, dtype=torch.bfloat16, device="cuda")
+    kwargs = {"causal": True}
+    if page_size is None:   # fixed K/V with seqused_k: rows past each sequence's keys are never read
+        k, v = (torch.randn(2, 320, 2, head_dim, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+        for b, n in enumerate(used):
+            k[b, n:], v[b, n:] = float("nan"), float("nan")
+    else:   # pages in random order, the unused ones and the last pages' tails NaN
+        slots = [(n + page_size - 1) // page_size for n in used]
+        pages = sum(slots) + 1
+        k, v = (torch.full((pages, page_size, 2, head_dim), float("nan"), dtype=torch.bfloat16, device="cuda")
+                for _ in range(2))
+        order = torch.randperm(pages, device="cuda")[:sum(slots)].to(torch.int32)
+        table = torch.full((2, max(slots)), -1, dtype=torch.int32, device="cuda")
+        table[0, :slots[0]], table[1, :slots[1]] = order[:slots[0]], order[slots[0]:]
+        for b, n in enumerate(used):
+            for j in range(slots[b]):
+                rows = min(page_size, n - j * page_size)
+                k[table[b, j], :rows] = torch.randn(rows, 2, head_dim, dtype=torch.bfloat16, device="cuda")
+                v[table[b, j], :rows] = torch.randn(rows, 2, head_dim, dtype=torch.bfloat16, device="cuda")
+        kwargs["page_table"] = table
+    kwargs["seqused_k"] = torch.tensor(used, dtype=torch.int32, device="cuda")
+    got, lse = af.flash_attn_varlen_func(q, k, v, return_lse=True, **kwargs)
+    cpu = {key: val.cpu() if torch.is_tensor(val) else val for key, val in kwargs.items()}
+    want, want_lse = af.flash_attn_varlen_func(q.cpu(), k.cpu(), v.cpu(), return_lse=True, **cpu)
+    assert not got.isnan().any()
+    torch.testing.assert_close(got.cpu(), want, atol=TOL[torch.bfloat16], rtol=TOL[torch.bfloat16])
+    torch.testing.assert_close(lse.cpu(), want_lse, atol=1e-3, rtol=1e-3)
+
+
 @pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
 def test_flash_attn_float8_kv_matches_the_cpu(kv_dtype):
     """A float8 K/V cache under an f16 query, with descales, on CUDA (the tensor cores' float8 variants: tiles staged
