@@ -802,6 +802,9 @@ void af_emu_tma_load(void *smem, const CUtensorMap *map, uint64_t *bar, int rank
         if (b->chunk_tma[ch])
             report("race: %s into shared bytes [%zu, %zu) while another TMA copy into them is in flight", what,
                    ch * 16, ch * 16 + 16);
+        if (b->chunk_readers[ch])   /* the copy may land at once: its issue is the hazard, not when it lands here */
+            report("race: %s into shared bytes [%zu, %zu) that a wgmma in flight reads (release a stage only after "
+                   "the wgmma wait_group)", what, ch * 16, ch * 16 + 16);
         b->chunk_tma[ch]++;
     }
     if (b->copy_count == b->copy_capacity) {
