@@ -1,15 +1,17 @@
 /* The Hopper tensor-core kernel for f16/bf16, head dims up to 256 (sm_90a; FlashAttention-3's structure:
  * warp specialisation, TMA and wgmma, the intra-warpgroup overlap and the ping-pong between consumers):
  *   - a CTA of 3 warpgroups owns AF_WG_ROWS = 128 packed query rows of one (batch, kv head) (pack-GQA as in
- *     attn_mma.cuh); warpgroup 0 is the producer: its first thread streams K/V tiles of bc keys (AF_WG_BC = 128;
- *     64 at head dim 256, so that two stages fit beside Q) with TMA into a ring of AF_WG_STAGES stages ("full" mbarriers with the tiles' transaction bytes, "empty" ones the
- *     consumers arrive on), the other threads give their registers back (setmaxnreg.dec) and leave (or, on the
- *     gathered path below, all its threads copy the tiles with cp.async on that register budget); warpgroups 1
- *     and 2 (setmaxnreg.inc) each own 64 rows: S = Q·Kᵀ by wgmma with Q and K from shared memory, the online
- *     softmax in registers, then O += P·V by wgmma with P from registers (the S accumulators packed in place: the
- *     wgmma D layout is the mma C layout repeated along N, so attn_mma.cuh's mask, softmax and epilogue run on it
- *     unchanged, 16 rows a warp) and V from shared memory read MN-major; the two consumers take turns
- *     issuing their GEMMs (named barriers), so one's softmax runs under the other's products (head dims <= 128);
+ *     attn_mma.cuh); warpgroup 0 is the producer: its first warp streams K/V tiles of bc keys (AF_WG_BC = 128;
+ *     64 at head dim 256, so that two stages fit beside Q) with TMA issued by lane 0 into a ring of AF_WG_STAGES
+ *     stages ("full" mbarriers with the tiles' transaction bytes, "empty" ones the consumers arrive on), and clears
+ *     the V rows past the sequence in its last tile (landed on a separate mbarrier, then "full"); the other threads
+ *     give their registers back (setmaxnreg.dec) and leave (or, on the gathered path below, all its threads copy
+ *     the tiles with cp.async on that register budget); warpgroups 1 and 2 (setmaxnreg.inc) each own 64 rows:
+ *     S = Q·Kᵀ by wgmma with Q and K from shared memory, the online softmax in registers, then O += P·V by wgmma
+ *     with P from registers (the S accumulators packed in place: the wgmma D layout is the mma C layout repeated
+ *     along N, so attn_mma.cuh's mask, softmax and epilogue run on it unchanged, 16 rows a warp) and V from shared
+ *     memory read MN-major; the two consumers take turns issuing their GEMMs (named barriers), so one's softmax
+ *     runs under the other's products (head dims <= 128);
  *   - Q is copied once by every thread with cp.async into the 128-byte swizzle the descriptors name (rows past the
  *     sequence's packed rows and columns past E are zero), then fence.proxy.async makes it visible to wgmma;
  *   - K and V tiles are boxes of 64 columns x bc keys of the tensors seen as {E, keys, Hkv, B} (TMA's 128-byte
@@ -17,8 +19,8 @@
  *     128 and 256 take hd / 64 boxes side by side (column blocks of bc x 128 bytes); at head dim 256 O's columns are
  *     two n128 products a k-step;
  *   - a paged K/V cache (page size a multiple of bc, or 8 keys or more dividing bc) is seen as {E, page rows, Hkv,
- *     pages}: a tile is one box inside a page, or bc / page size boxes, one a page, each found through the page table;
- *     boxes of keys past the sequence name page `num_pages`, past the pool, and are zero-filled;
+ *     pages}: a tile is one box inside a page, or bc / page size boxes, one a page, each found through the page
+ *     table; boxes of keys past the sequence name page `num_pages`, past the pool, and are zero-filled;
  *   - any other page size (1..7, 48, 96, 100, 200, ...) takes the gathered path (`gather`, attn_wgmma_gather.cuh):
  *     all 128 threads of warpgroup 0 copy the tile with cp.async, a key a thread through the page table, into the
  *     same swizzled stages (keys past the sequence and columns past E / Ev zero-filled), each fencing the async
@@ -45,7 +47,7 @@
 
 typedef struct {
     af_mma_params m;                           /* everything attn_mma.cuh's kernel takes (double_buffer unused) */
-    CUtensorMap k_map, v_map;                  /* K / V as {E or Ev, keys, Hkv, B}, boxes {64, AF_WG_BC, 1, 1} */
+    CUtensorMap k_map, v_map;                  /* K / V as {E or Ev, keys, Hkv, B}, boxes {64, box_keys, 1, 1} */
     int k_blocks, v_blocks;                    /* column blocks of K (ceil(E / 64)) and V (hd / 64: P·V reads all) */
     int varlen_k;                              /* K/V packed by cu_seqlens_k: the box's batch coordinate is 0 */
     int box_keys;                              /* keys per box: the tile's, or a paged cache's page size below it */
@@ -221,9 +223,11 @@ AF_DEVICE void af_wgmma_produce(const af_wgmma_params *p, char *k_stages, char *
             }
             const int at = stage * stage_bytes + box * p->box_keys * 128;
             for (int c = 0; c < p->k_blocks; c++)
-                af_tma_load_4d(k_stages + at + c * block_bytes, &p->k_map, landing, c * AF_WG_ATOM, row, (int)hk, outer);
+                af_tma_load_4d(k_stages + at + c * block_bytes, &p->k_map, landing, c * AF_WG_ATOM, row, (int)hk,
+                               outer);
             for (int c = 0; c < p->v_blocks; c++)
-                af_tma_load_4d(v_stages + at + c * block_bytes, &p->v_map, landing, c * AF_WG_ATOM, row, (int)hk, outer);
+                af_tma_load_4d(v_stages + at + c * block_bytes, &p->v_map, landing, c * AF_WG_ATOM, row, (int)hk,
+                               outer);
         }
         if (tile == tail) {
             af_wgmma_clear_tail(v_stages + stage * stage_bytes, tail_bar, keys - tail * bc, hd);
@@ -318,7 +322,7 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
     uint32_t pa[AF_WG_BC / 16][4];
     float correction[2], s[AF_WG_BC / 2];
     if (t_begin < t_end) {
-        if (ping_pong && consumer == 0) af_named_bar_arrive(AF_WG_TURN_BAR, 256);   /* consumer 0 takes the first turn */
+        if (ping_pong && consumer == 0) af_named_bar_arrive(AF_WG_TURN_BAR, 256);   /* consumer 0's turn first */
         af_mbarrier_wait_parity(&full[0], 0);
         af_wgmma_zero(s, bc);
         af_wgmma_fence();

@@ -1,10 +1,10 @@
 /* The gathered producer of attn_wgmma.cuh (issue 30): a paged K/V cache whose pages TMA cannot box (page sizes that
- * are neither a multiple of 128 nor 8..64 dividing 128) reaches the Hopper kernel through cp.async instead. All 128
- * threads of warpgroup 0 copy the tile: thread t owns key t of every 128-key tile, looks its page up once a tile and
- * copies the key's K row (k_blocks column blocks) and V row (all hd/64 blocks) into exactly the stage layout TMA
- * writes (af_wgmma_offset: 128-byte swizzle, column blocks of bc rows); with head dim 256's 64-key tiles, threads
- * 0..63 copy the keys' K rows and threads 64..127 their V rows; columns past E / Ev and keys past the
- * sequence are zero-filled by cp.async (src_bytes 0), so no row past the sequence needs to be finite.
+ * are neither a multiple of the tile's bc keys nor 8 or more dividing it) reaches the Hopper kernel through cp.async
+ * instead. All 128 threads of warpgroup 0 copy the tile: thread t owns key t of every 128-key tile, looks its page
+ * up once a tile and copies the key's K row (k_blocks column blocks) and V row (all hd/64 blocks) into exactly the
+ * stage layout TMA writes (af_wgmma_offset: 128-byte swizzle, column blocks of bc rows); with head dim 256's 64-key
+ * tiles, threads 0..63 copy the keys' K rows and threads 64..127 their V rows; columns past E / Ev and keys past the
+ * sequence are zero-filled by cp.async (src_bytes 0), so no row past the sequence is read.
  * Completion: cp.async writes go through the generic proxy and complete per thread, wgmma reads through the async
  * proxy: each thread commits tile n's copies as one group; tile n-1 is then published — its group waited for
  * (wait_group 1 while a stage is free, so tile n's copies run on; wait_group 0 before the wait for a stage, since
@@ -62,8 +62,9 @@ AF_DEVICE void af_wgmma_gather(const af_wgmma_params *p, char *k_stages, char *v
             k_row = k_head + 2 * (page * p->m.k_stride[0] + in_page * p->m.k_stride[2]);
             v_row = v_head + 2 * (page * p->m.v_stride[0] + in_page * p->m.v_stride[2]);
         }
-        if (copy_k) af_wgmma_gather_row(k_stages + stage * stage_bytes, k_row, p->k_blocks * 8, p->m.E, inside, row, bc);
-        if (copy_v) af_wgmma_gather_row(v_stages + stage * stage_bytes, v_row, hd / 8, p->m.Ev, inside, row, bc);
+        char *k_stage = k_stages + stage * stage_bytes, *v_stage = v_stages + stage * stage_bytes;
+        if (copy_k) af_wgmma_gather_row(k_stage, k_row, p->k_blocks * 8, p->m.E, inside, row, bc);
+        if (copy_v) af_wgmma_gather_row(v_stage, v_row, hd / 8, p->m.Ev, inside, row, bc);
         af_cp_async_commit();
         if (n == 0 || n >= AF_WG_STAGES) continue;
         af_cp_async_wait_1();   /* a free stage: tile n-1's group has landed, tile n's copies run on */

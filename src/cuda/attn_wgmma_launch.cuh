@@ -65,11 +65,6 @@ static int af_wgmma_tma_ready(const char *base, const int64_t *stride) {
            (uintptr_t)base % 16 == 0;
 }
 
-/* The head-dim variant of a problem: the smallest of 64, 128, 256 holding E and Ev. */
-static int af_wgmma_head_dim(const af_problem *p) {
-    return p->E <= 64 && p->Ev <= 64 ? 64 : p->E <= 128 && p->Ev <= 128 ? 128 : 256;
-}
-
 /* Pages TMA can box for tiles of bc keys: whole pages of bc keys or more (tiles inside one), or pages of 8 keys or
  * more that tile bc (a box a page; 8-row multiples keep each box on the swizzle's 1024-byte pattern). */
 static int af_wgmma_tma_pages(int64_t page_size, int64_t bc) {
@@ -84,14 +79,13 @@ static int af_wgmma_pages_fit(const af_problem *p) {
 }
 
 /* The gathered path (attn_wgmma_gather.cuh): a paged cache whose pages TMA cannot box, copied by warpgroup 0 with
- * cp.async; no tensor map. It zero-fills keys past the sequence, so unlike TMA's tiles of contiguous K/V it reads
- * no row past a sequence (nor needs those rows finite). */
+ * cp.async; no tensor map. It zero-fills keys past the sequence and reads no row past one. */
 static int af_wgmma_gathered(const af_problem *p) {
-    return p->page_table && !af_wgmma_tma_pages(p->page_size, AF_WG_BC_OF(af_wgmma_head_dim(p)));
+    return p->page_table && !af_wgmma_tma_pages(p->page_size, AF_WG_BC_OF(af_mma_head_dim(p)));
 }
 
 int af_cuda_wgmma_accepts(const af_problem *p, const af_cuda_device *dev) {
-    const int hd = af_wgmma_head_dim(p);
+    const int hd = af_mma_head_dim(p);
     return dev->cc_major == 9 && dev->cc_minor == 0 && (p->dtype == AF_F16 || p->dtype == AF_BF16) &&
            p->kv_dtype == p->dtype && af_wgmma_pages_fit(p) && p->E >= 1 && p->E <= AF_WG_HD_MAX && p->Ev >= 1 &&
            p->Ev <= AF_WG_HD_MAX &&
@@ -101,7 +95,7 @@ int af_cuda_wgmma_accepts(const af_problem *p, const af_cuda_device *dev) {
 }
 
 static cudaError_t af_wgmma_make_plan(const af_problem *p, const af_cuda_device *dev, af_wgmma_plan *plan) {
-    plan->hd = af_wgmma_head_dim(p);
+    plan->hd = af_mma_head_dim(p);
     plan->bc = AF_WG_BC_OF(plan->hd);
     plan->smem = af_wgmma_smem_bytes(plan->hd);
     const cudaError_t e = af_wgmma_ctas_per_sm(dev, plan->hd, p->dtype == AF_BF16, plan->smem, &plan->ctas_per_sm);

@@ -12,6 +12,7 @@
 
 #include "case_gen.h"
 #include "cuda/device.h"
+#include "flash_case.h"
 #include "sdpa/problem.h"
 
 /* The device copy of a test tensor: its whole backing buffer (poison included, so a read outside the view shows up
@@ -26,6 +27,18 @@ bool emu_to_device(const test_tensor *t, emu_device_tensor *d);
 bool emu_from_device(test_tensor *t, const emu_device_tensor *d);
 bool emu_device_unchanged(const test_tensor *t, const emu_device_tensor *d);
 
+/* Memory that meets the tensor-core paths' preconditions (last dim contiguous, the other strides multiples of 8
+ * elements, a 16-byte aligned start): as built, SWAPPED (the two dims before the last swapped in memory: BHLD <->
+ * BLHD; varlen (total, H, D) as (H, total, D)), PADDED (every dim padded, rows to a multiple of 8 plus 8 more, the
+ * start 8 elements into the buffer). */
+typedef enum { ALIGNED_CONTIGUOUS = 0, ALIGNED_SWAPPED, ALIGNED_PADDED, ALIGNED_COUNT } aligned_layout;
+const char *emu_layout_name(aligned_layout layout);
+
+/* Re-lays a 3-D or 4-D test tensor out as `layout`, keeping its values (its views follow). False when out of memory. */
+bool emu_relayout(test_tensor *t, aligned_layout layout);
+/* q as `layout`, k and v as the next two (cycling). */
+bool emu_relayout_qkv(test_tensor *q, test_tensor *k, test_tensor *v, aligned_layout layout);
+
 /* A test's change to a built case's inputs (NaN, Inf, strides, ...). */
 typedef void (*emu_case_edit)(case_tensors *t);
 
@@ -39,6 +52,21 @@ typedef cudaError_t (*emu_launch_fn)(const af_problem *p, void *context);
  * `launch`; synchronize; out/lse copied back. Then: inputs unchanged, nothing written outside out's and lse's
  * views, no lse written when none was asked for, out/lse within the reference's tolerance. False with `why`. */
 bool emu_run_case(case_tensors *t, emu_launch_fn launch, void *context, char *why, size_t size);
+
+/* What a flash run lets a test do: after af_flash_check on the device views (`inputs`: the device copies of q, k,
+ * v, sink, cu_seqlens_q, cu_seqlens_k, seqused_k and the page table), and before out/lse are compared with the
+ * reference. Each NULL for none; false stops the run with `why`. */
+typedef struct {
+    bool (*after_check)(flash_tensors *t, emu_device_tensor *inputs, void *context, char *why, size_t size);
+    bool (*before_compare)(flash_tensors *t, void *context, char *why, size_t size);
+    void *context;
+} emu_flash_hooks;
+
+/* emu_run_case for an af_flash_attn case: sentinel-filled out/lse, every input copied to the device, af_flash_check
+ * on the device views, `launch`, synchronize, copy back; then inputs unchanged, nothing written outside out's and
+ * lse's views, out/lse against the reference (flash_case_matches). `hooks` may be NULL. False with `why`. */
+bool emu_run_flash(flash_tensors *t, emu_launch_fn launch, void *context, const emu_flash_hooks *hooks, char *why,
+                   size_t size);
 
 /* Shrinks a random case to `work_budget` = B·Hq·L·S·(E+Ev): the batch first, then the longer sequence. */
 void emu_shrink_case(sdpa_case *c, double work_budget);

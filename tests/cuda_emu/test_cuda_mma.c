@@ -36,37 +36,6 @@ static const af_cuda_device one_sm = {0, 1, 9, 0, 227 * 1024};
 static const af_cuda_device many_sms = {1, 132, 9, 0, 227 * 1024};
 static const af_cuda_device small_smem = {2, 64, 8, 6, 99 * 1024};
 
-/* ---------------------------------------------------------------- layouts the tensor-core path accepts */
-
-typedef enum { ALIGNED_CONTIGUOUS = 0, ALIGNED_NHD, ALIGNED_PADDED, ALIGNED_COUNT } aligned_layout;
-
-/* Re-lay a q/k/v test tensor out in memory that meets the path's preconditions (last dim contiguous, the other
- * strides multiples of 8 elements, a 16-byte aligned start), keeping its values: NHD swaps dims 1 and 2; PADDED
- * pads every dim (rows to a multiple of 8 plus 8 more) and starts 8 elements into the buffer. */
-static bool relayout(test_tensor *t, aligned_layout layout) {
-    static const int plain[4] = {0, 1, 2, 3}, nhd[4] = {0, 2, 1, 3};
-    const int64_t *shape = t->view.shape;
-    const int64_t row = (shape[3] + 7) / 8 * 8;
-    int64_t pad[4] = {0, 0, 0, row - shape[3]};
-    int64_t offset = 0;
-    if (layout == ALIGNED_PADDED) {
-        pad[0] = 1;
-        pad[1] = 2;
-        pad[2] = 1;
-        pad[3] += 8;
-        offset = 8;
-    }
-    test_tensor moved;
-    if (!tt_alloc_ordered(&moved, t->view.dtype, 4, shape, layout == ALIGNED_NHD ? nhd : plain, pad, 1, offset))
-        return false;
-    int64_t idx[4] = {0};
-    if (tt_numel(t) > 0) do tt_set(&moved, idx, tt_get(t, idx));
-        while (tt_next_index(4, shape, idx));
-    tt_free(t);
-    *t = moved;   /* args point at t->view: they follow */
-    return true;
-}
-
 /* ---------------------------------------------------------------- running the kernel on device copies */
 
 /* The launch on `dev`, with the workspace it asks for (> 0 bytes when the keys were split; freed by the caller). */
@@ -94,8 +63,7 @@ static void check_case(const sdpa_case *c, aligned_layout layout, const af_cuda_
     char desc[640], why[640] = "";
     case_describe(c, desc, sizeof desc);
     case_tensors t;
-    const bool built = case_build(c, &t) && relayout(&t.q, layout) &&
-                       relayout(&t.k, (layout + 1) % ALIGNED_COUNT) && relayout(&t.v, (layout + 2) % ALIGNED_COUNT) &&
+    const bool built = case_build(c, &t) && emu_relayout_qkv(&t.q, &t.k, &t.v, layout) &&
                        emu_edit_case(&t, edit);
     mma_launch run = {dev, 0, NULL};
     const bool ok = built && emu_run_case(&t, launch_mma, &run, why, sizeof why);
@@ -361,7 +329,7 @@ static void grid_fold(void **state) {
         sdpa_case c = small_case(900 + (uint64_t)n, half_dtype(n), 4, 2, 70, 90, 16, 16);
         c.B = 4;
         c.is_causal = n == 1;
-        check_case(&c, ALIGNED_NHD, &one_sm, SPLIT_NONE, NULL);
+        check_case(&c, ALIGNED_SWAPPED, &one_sm, SPLIT_NONE, NULL);
         c.L = 2;   /* decode: split too */
         check_case(&c, ALIGNED_PADDED, &many_sms, SPLIT_YES, NULL);
     }

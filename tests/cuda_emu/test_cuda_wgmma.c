@@ -42,43 +42,6 @@
 static const af_cuda_device one_sm = {0, 1, 9, 0, 227 * 1024};
 static const af_cuda_device many_sms = {1, 132, 9, 0, 227 * 1024};
 
-/* ---------------------------------------------------------------- layouts the Hopper path accepts */
-
-typedef enum { ALIGNED_CONTIGUOUS = 0, ALIGNED_SWAPPED, ALIGNED_PADDED, ALIGNED_COUNT } aligned_layout;
-
-static const char *const aligned_names[] = {"contiguous", "swapped", "padded"};
-
-/* Re-lay a q/k/v test tensor (3-D or 4-D) out in memory that meets the path's preconditions (last dim contiguous,
- * the other strides multiples of 8 elements, a 16-byte aligned start), keeping its values: SWAPPED swaps the two
- * dims before the last in memory (BHLD <-> BLHD; varlen (total, H, D) as (H, total, D)); PADDED pads every dim (rows
- * to a multiple of 8 plus 8 more) and starts 8 elements into the buffer. */
-static bool relayout(test_tensor *t, aligned_layout layout) {
-    const int nd = t->view.ndim;
-    const int64_t *shape = t->view.shape;
-    int order[4] = {0, 1, 2, 3};
-    if (layout == ALIGNED_SWAPPED) {
-        order[nd - 3] = nd - 2;
-        order[nd - 2] = nd - 3;
-    }
-    const int64_t row = (shape[nd - 1] + 7) / 8 * 8;
-    int64_t pad[4] = {0, 0, 0, 0};
-    pad[nd - 1] = row - shape[nd - 1];
-    int64_t offset = 0;
-    if (layout == ALIGNED_PADDED) {
-        for (int d = 0; d < nd - 1; d++) pad[d] = 1 + d % 2;
-        pad[nd - 1] += 8;
-        offset = 8;
-    }
-    test_tensor moved;
-    if (!tt_alloc_ordered(&moved, t->view.dtype, nd, shape, order, pad, 1, offset)) return false;
-    int64_t idx[4] = {0};
-    if (tt_numel(t) > 0) do tt_set(&moved, idx, tt_get(t, idx));
-        while (tt_next_index(nd, shape, idx));
-    tt_free(t);
-    *t = moved;   /* args point at t->view: they follow */
-    return true;
-}
-
 /* ---------------------------------------------------------------- running the kernel on device copies */
 
 /* The launch on `dev`, with the workspace it asks for (> 0 bytes when the keys were split; freed by the caller). */
@@ -119,9 +82,7 @@ static void check_case_if(const sdpa_case *c, aligned_layout layout, const af_cu
     char desc[640], why[640] = "";
     case_describe(c, desc, sizeof desc);
     case_tensors t;
-    const bool built = case_build(c, &t) && relayout(&t.q, layout) &&
-                       relayout(&t.k, (layout + 1) % ALIGNED_COUNT) && relayout(&t.v, (layout + 2) % ALIGNED_COUNT) &&
-                       emu_edit_case(&t, edit);
+    const bool built = case_build(c, &t) && emu_relayout_qkv(&t.q, &t.k, &t.v, layout) && emu_edit_case(&t, edit);
     wgmma_launch run = {dev, 0, NULL, false};
     const bool ok = built && emu_run_case(&t, launch_wgmma, &run, why, sizeof why);
     cudaFree(run.workspace);
@@ -129,7 +90,7 @@ static void check_case_if(const sdpa_case *c, aligned_layout layout, const af_cu
     if (!built) fail_msg("could not build the case (%s): %s", af_last_error(), desc);
     if (run.refused && refusal == MAY_REFUSE) return;
     if (run.refused) fail_msg("af_cuda_wgmma_accepts refused the case: %s", desc);
-    if (!ok) fail_msg("%s (layout %s, sm_count %d)\n    %s", desc, aligned_names[layout], dev->sm_count, why);
+    if (!ok) fail_msg("%s (layout %s, sm_count %d)\n    %s", desc, emu_layout_name(layout), dev->sm_count, why);
     check_split(&run, split, desc);
 }
 
@@ -149,66 +110,6 @@ static sdpa_case small_case(uint64_t seed, af_dtype dtype, int64_t Hq, int64_t H
 static af_dtype half_dtype(int n) { return n % 2 ? AF_BF16 : AF_F16; }
 
 /* ---------------------------------------------------------------- af_flash_attn's features */
-
-/* A flash case on the device through af_flash_check's problem (as backend.cu builds it, but on emulated memory the
- * host may read: the index arrays are checked here), q/k/v re-laid out to the preconditions, against the float32
- * reference with flash_case_matches' bound (softcap-aware); also inputs unchanged and nothing written outside out's
- * and lse's views. */
-enum { FLASH_DEVICE_INPUTS = 7 };
-
-static bool run_flash(flash_tensors *t, wgmma_launch *run, char *why, size_t size) {
-    test_tensor *host[FLASH_DEVICE_INPUTS] = {&t->q, &t->k, &t->v, &t->sink, &t->cu_q, &t->cu_k, &t->seqused_k};
-    af_flash_args args = t->args;
-    const af_tensor **arg[FLASH_DEVICE_INPUTS] = {&args.query, &args.key, &args.value, &args.learnable_sink,
-                                                  &args.cu_seqlens_q, &args.cu_seqlens_k, &args.seqused_k};
-    tt_fill_bytes(&t->out, TT_SENTINEL_BYTE);
-    tt_fill_bytes(&t->lse, TT_SENTINEL_BYTE);
-    emu_device_tensor in[FLASH_DEVICE_INPUTS], out, lse;
-    bool ok = true;
-    for (int i = 0; i < FLASH_DEVICE_INPUTS; i++) {
-        ok = emu_to_device(host[i], &in[i]) && ok;
-        if (*arg[i]) *arg[i] = &in[i].view;
-    }
-    ok = emu_to_device(&t->out, &out) && emu_to_device(&t->lse, &lse) && ok;
-    if (!ok) snprintf(why, size, "device allocation or copy failed");
-    af_problem p;
-    if (ok && af_flash_check(&args, &out.view, t->c.with_lse ? &lse.view : NULL, &p) != AF_OK) {
-        snprintf(why, size, "af_flash_check: %s", af_last_error());
-        ok = false;
-    }
-    cudaError_t err = cudaSuccess;
-    if (ok && (err = launch_wgmma(&p, run)) != cudaSuccess) {
-        snprintf(why, size, run->refused ? "af_cuda_wgmma_accepts refused it" : "the launch: %s",
-                 cudaGetErrorString(err));
-        ok = false;
-    }
-    if (ok && (err = cudaStreamSynchronize(NULL)) != cudaSuccess) {
-        snprintf(why, size, "the kernel (cudaStreamSynchronize): %s", cudaGetErrorString(err));
-        ok = false;
-    }
-    if (ok && !(emu_from_device(&t->out, &out) && emu_from_device(&t->lse, &lse))) {
-        snprintf(why, size, "copy back failed");
-        ok = false;
-    }
-    for (int i = 0; ok && i < FLASH_DEVICE_INPUTS; i++)
-        if (!emu_device_unchanged(host[i], &in[i])) {
-            snprintf(why, size, "an input (#%d of q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_k) changed", i);
-            ok = false;
-        }
-    if (ok && !tt_outside_view_is(&t->out, TT_SENTINEL_BYTE)) {
-        snprintf(why, size, "wrote outside out's view");
-        ok = false;
-    }
-    if (ok && !tt_outside_view_is(&t->lse, TT_SENTINEL_BYTE)) {
-        snprintf(why, size, t->c.with_lse ? "wrote outside lse's view" : "wrote an lse nobody asked for");
-        ok = false;
-    }
-    if (ok) ok = flash_case_matches(t, why, size);
-    for (int i = 0; i < FLASH_DEVICE_INPUTS; i++) cudaFree(in[i].memory);
-    cudaFree(out.memory);
-    cudaFree(lse.memory);
-    return ok;
-}
 
 /* K/V rows no sequence reads set to NaN: past seqused_k in a fixed or packed tensor, the unused rows of a last page,
  * unused and spare pages. TMA reads whole boxes, so a kernel that gave them weight 0 without clearing them would
@@ -251,15 +152,15 @@ static void check_flash_with(const flash_case *c, aligned_layout layout, const a
     char desc[1024], why[640] = "";
     flash_case_describe(c, desc, sizeof desc);
     flash_tensors t;
-    const bool built = flash_case_build(c, &t) && relayout(&t.q, layout) &&
-                       relayout(&t.k, (layout + 1) % ALIGNED_COUNT) && relayout(&t.v, (layout + 2) % ALIGNED_COUNT);
+    const bool built = flash_case_build(c, &t) && emu_relayout_qkv(&t.q, &t.k, &t.v, layout);
     if (built && poison) poison_unread_rows(&t);
     wgmma_launch run = {dev, 0, NULL, false};
-    const bool ok = built && run_flash(&t, &run, why, sizeof why);
+    const bool ok = built && emu_run_flash(&t, launch_wgmma, &run, NULL, why, sizeof why);
     cudaFree(run.workspace);
     flash_case_free(&t);
     if (!built) fail_msg("could not build the flash case (%s): %s", af_last_error(), desc);
-    if (!ok) fail_msg("%s (layout %s, sm_count %d)\n    %s", desc, aligned_names[layout], dev->sm_count, why);
+    if (run.refused) fail_msg("af_cuda_wgmma_accepts refused the case: %s", desc);
+    if (!ok) fail_msg("%s (layout %s, sm_count %d)\n    %s", desc, emu_layout_name(layout), dev->sm_count, why);
     check_split(&run, split, desc);
 }
 
