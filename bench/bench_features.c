@@ -54,13 +54,13 @@ typedef struct {
 
 /* ---- shapes and tensors */
 
-/* Keys row i of a sequence with Lq rows and S keys sees under bottom-right window (left, right), -1 = unbounded. */
+/* Keys row i of a sequence with Lq rows and S keys sees under bottom-right window (left, right), sides >= 0 here. */
 static double keys_seen(int64_t Lq, int64_t S, int64_t left, int64_t right) {
     double total = 0.0;
     for (int64_t i = 0; i < Lq; i++) {
         const int64_t diagonal = i + S - Lq;
-        const int64_t lo = left < 0 ? 0 : diagonal - left > 0 ? diagonal - left : 0;
-        const int64_t hi = right < 0 ? S - 1 : diagonal + right < S - 1 ? diagonal + right : S - 1;
+        const int64_t lo = diagonal - left > 0 ? diagonal - left : 0;
+        const int64_t hi = diagonal + right < S - 1 ? diagonal + right : S - 1;
         if (hi >= lo) total += (double)(hi - lo + 1);
     }
     return total;

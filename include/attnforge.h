@@ -15,9 +15,9 @@ extern "C" {
 #endif
 
 #define AF_VERSION_MAJOR 0
-#define AF_VERSION_MINOR 1
+#define AF_VERSION_MINOR 2
 #define AF_VERSION_PATCH 0
-#define AF_VERSION_STRING "0.1.0"
+#define AF_VERSION_STRING "0.2.0"
 
 #if defined(_WIN32)
 #define AF_API
@@ -124,6 +124,10 @@ AF_API af_status af_sdpa_reference(const af_sdpa_args *args, af_tensor *out, af_
  * FlashAttention-4's forward semantics (flash_attn_func / flash_attn_varlen_func): NHD layouts, bottom-right aligned
  * causality and sliding windows, softcap, a learned sink per head, variable-length and paged K/V. af_sdpa's meaning
  * is unchanged; this is a second entry point over the same kernels. docs/API.md states every rule. */
+/* A window side with no limit (FlashAttention-4's None). Every other value of window_left / window_right is a literal
+ * offset from the diagonal, negative too: (AF_WINDOW_UNBOUNDED, -1) sees the keys up to one before the diagonal. */
+#define AF_WINDOW_UNBOUNDED INT64_MAX
+
 typedef struct {
     const af_tensor *query;          /* (B, Lq, Hq, E); varlen: (total_q, Hq, E) */
     const af_tensor *key;            /* (B, S, Hkv, E); varlen: (total_k, Hkv, E);
@@ -132,7 +136,10 @@ typedef struct {
     bool has_scale; double scale;    /* default 1/sqrt(E) */
     bool causal;                     /* bottom-right aligned: row i sees keys j <= i + S - Lq (window right = 0) */
     bool has_window;                 /* false: no window (FA4's window_size=(None, None)) */
-    int64_t window_left, window_right;   /* -1 = unbounded; row i sees i + S - Lq - left <= j <= i + S - Lq + right */
+    int64_t window_left, window_right;   /* FA4's meaning: literal offsets, negative ones too; AF_WINDOW_UNBOUNDED
+                                            (FA4's None) = no limit on that side. Row i sees keys
+                                            i + S - Lq - left <= j <= i + S - Lq + right. Both sides bounded with
+                                            left + right < 0: no window (FA4's rule). Before 0.2, -1 = unbounded. */
     double softcap;                  /* 0 = off; > 0: s <- softcap·tanh(s / softcap) on the scaled score */
     const af_tensor *learnable_sink; /* NULL or (Hq,) f32/f16/bf16: one logit per query head, in the denominator only */
     const af_tensor *cu_seqlens_q;   /* varlen: int32 (B + 1,) prefix sums over query rows, else NULL */

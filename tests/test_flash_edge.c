@@ -109,22 +109,43 @@ static void causal_bottom_right_by_hand(void **state) {
     tiny_expect(&t, w2, lse2);
 }
 
-/* FA4: window (-1, 0) and (0, -1) without causal have left + right < 0 and are dropped: full attention; (-1, 0)
- * with causal is causal; right only (-1, 1) sees one key past the diagonal. */
+/* FA4's windows on L = S = 3, each row's visible keys given by hand ([lo, hi)): sides are literal offsets from the
+ * diagonal, negative ones too, AF_WINDOW_UNBOUNDED (FA4's None) alone is unbounded; both sides bounded with
+ * left + right < 0 is no window ((-1, 0), (0, -1), (-1, -1), (-3, 1); causal then stays causal); causal sets
+ * right = 0. */
 static void window_normalisation_by_hand(void **state) {
     (void)state;
-    const int64_t full_lo[3] = {0, 0, 0}, full_hi[3] = {3, 3, 3}, causal_hi[3] = {1, 2, 3}, right1_hi[3] = {2, 3, 3};
-    const int64_t windows[][3] = {{-1, 0, 0}, {0, -1, 0}, {-1, -1, 0}, {-1, 0, 1}, {-1, 1, 0}};
-    const int64_t *his[] = {full_hi, full_hi, full_hi, causal_hi, right1_hi};
-    for (int c = 0; c < 5; c++) {
+    enum { U = 0 };   /* stands for AF_WINDOW_UNBOUNDED in the table below */
+    const struct {
+        int64_t left, right;
+        bool left_unbounded, right_unbounded, causal;
+        int64_t lo[3], hi[3];
+    } cases[] = {
+        {-1, 0, false, false, false, {0, 0, 0}, {3, 3, 3}},    /* sum < 0: dropped */
+        {0, -1, false, false, false, {0, 0, 0}, {3, 3, 3}},
+        {-1, -1, false, false, false, {0, 0, 0}, {3, 3, 3}},
+        {-3, 1, false, false, false, {0, 0, 0}, {3, 3, 3}},
+        {-1, 0, false, false, true, {0, 0, 0}, {1, 2, 3}},     /* dropped, causal stays */
+        {-1, 1, false, false, false, {1, 2, 3}, {2, 3, 3}},    /* sum 0: keys d + 1 .. d + 1 */
+        {U, -1, true, false, false, {0, 0, 0}, {0, 1, 2}},     /* keys up to one before the diagonal */
+        {U, -2, true, false, false, {0, 0, 0}, {0, 0, 1}},
+        {-1, U, false, true, false, {1, 2, 3}, {3, 3, 3}},     /* keys from one past the diagonal */
+        {2, -1, false, false, false, {0, 0, 0}, {0, 1, 2}},    /* keys d - 2 .. d - 1 */
+        {2, -1, false, false, true, {0, 0, 0}, {1, 2, 3}},     /* causal: right = 0, keys d - 2 .. d */
+        {-2, 5, false, false, false, {2, 3, 3}, {3, 3, 3}},    /* keys d + 2 .. d + 5 */
+        {U, U, true, true, false, {0, 0, 0}, {3, 3, 3}},       /* no limit either side */
+        {U, 0, true, false, false, {0, 0, 0}, {1, 2, 3}},      /* (None, 0) is causal */
+        {1, U, false, true, true, {0, 0, 1}, {1, 2, 3}},       /* causal + left 1 */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         tiny t;
         tiny_init(&t, 3, 3, NULL, NULL);
         t.args.has_window = true;
-        t.args.window_left = windows[c][0];
-        t.args.window_right = windows[c][1];
-        t.args.causal = windows[c][2];
+        t.args.window_left = cases[c].left_unbounded ? AF_WINDOW_UNBOUNDED : cases[c].left;
+        t.args.window_right = cases[c].right_unbounded ? AF_WINDOW_UNBOUNDED : cases[c].right;
+        t.args.causal = cases[c].causal;
         double w[9], lse[3];
-        uniform_rows(3, 3, full_lo, his[c], w, lse);
+        uniform_rows(3, 3, cases[c].lo, cases[c].hi, w, lse);
         tiny_expect(&t, w, lse);
     }
 }
@@ -180,6 +201,58 @@ static void paged_reference_reads_the_table(void **state) {
     flash_case_free(&paged);
 }
 
+/* FA4: page_table without seqused_k gives every sequence max_pages · page_size keys, each page read where the table
+ * says. Pages of 3 keys, 2 per sequence: the same result as the fixed (B, 6, Hkv, E) keys gathered from those pages
+ * (reference and every kernel ISA), and the same bits as seqused_k = 6 given explicitly. */
+static void paged_without_seqused_k(void **state) {
+    (void)state;
+    enum { B = 2, Hq = 2, Hkv = 1, E = 8, PS = 3, MP = 2, NP = 5, S = PS * MP, L = 4 };
+    static float q[B * L * Hq * E], kp[NP * PS * Hkv * E], vp[NP * PS * Hkv * E], kf[B * S * Hkv * E],
+        vf[B * S * Hkv * E], out_fixed[B * L * Hq * E], out_paged[B * L * Hq * E], out_used[B * L * Hq * E];
+    const int32_t table[B * MP] = {3, 0, 1, 4}, used[B] = {S, S};
+    test_rng rng = {42};
+    for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) q[i] = (float)(2.0 * rng_uniform(&rng) - 1.0);
+    for (size_t i = 0; i < sizeof kp / sizeof kp[0]; i++) {
+        kp[i] = (float)(2.0 * rng_uniform(&rng) - 1.0);
+        vp[i] = (float)(2.0 * rng_uniform(&rng) - 1.0);
+    }
+    for (int b = 0; b < B; b++)   /* key j of sequence b: row j % PS of page table[b][j / PS] */
+        for (int j = 0; j < S; j++)
+            for (int e = 0; e < Hkv * E; e++) {
+                kf[(b * S + j) * Hkv * E + e] = kp[(table[b * MP + j / PS] * PS + j % PS) * Hkv * E + e];
+                vf[(b * S + j) * Hkv * E + e] = vp[(table[b * MP + j / PS] * PS + j % PS) * Hkv * E + e];
+            }
+    const int64_t qs[4] = {B, L, Hq, E}, ps[4] = {NP, PS, Hkv, E}, fs[4] = {B, S, Hkv, E}, ts[2] = {B, MP},
+                  us[1] = {B};
+    af_tensor tq = af_tensor_contiguous(q, AF_F32, 4, qs), tkp = af_tensor_contiguous(kp, AF_F32, 4, ps),
+              tvp = af_tensor_contiguous(vp, AF_F32, 4, ps), tkf = af_tensor_contiguous(kf, AF_F32, 4, fs),
+              tvf = af_tensor_contiguous(vf, AF_F32, 4, fs), tt = af_tensor_contiguous((void *)table, AF_I32, 2, ts),
+              tu = af_tensor_contiguous((void *)used, AF_I32, 1, us), tof = af_tensor_contiguous(out_fixed, AF_F32, 4, qs),
+              top = af_tensor_contiguous(out_paged, AF_F32, 4, qs), tou = af_tensor_contiguous(out_used, AF_F32, 4, qs);
+    const af_flash_args fixed = {.query = &tq, .key = &tkf, .value = &tvf, .causal = true};
+    af_flash_args paged = {.query = &tq, .key = &tkp, .value = &tvp, .causal = true, .page_table = &tt};
+    const char *isas[CASE_MAX_ISAS];
+    const int n = case_isas(isas, CASE_MAX_ISAS);
+    for (int run = -1; run < n; run++) {
+        if (run >= 0) assert_int_equal(af_set_isa(isas[run]), AF_OK);
+        af_status (*call)(const af_flash_args *, af_tensor *, af_tensor *) = run < 0 ? af_flash_attn_reference
+                                                                                     : af_flash_attn;
+        paged.seqused_k = NULL;
+        if (call(&fixed, &tof, NULL) != AF_OK || call(&paged, &top, NULL) != AF_OK)
+            fail_msg("%s: %s", run < 0 ? "reference" : isas[run], af_last_error());
+        paged.seqused_k = &tu;
+        if (call(&paged, &tou, NULL) != AF_OK) fail_msg("%s", af_last_error());
+        for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) {
+            if (fabsf(out_paged[i] - out_fixed[i]) > 1e-6f)
+                fail_msg("%s: out[%zu] paged %.9g, fixed %.9g", run < 0 ? "reference" : isas[run], i, out_paged[i],
+                         out_fixed[i]);
+            if (memcmp(&out_paged[i], &out_used[i], sizeof(float)) != 0)
+                fail_msg("%s: out[%zu] %.9g without seqused_k, %.9g with it", run < 0 ? "reference" : isas[run], i,
+                         out_paged[i], out_used[i]);
+        }
+    }
+}
+
 /* ------------------------------------------------------------------------------------------ kernel edges */
 
 static void verify(flash_case *c) {
@@ -189,8 +262,10 @@ static void verify(flash_case *c) {
 
 static void windows_at_the_edges(void **state) {
     (void)state;
-    const int64_t sides[][2] = {{0, 0}, {0, -1}, {-1, 0}, {3, 2}, {200, 200}, {INT64_MAX, 0}, {0, INT64_MAX}};
-    for (int i = 0; i < 7; i++)
+    const int64_t sides[][2] = {{0, 0}, {0, -1}, {-1, 0}, {3, 2}, {200, 200}, {INT64_MAX, 0}, {0, INT64_MAX},
+                                {INT64_MAX, -1}, {INT64_MAX, -90}, {-1, INT64_MAX}, {-70, 100}, {5, -3},
+                                {INT64_MIN, INT64_MAX}, {INT64_MAX, INT64_MIN}, {INT64_MIN + 1, 3}, {-149, 150}};
+    for (size_t i = 0; i < sizeof sides / sizeof sides[0]; i++)
         for (int causal = 0; causal < 2; causal++) {
             flash_case c = flash_case_default(2, 4, 2, 70, 150, 32, 32);
             c.has_window = true;
@@ -353,6 +428,7 @@ int main(void) {
         cmocka_unit_test(window_sliding_by_hand),
         cmocka_unit_test(causal_bottom_right_by_hand),
         cmocka_unit_test(window_normalisation_by_hand),
+        cmocka_unit_test(paged_without_seqused_k),
         cmocka_unit_test(softcap_and_sink_by_hand),
         cmocka_unit_test(paged_reference_reads_the_table),
         cmocka_unit_test(windows_at_the_edges),

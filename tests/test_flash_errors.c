@@ -67,8 +67,6 @@ static void page_table_float(call *c) { c->t.page_table.view.dtype = AF_F32; }
 static void page_table_rows(call *c) { c->t.page_table.view.shape[0] = 1; }
 static void page_table_with_cu_k(call *c) { c->t.args.cu_seqlens_k = &c->t.cu_q.view; }
 static void page_size_zero(call *c) { c->t.k.view.shape[1] = c->t.v.view.shape[1] = 0; }
-static void window_left(call *c) { c->t.args.has_window = true; c->t.args.window_left = -2; }
-static void window_right(call *c) { c->t.args.has_window = true; c->t.args.window_right = -5; }
 static void softcap_negative(call *c) { c->t.args.softcap = -1.0; }
 static void softcap_inf(call *c) { c->t.args.softcap = INFINITY; }
 static void scale_nan(call *c) { c->t.args.has_scale = true; c->t.args.scale = NAN; }
@@ -163,15 +161,14 @@ static const rule rules[] = {
     {"max_seqlen_q_short", true, max_seqlen_q_short, INVALID, "max_seqlen_q: 1, but sequence"},
     {"seqused_too_long", true, seqused_too_long, INVALID, "seqused_k: [0] = 1000 is outside"},
     {"seqused_negative", true, seqused_negative, INVALID, "seqused_k: [1] = -1 is outside"},
-    {"seqused_missing", true, seqused_missing, INVALID, "seqused_k: is required with page_table"},
+    /* without seqused_k a sequence has max_pages · page_size keys (FA4): every entry is read, the spare one is -1 */
+    {"seqused_missing", true, seqused_missing, INVALID, "] = -1 is outside [0, num_pages"},
     {"page_out_of_range", true, page_out_of_range, INVALID, "page_table: [0, 0] = "},
     {"page_negative", true, page_negative, INVALID, "page_table: [1, 0] = -1 is outside [0, num_pages"},
     {"page_table_float", true, page_table_float, INVALID, "page_table: must be int32, got float32"},
     {"page_table_rows", true, page_table_rows, INVALID, "page_table: expected shape (batch_size, max_pages)"},
     {"page_table_with_cu_k", true, page_table_with_cu_k, INVALID, "page_table: is not supported with cu_seqlens_k"},
     {"page_size_zero", true, page_size_zero, INVALID, "key: page_size (dim 1) must be >= 1"},
-    {"window_left", false, window_left, INVALID, "window_size: left -2 must be >= -1"},
-    {"window_right", false, window_right, INVALID, "window_size: right -5 must be >= -1"},
     {"softcap_negative", false, softcap_negative, INVALID, "softcap: must be finite and >= 0"},
     {"softcap_inf", false, softcap_inf, INVALID, "softcap: must be finite and >= 0"},
     {"scale_nan", false, scale_nan, INVALID, "scale: must be finite"},

@@ -54,9 +54,9 @@ def _check_hints(num_splits, pack_gqa, deterministic, min_seqlen_k=None, seqlen_
 def resolve_window(causal, window_size):
     """FA4's (causal, window_size) → (causal, window): window None (no window) or (left, right). As FA4 resolves
     them: causal sets right = 0; a pair whose sum is negative ((-1, -1), (-1, 0)) is no window; (None, 0) is causal;
-    any other window is local (and causal is then False). A None side of a local window stays None here (unbounded);
-    the kernel turns it into more keys than any sequence has, not the C library's -1, which af_flash_attn would sum
-    with the other side by FA4's rule for ints ((0, None) is a window, (0, -1) is none)."""
+    any other window is local (and causal is then False). Every int side is a literal offset, negative ones too
+    ((None, -1): keys up to one before the diagonal); a None side stays None (unbounded), which the C library reads
+    as AF_WINDOW_UNBOUNDED."""
     if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
         raise TypeError(f"window_size: expected a (left, right) pair of ints or None, got {window_size!r}")
     left, right = window_size
@@ -147,9 +147,6 @@ def run(q, k, v, softmax_scale, causal, window, softcap, learnable_sink, cu_seql
         max_seqlen_q = _length_bound(cu_seqlens_q, rows) if varlen else 0
     if max_seqlen_k is None:
         max_seqlen_k = _length_bound(cu_seqlens_k, keys) if varlen else 0
-    far = rows + keys + 1   # more keys than any sequence has: an unbounded side of a window
-    if window is not None:
-        window = tuple(far if side is None else side for side in window)
     tensors = [exportable(t) for t in (q, k, v, learnable_sink, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table,
                                        q_descale, k_descale, v_descale)]
     (q, k, v, learnable_sink, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, q_descale, k_descale,

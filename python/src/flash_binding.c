@@ -35,18 +35,30 @@ static const af_tensor *view_or_null(PyObject *obj, afpy_tensor *t) {
     return obj && obj != Py_None ? &t->view : NULL;
 }
 
-/* window: None, or a (left, right) pair of ints (-1 = unbounded on that side). */
+/* One window side: an int (a literal offset, negative too, as FA4) or None (unbounded). */
+static int read_window_side(PyObject *side, int64_t *to) {
+    if (side == Py_None) {
+        *to = AF_WINDOW_UNBOUNDED;
+        return 0;
+    }
+    long long value = PyLong_AsLongLong(side);
+    if (value == -1 && PyErr_Occurred()) return -1;
+    *to = value;
+    return 0;
+}
+
+/* window: None (no window), or a (left, right) pair of ints or None (None = unbounded on that side, as FA4). */
 static int read_window(PyObject *window, af_flash_args *a) {
     if (window == Py_None) return 0;
-    long long left, right;
-    if (!PyTuple_Check(window) || !PyArg_ParseTuple(window, "LL", &left, &right)) {
+    if (!PyTuple_Check(window) || PyTuple_GET_SIZE(window) != 2 || read_window_side(PyTuple_GET_ITEM(window, 0),
+                                                                                     &a->window_left) < 0 ||
+        read_window_side(PyTuple_GET_ITEM(window, 1), &a->window_right) < 0) {
         PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "window: expected None or a (left, right) pair of ints, got %R", window);
+        PyErr_Format(PyExc_TypeError, "window: expected None or a (left, right) pair of ints or None, got %R",
+                     window);
         return -1;
     }
     a->has_window = true;
-    a->window_left = left;
-    a->window_right = right;
     return 0;
 }
 

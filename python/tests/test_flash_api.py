@@ -168,7 +168,14 @@ def test_sliding_windows(window, lengths):
     (True, (3, None), dict(left=3, right=0)),      # causal sets right = 0
     (True, (3, 7), dict(left=3, right=0)),
     (True, (None, None), dict(causal=True)),
-    (False, (4, -1), dict(left=4)),                # -1: unbounded on that side
+    (False, (4, -1), dict(left=4, right=-1)),      # an int side is literal, -1 too (FA4; FA2 read it unbounded)
+    (False, (None, -1), dict(right=-1)),           # keys up to one before the diagonal: row 0 of L = S sees none
+    (False, (None, -2), dict(right=-2)),
+    (False, (-1, None), dict(left=-1)),            # keys from one after the diagonal
+    (False, (2, -1), dict(left=2, right=-1)),      # the two keys before the diagonal
+    (False, (-2, 5), dict(left=-2, right=5)),      # keys d + 2 .. d + 5
+    (False, (-3, 1), dict()),                      # both ints, sum < 0: no window
+    (True, (2, -1), dict(left=2, right=0)),        # causal sets right = 0 first
 ], ids=str)
 def test_window_resolution_is_fa4s(causal, window, meaning):
     q, k, v = nhd(1, 9, 13, 2, 2, 8, seed=4)
@@ -361,6 +368,20 @@ def test_paged_decode_batched_query():
         assert_lse(lse[b], want_lse)
 
 
+def test_paged_without_seqused_k_uses_every_page():
+    """FA4: page_table without seqused_k gives every sequence max_pages * page_size keys (all its pages)."""
+    k_pages, v_pages = randn(6, 4, 1, 8, seed=31), randn(6, 4, 1, 8, seed=32)
+    table = torch.tensor([[5, 2], [0, 3]], dtype=torch.int32)
+    q = randn(2, 3, 2, 8, seed=33)
+    out, lse = af.flash_attn_varlen_func(q, k_pages, v_pages, page_table=table, causal=True, return_lse=True)
+    for b in range(2):
+        keys = torch.cat([k_pages[p] for p in table[b].tolist()])
+        values = torch.cat([v_pages[p] for p in table[b].tolist()])
+        want, want_lse = reference_sequence(q[b], keys, values, causal=True)
+        assert_out(out[b], want, torch.float32)
+        assert_lse(lse[b], want_lse)
+
+
 # ---------------------------------------------------------------- errors
 
 @pytest.mark.parametrize("name, value", [("qv", "q"), ("gather_kv_indices", "idx"), ("score_mod", lambda *a: a[0]),
@@ -385,7 +406,7 @@ def test_argument_errors_name_the_argument():
          af.InvalidArgumentError, "non-decreasing"),
         (lambda: af.flash_attn_varlen_func(qp, kp, vp, cu_seqlens_q=cu([4, 4]).long(), cu_seqlens_k=cu([6, 6])),
          (af.InvalidArgumentError, af.UnsupportedError), "int32"),
-        (lambda: af.flash_attn_func(q, k, v, window_size=(-2, 5)), af.InvalidArgumentError, "window_size"),
+        (lambda: af.flash_attn_func(q, k, v, window_size=(-2.0, 5)), TypeError, "window_size"),
         (lambda: af.flash_attn_func(q, k, v, learnable_sink=torch.zeros(3)), af.InvalidArgumentError,
          "learnable_sink"),
         (lambda: af.flash_attn_func(q, k[:, :, :1].expand(2, 6, 3, 8), v[:, :, :1].expand(2, 6, 3, 8)),

@@ -102,7 +102,8 @@ static work_item decode_item(const flash_plan *fp, int64_t t, int heads) {
     t /= fp->splits;
     /* Neighbours share a (batch, head): its K/V stays in cache and a thread's tile cache serves its next item.
      * Causal: within a head the longest row blocks (the most keys) come first, so the last items are short. */
-    const bool longest_first = p->causal != AF_CAUSAL_NONE || p->window_right >= 0;
+    const bool longest_first =
+        p->causal != AF_CAUSAL_NONE || (p->has_window && p->window_right != AF_WINDOW_UNBOUNDED);
     w.rb = longest_first ? fp->row_blocks - 1 - t % fp->row_blocks : t % fp->row_blocks;
     t /= fp->row_blocks;
     const int64_t chunks = ceil_div(p->Hkv, heads);

@@ -12,7 +12,7 @@
 extern "C" {
 #endif
 
-#define AF_CUDA_BACKEND_ABI_VERSION 5   /* 5: forward takes the caller's workspace allocator */
+#define AF_CUDA_BACKEND_ABI_VERSION 6   /* 6: window sides literal, AF_WINDOW_UNBOUNDED unbounded; 5: the caller's workspace allocator */
 #define AF_CUDA_LIBRARY "libattnforge_cuda.so"        /* ATTNFORGE_CUDA_LIBRARY overrides the path */
 #define AF_CUDA_ENTRY "af_cuda_backend"               /* const af_cuda_backend_ops *af_cuda_backend(void) */
 

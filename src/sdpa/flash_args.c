@@ -132,30 +132,31 @@ static af_status check_devices(const flash_view *views) {
     return AF_OK;
 }
 
-/* FA4's window normalisation (_resolve_causal_local_window): causal sets right = 0; a window with left + right < 0
- * is dropped ((-1, -1), and (-1, 0) / (0, -1) without causal: no window); -1 is unbounded on its side. */
-static af_status set_window(const af_flash_args *a, af_problem *p) {
-    int64_t left = -1, right = -1;
+/* left + right < 0 for any two int64 sides (their sum may not fit). */
+static bool window_sum_negative(int64_t left, int64_t right) {
+    if (left < 0 && right < 0) return true;
+    if (left >= 0 && right >= 0) return false;
+    return left + right < 0;   /* opposite signs: no overflow */
+}
+
+/* FA4's window normalisation (_resolve_causal_local_window): sides are literal offsets, negative ones too, and
+ * AF_WINDOW_UNBOUNDED (FA4's None) alone is unbounded; causal sets right = 0; a window whose sides are both bounded
+ * and sum to < 0 is dropped (causal alone then still limits the right). */
+static void set_window(const af_flash_args *a, af_problem *p) {
+    int64_t left = AF_WINDOW_UNBOUNDED, right = AF_WINDOW_UNBOUNDED;
     if (a->has_window) {
-        if (a->window_left < -1)
-            return af_fail(AF_ERR_INVALID_ARGUMENT, "window_size: left %lld must be >= -1 (-1 = unbounded)",
-                           (long long)a->window_left);
-        if (a->window_right < -1)
-            return af_fail(AF_ERR_INVALID_ARGUMENT, "window_size: right %lld must be >= -1 (-1 = unbounded)",
-                           (long long)a->window_right);
         left = a->window_left;
         right = a->window_right;
     }
     if (a->causal) right = 0;
-    if (a->has_window && (left < 0 || right < 0) && (left < 0 ? -1 : left) + (right < 0 ? -1 : right) < 0) {
-        left = -1;   /* dropped; causal alone still limits the right */
-        right = a->causal ? 0 : -1;
+    if (left != AF_WINDOW_UNBOUNDED && right != AF_WINDOW_UNBOUNDED && window_sum_negative(left, right)) {
+        left = AF_WINDOW_UNBOUNDED;
+        right = a->causal ? 0 : AF_WINDOW_UNBOUNDED;
     }
     p->causal = AF_CAUSAL_NONE;   /* causality is the window's right edge */
-    p->has_window = left >= 0 || right >= 0;
+    p->has_window = left != AF_WINDOW_UNBOUNDED || right != AF_WINDOW_UNBOUNDED;
     p->window_left = left;
     p->window_right = right;
-    return AF_OK;
 }
 
 static af_status check_scalars(const af_flash_args *a) {
@@ -183,8 +184,6 @@ static af_status check_layout(const af_flash_args *a, flash_shape *s) {
     s->paged = a->page_table != NULL;
     if (s->paged && s->varlen_k)
         return af_fail(AF_ERR_INVALID_ARGUMENT, "page_table: is not supported with cu_seqlens_k");
-    if (s->paged && !a->seqused_k)
-        return af_fail(AF_ERR_INVALID_ARGUMENT, "seqused_k: is required with page_table (the keys of each sequence)");
     const int q_ndim = s->varlen_q ? 3 : 4, k_ndim = s->varlen_k ? 3 : 4;
     const char *q_form = s->varlen_q ? "(total_q, Hq, E) with cu_seqlens_q" : "(B, Lq, Hq, E)";
     const char *k_form = s->paged ? "(num_pages, page_size, Hkv, E) with page_table"
@@ -400,7 +399,8 @@ af_status af_flash_check(const af_flash_args *a, const af_tensor *out, const af_
         return st;
     st = a->query->device.type == AF_DEVICE_CUDA ? cuda_sequence_bounds(a, &s, p) : check_sequences(a, &s, p);
     if (st != AF_OK) return st;
-    if ((st = check_outputs(a, &s, views)) != AF_OK || (st = set_window(a, p)) != AF_OK) return st;
+    if ((st = check_outputs(a, &s, views)) != AF_OK) return st;
+    set_window(a, p);
 
     p->dtype = a->query->dtype;
     p->kv_dtype = a->key->dtype;

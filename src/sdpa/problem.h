@@ -38,7 +38,7 @@ typedef struct {
 
     /* ---- FlashAttention features (af_flash_attn); zero = off. NHD tensors arrive with permuted strides. */
     bool has_window;                /* keys [i + S_b - L_b - left, i + S_b - L_b + right] of sequence b's row i */
-    int64_t window_left, window_right;   /* -1: unbounded on that side (normalised: causal is right = 0) */
+    int64_t window_left, window_right;   /* literal, negative too; AF_WINDOW_UNBOUNDED: no limit (causal: right = 0) */
     double softcap;                 /* > 0: s <- softcap·tanh(s / softcap) on the scaled score */
     const char *sink;               /* NULL, or (Hq,) logits of sink_dtype, sink_stride elements apart */
     af_dtype sink_dtype;
@@ -168,10 +168,10 @@ AF_HOST_DEVICE static inline int64_t af_kv_row_offset(const af_problem *p, const
 }
 
 /* The keys [*lo, *hi) row i of a sequence with L query rows and S keys may see (before any mask): causal
- * alignment and the window (left / right -1: unbounded), clamped to [0, S]. Saturating: left / right may be any
- * int64. Both ends are non-decreasing in i, so a block of rows sees keys from its first row's lo to its last row's
- * hi. This form takes the fields one by one, for kernels whose parameters are not an af_problem (the CUDA
- * tensor-core kernel); af_key_range takes them from one. */
+ * alignment and the window, clamped to [0, S]. Window sides are literal offsets from the diagonal, negative ones
+ * too (FA4), AF_WINDOW_UNBOUNDED (INT64_MAX) none; saturating for any int64. Both ends are non-decreasing in i, so a
+ * block of rows sees keys from its first row's lo to its last row's hi. This form takes the fields one by one, for
+ * kernels whose parameters are not an af_problem (the CUDA tensor-core kernel); af_key_range takes them from one. */
 AF_HOST_DEVICE static inline void af_key_range_of(int causal, bool has_window, int64_t left, int64_t right, int64_t L,
                                                   int64_t S, int64_t i, int64_t *lo, int64_t *hi) {
     *lo = 0;
@@ -180,11 +180,13 @@ AF_HOST_DEVICE static inline void af_key_range_of(int causal, bool has_window, i
     if (causal == AF_CAUSAL_BOTTOM_RIGHT) *hi = L - i <= S ? i + 1 + (S - L) : 0;   /* keys j <= i + S - L */
     if (!has_window) return;
     const int64_t diagonal = i + (S - L);   /* the key aligned with row i: i < L, so in (-L, S) */
-    if (left >= 0 && diagonal > left) *lo = diagonal - left;
-    if (right >= 0) {
-        /* S - diagonal > 0: no overflow */
-        const int64_t end = right < S - diagonal ? diagonal + right + 1 : S;
-        if (end < *hi) *hi = end < 0 ? 0 : end;
+    /* keys j >= diagonal - left: diagonal - S and -diagonal cannot overflow, so neither comparison does */
+    if (left < diagonal - S) *lo = S;
+    else if (left < diagonal) *lo = diagonal - left;
+    /* keys j <= diagonal + right */
+    if (right < S - diagonal) {
+        const int64_t end = right < -diagonal ? 0 : diagonal + right + 1;
+        if (end < *hi) *hi = end;
     }
     if (*hi < *lo) *hi = *lo;
 }

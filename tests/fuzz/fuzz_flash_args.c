@@ -38,6 +38,11 @@ static void *make_view(byte_reader *r, af_tensor *t, int want_ndim, bool index_a
     return mem;
 }
 
+/* A window side from a byte: a literal -127..127 (FA4: negative too), or -128 for AF_WINDOW_UNBOUNDED. */
+static int64_t window_side(uint8_t byte) {
+    return byte == 0x80 ? AF_WINDOW_UNBOUNDED : (int64_t)(int8_t)byte;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     byte_reader r = {data, size, 0};
     const uint8_t form = next_byte(&r);   /* bit 0: varlen q; 1: varlen k; 2: paged */
@@ -54,7 +59,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     mem[8] = make_view(&r, &out, form & 1 ? 3 : 4, false);
     mem[9] = make_view(&r, &lse, form & 1 ? 2 : 3, false);
     const uint8_t flags = next_byte(&r);   /* scalars read in order (an initialiser's order is unspecified) */
-    const int64_t left = (int8_t)next_byte(&r), right = (int8_t)next_byte(&r);
+    const int64_t left = window_side(next_byte(&r)), right = window_side(next_byte(&r));
     const double scale = (double)(int8_t)next_byte(&r) / 16.0, softcap = (double)(int8_t)next_byte(&r) / 4.0;
     const int64_t max_q = next_byte(&r), max_k = next_byte(&r);
     af_flash_args args = {.query = &q, .key = &k, .value = &v, .causal = flags & 1, .has_window = flags & 2,

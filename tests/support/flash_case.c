@@ -16,13 +16,16 @@ flash_case flash_case_default(int64_t B, int64_t Hq, int64_t Hkv, int64_t L, int
     return c;
 }
 
+/* A literal window side (FA4: negative ones too) or AF_WINDOW_UNBOUNDED. */
 static int64_t random_window_side(test_rng *rng, int64_t S) {
-    switch (rng_range(rng, 0, 6)) {
+    switch (rng_range(rng, 0, 8)) {
     case 0: return 0;
     case 1: return 1;
     case 2: return -1;
     case 3: return S + rng_range(rng, 0, 5);   /* >= S: the whole sequence */
-    case 4: return rng_chance(rng, 0.5) ? INT64_MAX : INT64_MAX - 3;   /* saturating arithmetic */
+    case 4: return rng_chance(rng, 0.5) ? AF_WINDOW_UNBOUNDED : INT64_MAX - 3;   /* saturating arithmetic */
+    case 5: return -rng_range(rng, 2, S > 2 ? S : 3);   /* keys only on the other side of the diagonal */
+    case 6: return rng_chance(rng, 0.5) ? INT64_MIN : -INT64_MAX + 2;
     default: return rng_range(rng, 0, S > 0 ? S : 1);
     }
 }
@@ -75,8 +78,8 @@ flash_case flash_case_random(uint64_t seed, int index) {
     for (int b = 0; b < c.B; b++) S_max = c.Sk[b] > S_max ? c.Sk[b] : S_max;
     c.causal = window_kind == 1 || window_kind == 5;
     c.has_window = window_kind >= 2;
-    c.left = window_kind == 4 ? -1 : random_window_side(&rng, S_max);
-    c.right = window_kind == 3 || window_kind == 5 ? -1 : random_window_side(&rng, S_max);
+    c.left = window_kind == 4 ? AF_WINDOW_UNBOUNDED : random_window_side(&rng, S_max);
+    c.right = window_kind == 3 || window_kind == 5 ? AF_WINDOW_UNBOUNDED : random_window_side(&rng, S_max);
     c.softcap = rng_chance(&rng, 0.3) ? (rng_chance(&rng, 0.5) ? 5.0 : 30.0) : 0.0;
     c.sink = rng_chance(&rng, 0.35);
     c.sink_dtype = (af_dtype)rng_range(&rng, 0, 2);
