@@ -94,9 +94,11 @@ typedef struct {
 
 /* ---------------------------------------------------------------- one SDPA call */
 typedef struct {                 /* torch.nn.functional.scaled_dot_product_attention's arguments */
-    const af_tensor *query, *key, *value;  /* (B,Hq,L,E), (B,Hkv,S,E), (B,Hkv,S,Ev) */
+    const af_tensor *query, *key, *value;  /* (Bq,Hq,L,E), (Bk,Hk,S,E), (Bv,Hv,S,Ev): batch and head sizes
+                                              broadcast as PyTorch's (equal or 1; enable_gqa: Hk, Hv divide Hq;
+                                              docs/API.md, "The broadcasting rule"), a size-1 dim read with stride 0 */
     const af_tensor *attn_mask;            /* NULL, AF_BOOL (true = attend) or additive in query's dtype,
-                                              broadcastable to (B,Hq,L,S) */
+                                              broadcastable to the scores' (B of q·k, H of q·k, L, S), not beyond */
     double dropout_p;                      /* must be 0 */
     bool is_causal;                        /* top-left aligned, as in PyTorch: row i sees keys j <= i */
     bool has_scale; double scale;          /* default 1/sqrt(E) */
@@ -109,7 +111,8 @@ typedef struct {                 /* torch.nn.functional.scaled_dot_product_atten
                                               pool); ignored on the CPU */
 } af_sdpa_args;                  /* zero-initialised = SDPA's defaults */
 
-/* out (B,Hq,L,Ev) in query's dtype, any non-overlapping strides; lse NULL or f32 (B,Hq,L), natural log.
+/* out (B,H,L,Ev), the broadcast batch and heads, in query's dtype, any non-overlapping strides; lse NULL or f32
+ * (B,H,L), natural log.
  * Rows that can see no key get out = 0 and lse = -inf.
  * The call runs where its tensors live: all on the CPU, or all on one CUDA device (else AF_ERR_INVALID_ARGUMENT
  * naming the tensors). On CUDA every argument is checked on the host before anything is enqueued on

@@ -111,10 +111,10 @@ static void both_causal_alignments(call *c) { c->args.is_causal = c->args.causal
 static void mask_with_causal(call *c) { use_mask(c); c->args.is_causal = true; }
 static void mask_with_bottom_right(call *c) { use_mask(c); c->args.causal_bottom_right = true; }
 static void key_batch(call *c) { c->key.shape[0] = 3; }
-static void value_batch(call *c) { c->value.shape[0] = 1; }
+static void value_batch(call *c) { c->value.shape[0] = 3; }   /* 1 would broadcast */
 static void value_length(call *c) { c->value.shape[2] = 6; }
 static void key_head_dim(call *c) { c->key.shape[3] = 9; }
-static void value_heads(call *c) { c->value.shape[1] = 1; }
+static void value_heads(call *c) { c->value.shape[1] = 3; }   /* 1 would broadcast */
 static void gqa_disabled(call *c) { c->args.enable_gqa = false; }
 static void heads_not_multiple(call *c) { c->key.shape[1] = c->value.shape[1] = 3; }
 static void kv_heads_zero(call *c) { c->key.shape[1] = c->value.shape[1] = 0; }
@@ -209,10 +209,10 @@ static const rule rules[] = {
     RULE(mask_with_causal, INVALID, "attn_mask: must not be set together with a causal flag"),
     RULE(mask_with_bottom_right, INVALID, "attn_mask: must not be set together with a causal flag"),
     RULE(key_batch, INVALID, "key: batch size 3 does not match query's 2"),
-    RULE(value_batch, INVALID, "value: batch size 1 does not match query's 2"),
+    RULE(value_batch, INVALID, "value: batch size 3 does not match 2 (query's 2 broadcast with key's 2)"),
     RULE(value_length, INVALID, "value: sequence length 6 does not match key's 7"),
     RULE(key_head_dim, INVALID, "key: head dimension 9 does not match query's 8"),
-    RULE(value_heads, INVALID, "value: 1 heads do not match key's 2 heads"),
+    RULE(value_heads, INVALID, "query: 8 heads is not a multiple of value's 3 heads"),
     RULE(gqa_disabled, INVALID, "enable_gqa is false but query has 8 heads and key has 2"),
     RULE(heads_not_multiple, INVALID, "query: 8 heads is not a multiple of key's 3 heads"),
     RULE(kv_heads_zero, INVALID, "query: 8 heads is not a multiple of key's 0 heads"),

@@ -2,6 +2,7 @@
 torch.compile and torch.export decide them at trace time on fake tensors exactly as eager mode does:
 
 - refusal(args, kwargs): why attnforge cannot compute an SDPA call at all (None when it can);
+- sdpa_shapes(...): PyTorch's broadcasting rule for SDPA's shapes (docs/PYTORCH.md, "The broadcasting rule");
 - PlanView.mismatch(args, kwargs): why a plan does not cover a call (None when it does) — the C guard's rules
   (src/provider/infer.c, plan_mismatch) in the same order with the same words; tests/test_torch_ops.py checks both
   agree on random calls.
@@ -61,6 +62,91 @@ def _nhd_contiguous(shape, strides) -> bool:
     return True
 
 
+_MAX_HEAD_DIM = 1024   # what the kernels run (src/sdpa/check.c)
+
+
+def broadcast_shapes(a, b):
+    """NumPy's (and PyTorch's) broadcasting of two shapes, right-aligned: each pair of sizes equal or one of them 1.
+    None when they do not broadcast."""
+    a, b = tuple(a), tuple(b)
+    n = max(len(a), len(b))
+    a, b = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
+    out = []
+    for x, y in zip(a, b):
+        if x != y and x != 1 and y != 1:
+            return None
+        out.append(y if x == 1 else x)
+    return tuple(out)
+
+
+def sdpa_shapes(q, k, v, mask, enable_gqa):
+    """PyTorch's broadcasting rule for F.scaled_dot_product_attention (its math path, measured with torch 2.15):
+    q (..., L, E), k (..., S, E), v (..., S, Ev), each at least 2-D; every leading dim is a batch dim, and they
+    broadcast (right-aligned, equal or 1) as in q @ k.transpose(-2, -1) and then @ v. enable_gqa needs a head dim
+    (dim -3) in each; unless the three head counts are equal, key's and value's must divide query's, and count as
+    query's. The mask broadcasts to the scores' shape (q·kᵀ: the batch dims of q and k, then L, S) without growing
+    it. Returns (the output's shape, None), or (None, why) naming the argument and the rule."""
+    q, k, v = tuple(q), tuple(k), tuple(v)
+    for name, shape in (("query", q), ("key", k), ("value", v)):
+        if len(shape) < 2:
+            return None, f"{name}: expected at least 2 dimensions (..., L, E), got {len(shape)}"
+    if k[-1] != q[-1]:
+        return None, f"key: head dimension {k[-1]} does not match query's {q[-1]}"
+    if v[-2] != k[-2]:
+        return None, f"value: sequence length {v[-2]} does not match key's {k[-2]}"
+    q_batch, k_batch, v_batch = q[:-2], k[:-2], v[:-2]
+    if enable_gqa:
+        if min(len(q), len(k), len(v)) < 3:
+            return None, (f"enable_gqa: query, key and value need a head dimension (at least 3 dimensions), got "
+                          f"{len(q)}, {len(k)} and {len(v)}")
+        hq, hk, hv = q[-3], k[-3], v[-3]
+        if not hq == hk == hv:
+            for name, h in (("key", hk), ("value", hv)):
+                if h == 0 or hq % h:
+                    return None, (f"query: {hq} heads is not a multiple of {name}'s {h} heads (grouped-query "
+                                  f"attention: enable_gqa)")
+            k_batch, v_batch = k_batch[:-1] + (hq,), v_batch[:-1] + (hq,)
+    scores = broadcast_shapes(q_batch, k_batch)
+    if scores is None:
+        return None, (f"key: batch dimensions {k[:-2]} do not broadcast against query's {q[:-2]}: each size must be "
+                      f"equal or 1{'' if enable_gqa else ' (head counts too, without enable_gqa)'}")
+    out = broadcast_shapes(scores, v_batch)
+    if out is None:
+        return None, (f"value: batch dimensions {v[:-2]} do not broadcast against {scores}, query's and key's: each "
+                      f"size must be equal or 1{'' if enable_gqa else ' (head counts too, without enable_gqa)'}")
+    if mask is not None:
+        mask, target = tuple(mask), scores + (q[-2], k[-2])
+        if broadcast_shapes(mask, target) != target:
+            return None, (f"attn_mask: shape {mask} cannot broadcast to the scores' shape {target} (query's and "
+                          f"key's batch dimensions, L, S)")
+    return out + (q[-2], v[-1]), None
+
+
+def _pytorch_skips_shapes(q, v) -> bool:
+    """PyTorch returns zeros of q.shape[:-1] + (Ev,) without checking any shape when L == 0 or value has no elements
+    (attnforge checks and broadcasts as always: docs/PYTORCH.md)."""
+    numel = 1
+    for size in v:
+        numel *= size
+    return len(q) >= 2 and len(v) >= 1 and (q[-2] == 0 or numel == 0)
+
+
+def shape_refusal(call):
+    """Why attnforge would not give PyTorch's result for this call's shapes (None when it would): the broadcasting
+    rule, the kernels' head dims, and PyTorch's unchecked empty calls."""
+    q, k, v = (tuple(t.shape) for t in call.qkv)
+    mask = tuple(call.attn_mask.shape) if call.attn_mask is not None else None
+    out, why = sdpa_shapes(q, k, v, mask, call.enable_gqa)
+    if _pytorch_skips_shapes(q, v) and out != q[:-1] + v[-1:]:
+        return (f"PyTorch returns zeros of shape {q[:-1] + v[-1:]} for a call with no query rows or an empty value, "
+                f"without checking shapes; attnforge's {'output is ' + str(out) if out else why}")
+    if why is not None:
+        return why
+    if not 1 <= q[-1] <= _MAX_HEAD_DIM or v[-1] > _MAX_HEAD_DIM:
+        return f"head dimensions {q[-1]} (query/key) and {v[-1]} (value): attnforge runs 1..{_MAX_HEAD_DIM}"
+    return None
+
+
 def bind(args, kwargs):
     """(Call, None), or (None, why) when the arguments do not bind as SDPA's (the reason for the DEBUG log)."""
     try:
@@ -71,14 +157,13 @@ def bind(args, kwargs):
 
 def refusal(call, torch):
     """Why attnforge cannot compute this bound SDPA call (a string for the DEBUG log), or None when it can: q/k/v
-    4-D float32/float16/bfloat16 torch tensors of one dtype on one CPU or CUDA device, a bool mask or one of
-    query's dtype, no dropout, no gradient needed. Shape errors are the call's own (attnforge and PyTorch both
-    refuse them) and are left to the kernel's checks."""
+    float32/float16/bfloat16 torch tensors of one dtype on one CPU or CUDA device whose shapes follow PyTorch's
+    broadcasting rule (sdpa_shapes; any rank from 2), a bool mask or one of query's dtype not set with is_causal,
+    a finite scale, no dropout, no gradient needed. Whatever passes here attnforge computes as PyTorch does, so a
+    provider that prepares on it never fails at run time."""
     for name, t in zip(_QKV_NAMES, call.qkv):
         if not isinstance(t, torch.Tensor):
             return f"{name} is not a torch.Tensor"
-        if t.dim() != 4:
-            return f"{name} has {t.dim()} dimensions, attnforge takes 4"
     q = call.query
     if str(q.dtype) not in _FLOAT_DTYPES:
         return f"query dtype {q.dtype} is not float32, float16 or bfloat16"
@@ -99,9 +184,23 @@ def refusal(call, torch):
             return f"tensors on different devices: query {_device_name(q.device)}, another {_device_name(t.device)}"
     if call.dropout_p != 0.0:
         return f"dropout_p = {call.dropout_p} (attnforge runs no dropout)"
+    if call.attn_mask is not None and call.is_causal:
+        return "attn_mask is set together with is_causal (PyTorch refuses it too)"
+    if call.scale is not None and not _finite(call.scale):
+        return f"scale = {call.scale} is not finite"
+    why = shape_refusal(call)
+    if why is not None:
+        return why
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return "the call needs autograd (attnforge has no backward pass)"
     return None
+
+
+def _finite(x) -> bool:
+    try:
+        return abs(float(x)) != float("inf") and float(x) == float(x)
+    except (TypeError, ValueError):
+        return False
 
 
 class PlanView:
@@ -120,6 +219,8 @@ class PlanView:
 
     def mismatch(self, call: Call):
         """Why the plan does not cover the call, in the C guard's words, or None."""
+        if any(t.dim() != 4 for t in call.qkv):
+            return "q/k/v are not three 4-D tensors"
         names = [_device_name(t.device) for t in call.qkv]
         if len(set(names)) != 1:
             return f"q/k/v are on different devices: query {names[0]}, key {names[1]}, value {names[2]}"

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from . import _C, _flash, _sdpa
+from ._tensors import new_lse, new_output
 from ._guard import Call, PlanView, bind
 from ._guard import refusal as _refusal
 
@@ -34,10 +35,14 @@ def _empty_lse(query: Tensor) -> Tensor:
     return query.new_empty((0,), dtype=torch.float32)   # return_lse=False: an operator cannot return None
 
 
-def _hnd_view_of_nhd(query: Tensor, value: Tensor) -> Tensor:
-    """out (B, Hq, L, Ev) as the kernels allocate it: an HND view of NHD-contiguous memory (_tensors.new_output)."""
-    b, hq, l = query.shape[0], query.shape[1], query.shape[2]
-    return query.new_empty((b, l, hq, value.shape[-1])).transpose(1, 2)
+def _broadcast_outputs(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor], enable_gqa: bool,
+                       return_lse: bool) -> Tuple[Tensor, Tensor]:
+    """out (..., H, L, Ev) and lse as the kernels allocate them (_sdpa.run): the broadcast shape of PyTorch's rule, an
+    HND view of NHD-contiguous memory in 4-D, viewed back to the call's rank."""
+    call = _sdpa.layout(query, key, value, attn_mask, enable_gqa)
+    out = call.from_4d(new_output(query, call.shape4))
+    lse = call.lse_from_4d(new_lse(query, call.shape4[:3])) if return_lse else _empty_lse(query)
+    return out, lse
 
 
 def _check_rank(name: str, t: Tensor, rank: int) -> None:
@@ -67,10 +72,7 @@ def _sdpa_op(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tens
 
 @_sdpa_op.register_fake
 def _(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_bottom_right, return_lse):
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        _check_rank(name, t, 4)
-    lse = query.new_empty(query.shape[:3], dtype=torch.float32) if return_lse else _empty_lse(query)
-    return _hnd_view_of_nhd(query, value), lse
+    return _broadcast_outputs(query, key, value, attn_mask, enable_gqa, return_lse)
 
 
 _no_gradients(_sdpa_op)
@@ -116,7 +118,7 @@ def _provider_op(plan: str, query: Tensor, key: Tensor, value: Tensor, is_causal
 
 @_provider_op.register_fake
 def _(plan, query, key, value, is_causal, scale, enable_gqa, keyword_qkv):
-    return _hnd_view_of_nhd(query, value)
+    return _broadcast_outputs(query, key, value, None, enable_gqa, False)[0]
 
 
 _no_gradients(_provider_op)

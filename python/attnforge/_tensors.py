@@ -46,30 +46,21 @@ def call_workspace(query):
     return None
 
 
-def _shape(x):
-    shape = getattr(x, "shape", None)
-    return tuple(shape) if shape is not None else None
-
-
-def new_output(query, value):
-    """(B, Hq, L, Ev) in query's dtype: an HND view of NHD-contiguous memory, as PyTorch's CPU flash kernel and
-    FlashAttention-4 return it (so out.transpose(1, 2).reshape(B, L, Hq * Ev) costs nothing)."""
-    q_shape, v_shape = _shape(query), _shape(value)
-    if q_shape is None or len(q_shape) != 4:
-        return None if q_shape is None else _empty_like(query, (0, 0, 0, 0))   # the C checks name the bad argument
-    ev = v_shape[-1] if v_shape else q_shape[-1]
-    b, hq, l = q_shape[0], q_shape[1], q_shape[2]
-    nhd = _empty_like(query, (b, l, hq, ev))
+def new_output(query, shape):
+    """shape (B, H, L, Ev), the call's broadcast output (_sdpa.layout), in query's dtype: an HND view of NHD-contiguous
+    memory, as PyTorch's CPU flash kernel and FlashAttention-4 return it (so out.transpose(1, 2).reshape(B, L, H * Ev)
+    costs nothing)."""
+    b, h, l, ev = shape
+    nhd = _empty_like(query, (b, l, h, ev))
     return nhd.transpose(1, 2) if is_torch_tensor(nhd) else nhd.transpose(0, 2, 1, 3)
 
 
-def new_lse(query):
-    """(B, Hq, L) float32, natural-log log-sum-exp."""
-    b, hq, l = tuple(query.shape)[:3]
+def new_lse(query, shape):
+    """(B, H, L) float32, natural-log log-sum-exp."""
     if is_torch_tensor(query):
-        return _torch().empty((b, hq, l), dtype=_torch().float32, device=query.device)
+        return _torch().empty(tuple(shape), dtype=_torch().float32, device=query.device)
     import numpy
-    return numpy.empty((b, hq, l), dtype=numpy.float32)
+    return numpy.empty(tuple(shape), dtype=numpy.float32)
 
 
 def _empty_like(query, shape):

@@ -7,7 +7,7 @@ import os
 
 from . import _C, _fa4
 from ._samples import _entries
-from ._sdpa import scaled_dot_product_attention
+from ._sdpa import layout, scaled_dot_product_attention
 from ._tensors import call_stream, call_workspace, exportable, new_lse, new_output
 
 SUPPORTED_FUNCTION = _C.SUPPORTED_FUNCTION   # "scaled_dot_product_attention"
@@ -150,8 +150,7 @@ class FlashAttention4KernelProvider:
         if self._is_fa4():
             return self._infer_fa4(args, kwargs, strict, False)[0]
         query = args[0] if args else kwargs.get("query")
-        value = args[2] if len(args) > 2 else kwargs.get("value")
-        out = new_output(query, value)
+        out = new_output(query, _out_shape(args, kwargs))
         self._c.infer(args, kwargs, out, None, strict, call_stream(query), call_workspace(query))
         return out
 
@@ -162,8 +161,8 @@ class FlashAttention4KernelProvider:
         if self._is_fa4():
             return self._infer_fa4(args, kwargs, False, True)
         query = args[0] if args else kwargs.get("query")
-        value = args[2] if len(args) > 2 else kwargs.get("value")
-        out, lse = new_output(query, value), new_lse(query)
+        shape = _out_shape(args, kwargs)
+        out, lse = new_output(query, shape), new_lse(query, shape[:3])
         self._c.infer(args, kwargs, out, lse, False, call_stream(query), call_workspace(query))
         return out, lse
 
@@ -199,6 +198,9 @@ class FlashAttention4KernelProvider:
         except _C.PlanMismatchError as e:
             return str(e)
         q, k, v = args[:3] if len(args) >= 3 else (kwargs["query"], kwargs["key"], kwargs["value"])
+        if not q.shape[0] == k.shape[0] == v.shape[0] or k.shape[1] != v.shape[1]:   # the C guard lets these through
+            return (f"FlashAttention-4 plan does not match this call (batch sizes {q.shape[0]}, {k.shape[0]}, "
+                    f"{v.shape[0]} and key/value heads {k.shape[1]}, {v.shape[1]}: FA4 broadcasts neither)")
         why = _fa4.call_refusal(q, k, v, self._plan["flash_kwargs"]["causal"])
         return f"FlashAttention-4 plan does not match this call ({why})" if why else None
 
@@ -252,3 +254,18 @@ class FlashAttention4KernelProvider:
         self._c = c_provider
         self._plan = json.loads(c_provider.to_json())
         return self
+
+
+def _out_shape(args, kwargs):
+    """The 4-D output (B, H, L, Ev) of a call as given to infer: q/k/v broadcast by PyTorch's rule (the C library's
+    own checks name a call that breaks it, or one that is not 4-D)."""
+    def arg(i, name):
+        return args[i] if len(args) > i else kwargs.get(name)
+    query, key, value, mask = arg(0, "query"), arg(1, "key"), arg(2, "value"), arg(3, "attn_mask")
+    if any(getattr(t, "ndim", None) != 4 for t in (query, key, value)):
+        return (0, 0, 0, 0)
+    enable_gqa = arg(7, "enable_gqa")
+    try:
+        return layout(query, key, value, mask, bool(enable_gqa)).shape4
+    except _C.InvalidArgumentError:   # a mask of more than 4 dims: the C checks name it
+        return (0, 0, 0, 0)

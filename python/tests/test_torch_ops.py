@@ -163,7 +163,9 @@ def test_refusals_name_the_reason():
     assert "dropout_p" in _ops.refusal((q, q, q), {"dropout_p": 0.1})
     assert "does not match query's" in _ops.refusal((q, q.half(), q), {})
     assert "neither bool nor" in _ops.refusal((q, q, q), {"attn_mask": torch.zeros(4, 4, dtype=torch.int32)})
-    assert "3 dimensions" in _ops.refusal((q[0], q[0], q[0]), {})
+    assert _ops.refusal((q[0], q[0], q[0]), {}) is None   # any rank from 2, as PyTorch (the broadcasting rule)
+    assert "at least 2 dimensions" in _ops.refusal((q[0, 0, 0], q[0], q[0]), {})
+    assert "enable_gqa" in _ops.refusal((q, randn(1, 3, 4, 8), randn(1, 3, 4, 8)), {})
     assert "needs autograd" in _ops.refusal((q.clone().requires_grad_(), q, q), {})
     with torch.no_grad():
         assert _ops.refusal((q.clone().requires_grad_(), q, q), {}) is None

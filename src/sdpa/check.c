@@ -124,20 +124,116 @@ static af_status check_shape(const af_tensor *t, const char *name, int ndim, con
     return AF_OK;
 }
 
-static af_status check_mask(const af_tensor *m, const af_problem *p, af_dtype qdtype) {
+/* PyTorch's broadcasting of SDPA's batch and head dims (docs/API.md, "The broadcasting rule"): the output's sizes,
+ * those of the scores q·kᵀ (an attn_mask broadcasts to them and never beyond: PyTorch adds it in place), and how the
+ * kernels, which read one key/value head per group of query heads, address each head. */
+typedef struct {
+    int64_t B, H;                  /* the output's batch and heads */
+    int64_t scores_B, scores_H;    /* q·kᵀ's */
+    int64_t Hkv, group;            /* the kernels' key/value heads; query head h reads kv head h / group */
+    bool k_one_head, v_one_head;   /* key's (value's) single head serves all Hkv kv heads: stride 0 */
+} broadcast_shape;
+
+/* Broadcasting two sizes: equal, or one of them 1. */
+static bool broadcast_size(int64_t a, int64_t b, int64_t *out) {
+    if (a != b && a != 1 && b != 1) return false;
+    *out = a == 1 ? b : a;
+    return true;
+}
+
+static af_status broadcast_batches(const af_tensor *q, const af_tensor *k, const af_tensor *v, broadcast_shape *s) {
+    if (!broadcast_size(q->shape[0], k->shape[0], &s->scores_B))
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "key: batch size %lld does not match query's %lld; batch sizes "
+                       "broadcast only when equal or 1", (long long)k->shape[0], (long long)q->shape[0]);
+    if (!broadcast_size(s->scores_B, v->shape[0], &s->B))
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "value: batch size %lld does not match %lld (query's %lld broadcast "
+                       "with key's %lld); batch sizes broadcast only when equal or 1", (long long)v->shape[0],
+                       (long long)s->scores_B, (long long)q->shape[0], (long long)k->shape[0]);
+    return AF_OK;
+}
+
+/* enable_gqa with unequal head counts: key's and value's heads each divide query's (PyTorch repeats each of them up
+ * to Hq). The kernels take one group size for both, so unequal groups run only where one of them is a single head. */
+static af_status grouped_heads(int64_t Hq, int64_t Hk, int64_t Hv, broadcast_shape *s) {
+    if (Hk == 0 || Hq % Hk != 0)
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "query: %lld heads is not a multiple of key's %lld heads "
+                       "(grouped-query attention: enable_gqa)", (long long)Hq, (long long)Hk);
+    if (Hv == 0 || Hq % Hv != 0)
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "query: %lld heads is not a multiple of value's %lld heads "
+                       "(grouped-query attention: enable_gqa)", (long long)Hq, (long long)Hv);
+    s->H = s->scores_H = Hq;
+    s->k_one_head = Hk == 1 && Hv != 1;
+    s->v_one_head = Hv == 1 && Hk != 1;
+    if (Hk != Hv && !s->k_one_head && !s->v_one_head)
+        return af_fail(AF_ERR_UNSUPPORTED, "key and value: %lld and %lld heads under query's %lld; attnforge's kernels "
+                       "read key and value with one group size, so their head counts must be equal or one of them 1 "
+                       "(attnforge.scaled_dot_product_attention repeats the heads of one of them in this case)",
+                       (long long)Hk, (long long)Hv, (long long)Hq);
+    s->Hkv = Hk == 1 ? Hv : Hk;
+    s->group = Hq / s->Hkv;
+    return AF_OK;
+}
+
+/* Without enable_gqa (or with equal head counts) heads broadcast like batches: equal, or 1. */
+static af_status broadcast_heads(int64_t Hq, int64_t Hk, int64_t Hv, broadcast_shape *s) {
+    if (!broadcast_size(Hq, Hk, &s->scores_H))
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "enable_gqa is false but query has %lld heads and key has %lld; "
+                       "without it head counts broadcast only when equal or 1", (long long)Hq, (long long)Hk);
+    if (!broadcast_size(s->scores_H, Hv, &s->H))
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "enable_gqa is false but value has %lld heads and query/key %lld "
+                       "(query's %lld broadcast with key's %lld); without it head counts broadcast only when equal "
+                       "or 1", (long long)Hv, (long long)s->scores_H, (long long)Hq, (long long)Hk);
+    if (Hk == Hv) {   /* shared K/V heads: one (multi-query: every query head's group) or one per output head */
+        s->Hkv = Hk;
+        s->group = Hk == 1 ? s->H : 1;
+        return AF_OK;
+    }
+    s->Hkv = s->H;   /* one of key/value has a single head, the other one per output head */
+    s->group = 1;
+    s->k_one_head = Hk == 1;
+    s->v_one_head = Hv == 1;
+    return AF_OK;
+}
+
+static af_status broadcast_batch_and_heads(const af_tensor *q, const af_tensor *k, const af_tensor *v,
+                                           bool enable_gqa, broadcast_shape *s) {
+    memset(s, 0, sizeof *s);
+    af_status st = broadcast_batches(q, k, v, s);
+    if (st != AF_OK) return st;
+    const int64_t Hq = q->shape[1], Hk = k->shape[1], Hv = v->shape[1];
+    if (enable_gqa && !(Hq == Hk && Hk == Hv)) return grouped_heads(Hq, Hk, Hv, s);
+    return broadcast_heads(Hq, Hk, Hv, s);
+}
+
+/* A size-1 batch or head dim of q/k/v that broadcasts to a longer one is read with stride 0. */
+static void broadcast_strides(const af_tensor *q, const af_tensor *k, const af_tensor *v, const broadcast_shape *s,
+                              af_problem *p) {
+    const af_tensor *views[3] = {q, k, v};
+    int64_t *strides[3] = {p->q_stride, p->k_stride, p->v_stride};
+    for (int i = 0; i < 3; i++)
+        if (views[i]->shape[0] == 1 && s->B != 1) strides[i][0] = 0;
+    if (q->shape[1] == 1 && s->H != 1) p->q_stride[1] = 0;
+    if (s->k_one_head) p->k_stride[1] = 0;
+    if (s->v_one_head) p->v_stride[1] = 0;
+}
+
+/* The mask broadcasts to the scores q·kᵀ, (scores_B, scores_H, L, S), which may be smaller than the output when value
+ * broadcasts them further (PyTorch adds the mask to the scores in place). */
+static af_status check_mask(const af_tensor *m, const af_problem *p, af_dtype qdtype, int64_t scores_B,
+                            int64_t scores_H) {
     if (m->dtype != AF_BOOL && m->dtype != qdtype)
         return af_fail(AF_ERR_UNSUPPORTED, "attn_mask: dtype %s must be bool or match query's %s", af_dtype_name(m->dtype),
                        af_dtype_name(qdtype));
     if (m->ndim > 4)
         return af_fail(AF_ERR_INVALID_ARGUMENT, "attn_mask: expected at most 4 dimensions, got %d", m->ndim);
-    const int64_t target[4] = {p->B, p->Hq, p->L, p->S};
+    const int64_t target[4] = {scores_B, scores_H, p->L, p->S};
     for (int d = 0; d < m->ndim; d++) {
         int td = 4 - m->ndim + d;   /* right-aligned, as in broadcasting */
         if (m->shape[d] != target[td] && m->shape[d] != 1) {
             char buf[160];
             return af_fail(AF_ERR_INVALID_ARGUMENT,
                            "attn_mask: shape %s cannot broadcast to (B, Hq, L, S) = (%lld, %lld, %lld, %lld)",
-                           shape_text(m, buf, sizeof buf), (long long)p->B, (long long)p->Hq, (long long)p->L,
+                           shape_text(m, buf, sizeof buf), (long long)scores_B, (long long)scores_H, (long long)p->L,
                            (long long)p->S);
         }
     }
@@ -184,32 +280,17 @@ af_status af_sdpa_check(const af_sdpa_args *args, const af_tensor *out, const af
     if (mask && (args->is_causal || args->causal_bottom_right))
         return af_fail(AF_ERR_INVALID_ARGUMENT, "attn_mask: must not be set together with a causal flag");
 
-    const int64_t B = q->shape[0], Hq = q->shape[1], L = q->shape[2], E = q->shape[3];
-    const int64_t Hkv = k->shape[1], S = k->shape[2], Ev = v->shape[3];
-    if (k->shape[0] != B)
-        return af_fail(AF_ERR_INVALID_ARGUMENT, "key: batch size %lld does not match query's %lld",
-                       (long long)k->shape[0], (long long)B);
-    if (v->shape[0] != B)
-        return af_fail(AF_ERR_INVALID_ARGUMENT, "value: batch size %lld does not match query's %lld",
-                       (long long)v->shape[0], (long long)B);
+    const int64_t L = q->shape[2], E = q->shape[3], S = k->shape[2], Ev = v->shape[3];
     if (v->shape[2] != S)
         return af_fail(AF_ERR_INVALID_ARGUMENT, "value: sequence length %lld does not match key's %lld",
                        (long long)v->shape[2], (long long)S);
     if (k->shape[3] != E)
         return af_fail(AF_ERR_INVALID_ARGUMENT, "key: head dimension %lld does not match query's %lld",
                        (long long)k->shape[3], (long long)E);
-    if (v->shape[1] != Hkv)
-        return af_fail(AF_ERR_INVALID_ARGUMENT, "value: %lld heads do not match key's %lld heads",
-                       (long long)v->shape[1], (long long)Hkv);
-    if (Hq != Hkv) {
-        if (!args->enable_gqa)
-            return af_fail(AF_ERR_INVALID_ARGUMENT, "enable_gqa is false but query has %lld heads and key has %lld",
-                           (long long)Hq, (long long)Hkv);
-        if (Hkv == 0 || Hq % Hkv != 0)
-            return af_fail(AF_ERR_INVALID_ARGUMENT,
-                           "query: %lld heads is not a multiple of key's %lld heads (grouped-query attention)",
-                           (long long)Hq, (long long)Hkv);
-    }
+    broadcast_shape shape;
+    af_status st = broadcast_batch_and_heads(q, k, v, args->enable_gqa, &shape);
+    if (st != AF_OK) return st;
+    const int64_t B = shape.B, Hq = shape.H;
     if (E < 1) return af_fail(AF_ERR_UNSUPPORTED, "query: head dimension must be at least 1, got %lld", (long long)E);
     if (E > AF_MAX_HEAD_DIM)
         return af_fail(AF_ERR_UNSUPPORTED, "query: head dimension %lld exceeds the supported maximum %d",
@@ -225,7 +306,7 @@ af_status af_sdpa_check(const af_sdpa_args *args, const af_tensor *out, const af
                        (long long)L, (long long)S);
 
     const int64_t out_shape[4] = {B, Hq, L, Ev};
-    af_status st = check_shape(out, "out", 4, out_shape);
+    st = check_shape(out, "out", 4, out_shape);
     if (st != AF_OK) return st;
     if (out->dtype != q->dtype)
         return af_fail(AF_ERR_INVALID_ARGUMENT, "out: dtype %s does not match query's %s", af_dtype_name(out->dtype),
@@ -253,19 +334,20 @@ af_status af_sdpa_check(const af_sdpa_args *args, const af_tensor *out, const af
 
     p->dtype = p->kv_dtype = q->dtype;
     p->out_dtype = q->dtype;
-    p->B = B; p->Hq = Hq; p->Hkv = Hkv; p->L = L; p->S = S; p->E = E; p->Ev = Ev;
-    p->group = Hkv > 0 ? Hq / Hkv : 1;
+    p->B = B; p->Hq = Hq; p->Hkv = shape.Hkv; p->L = L; p->S = S; p->E = E; p->Ev = Ev;
+    p->group = shape.group;
     p->q = q->data; p->k = k->data; p->v = v->data; p->out = out->data;
     problem_strides(q, views[0].numel, p->q_stride);
     problem_strides(k, views[1].numel, p->k_stride);
     problem_strides(v, views[2].numel, p->v_stride);
+    broadcast_strides(q, k, v, &shape, p);
     problem_strides(out, views[3].numel, p->out_stride);
     if (lse) {
         p->lse = lse->data;
         problem_strides(lse, views[5].numel, p->lse_stride);
     }
     if (mask) {
-        if ((st = check_mask(mask, p, q->dtype)) != AF_OK) return st;
+        if ((st = check_mask(mask, p, q->dtype, shape.scores_B, shape.scores_H)) != AF_OK) return st;
         p->mask = mask->data;
         p->mask_dtype = mask->dtype;
         for (int d = 0; d < mask->ndim; d++) {   /* broadcast dims, and every dim of an empty mask, never move */

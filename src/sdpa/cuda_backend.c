@@ -183,3 +183,48 @@ af_status af_cuda_check_errors(int device) {
     const int status = ops->index_errors(device, err, sizeof err);
     return status == AF_OK ? AF_OK : af_fail((af_status)status, "%s", err);
 }
+
+/* ---- broadcast K/V on the CUDA backend */
+
+/* One slice of p: batch b (when per_batch) and kv head hk (when per_head) alone, every pointer moved to it. */
+static af_problem broadcast_slice(const af_problem *p, bool per_batch, int64_t b, bool per_head, int64_t hk) {
+    af_problem s = *p;
+    const int64_t q_elem = (int64_t)af_dtype_size(p->dtype), kv_elem = (int64_t)af_dtype_size(p->kv_dtype);
+    const int64_t out_elem = (int64_t)af_dtype_size(p->out_dtype);
+    const int64_t mask_elem = p->mask ? (int64_t)af_dtype_size(p->mask_dtype) : 0;
+    const int64_t h0 = per_head ? hk * p->group : 0;   /* the slice's first query head */
+    if (!per_batch) b = 0;
+    if (!per_head) hk = 0;
+    s.q += (b * p->q_stride[0] + h0 * p->q_stride[1]) * q_elem;
+    s.k += (b * p->k_stride[0] + hk * p->k_stride[1]) * kv_elem;
+    s.v += (b * p->v_stride[0] + hk * p->v_stride[1]) * kv_elem;
+    s.out += (b * p->out_stride[0] + h0 * p->out_stride[1]) * out_elem;
+    if (p->lse) s.lse += b * p->lse_stride[0] + h0 * p->lse_stride[1];
+    if (p->mask) s.mask += (b * p->mask_stride[0] + h0 * p->mask_stride[1]) * mask_elem;
+    if (p->sink) s.sink += h0 * p->sink_stride * (int64_t)af_dtype_size(p->sink_dtype);
+    const float **descales[3] = {&s.q_descale, &s.k_descale, &s.v_descale};
+    const int64_t *descale_strides[3] = {p->q_descale_stride, p->k_descale_stride, p->v_descale_stride};
+    for (int i = 0; i < 3; i++)
+        if (*descales[i]) *descales[i] += b * descale_strides[i][0] + hk * descale_strides[i][1];
+    if (per_batch) s.B = 1;
+    if (per_head) {
+        s.Hkv = 1;
+        s.Hq = p->group;
+    }
+    return s;
+}
+
+int af_cuda_forward_sliced(const af_cuda_backend_ops *ops, const af_problem *p, int device, void *stream,
+                           const af_cuda_allocator *workspace, char *err, size_t err_size) {
+    const bool fixed = !p->cu_seqlens_q && !p->cu_seqlens_k && !p->seqused_k && !p->page_table;
+    const bool per_batch = fixed && p->B > 1 && (p->k_stride[0] == 0 || p->v_stride[0] == 0);
+    const bool per_head = fixed && p->Hkv > 1 && (p->k_stride[1] == 0 || p->v_stride[1] == 0);
+    if (!per_batch && !per_head) return ops->forward(p, device, stream, workspace, err, err_size);
+    for (int64_t b = 0; b < (per_batch ? p->B : 1); b++)
+        for (int64_t hk = 0; hk < (per_head ? p->Hkv : 1); hk++) {
+            const af_problem slice = broadcast_slice(p, per_batch, b, per_head, hk);
+            const int status = ops->forward(&slice, device, stream, workspace, err, err_size);
+            if (status != AF_OK) return status;
+        }
+    return AF_OK;
+}

@@ -50,6 +50,11 @@ af_status af_cuda_backend_load(const af_cuda_backend_ops **ops);
 bool af_cuda_backend_is_loaded(void);
 /* The CUDA devices the loader's probe found (>= 1 once af_cuda_backend_load succeeded; 0 before). */
 int af_cuda_backend_device_count(void);
+/* ops->forward on p; a fixed-length problem whose key or value is broadcast (stride 0) along a batch or kv-head dim
+ * longer than 1 is enqueued as one launch per batch / kv head, each with that dim of size 1: TMA descriptors (the
+ * Hopper kernel's K/V loads) cannot express a zero stride. A failing slice stops the rest (earlier ones are written). */
+int af_cuda_forward_sliced(const af_cuda_backend_ops *ops, const af_problem *p, int device, void *stream,
+                           const af_cuda_allocator *workspace, char *err, size_t err_size);
 
 #ifdef __cplusplus
 }

@@ -16,7 +16,7 @@ static af_status cuda_forward(const af_problem *p, int device, void *stream, con
     if (device >= count)
         return af_fail(AF_ERR_INVALID_ARGUMENT, "query: on cuda:%d but this machine has %d CUDA device%s (cuda:0..%d)",
                        device, count, count == 1 ? "" : "s", count - 1);
-    const int status = ops->forward(p, device, stream, workspace, err, sizeof err);
+    const int status = af_cuda_forward_sliced(ops, p, device, stream, workspace, err, sizeof err);
     if (status != AF_OK)
         return af_fail((af_status)status, "%s", err[0] ? err : "the CUDA backend failed without a message");
     return AF_OK;
