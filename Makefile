@@ -7,8 +7,9 @@ JOBS ?= $(shell nproc)
 BUILD_FUZZ ?= build-fuzz
 FUZZ_SECONDS ?= 60
 BUILD_TSAN ?= build-tsan
-# the tests that run threads: the concurrency test, the provider's infer and fault tests, the thread pool (test_core)
-TSAN_TESTS ?= test_concurrency test_provider_infer test_provider_faults test_core
+# the tests that run threads: the concurrency test, the provider's infer and fault tests, the thread pool (test_core),
+# the executor hook (test_executor)
+TSAN_TESTS ?= test_concurrency test_provider_infer test_provider_faults test_core test_executor
 
 deps:
 	bash scripts/install-deps.sh

@@ -164,8 +164,33 @@ AF_API af_status af_flash_attn(const af_flash_args *args, af_tensor *out, af_ten
 AF_API af_status af_flash_attn_reference(const af_flash_args *args, af_tensor *out, af_tensor *lse);
 
 /* ---------------------------------------------------------------- execution settings */
-AF_API void af_set_num_threads(int n);   /* 0 = all cores (the default) */
-AF_API int af_get_num_threads(void);     /* threads a call will use */
+/* 0 (the default): the executor's max_threads when one is lent, else all cores. n > 0: n threads either way. */
+AF_API void af_set_num_threads(int n);
+AF_API int af_get_num_threads(void);     /* threads a call made now on this thread will use */
+
+/* A parallel-for the embedding program lends, so that attnforge's parallel work runs on the threads the program
+ * already keeps busy (its OpenMP team, its task pool) instead of a second set of threads competing for the cores. */
+typedef void (*af_thread_task)(void *task_ctx, int thread_index);
+typedef struct {
+    /* Call task(task_ctx, t) for the indices t in [0, n_threads) (n_threads >= 2), each at most once, on threads that
+     * run at the same time (the calling thread best among them, as an OpenMP master is thread 0), and return once
+     * every call made has returned. Indices it cannot run (a nested OpenMP region's team of one) lose nothing: the
+     * calling thread does their work after it returns. The tasks never wait for one another, so running them one
+     * after another is correct too, only slower. */
+    void (*parallel)(int n_threads, af_thread_task task, void *task_ctx, void *user);
+    /* Threads a call made now on the calling thread uses when af_set_num_threads is 0, e.g. the host's
+     * omp_get_max_threads(); values below 1 mean 1. NULL: all cores. */
+    int (*max_threads)(void *user);
+    void *user;                  /* handed to both */
+} af_parallel_executor;
+
+/* Run attnforge's parallel work through *executor (copied), or through attnforge's own thread pool again when
+ * executor is NULL or its parallel is NULL (the default). A call already running finishes with what it began with.
+ * Unchanged under any executor: work too small to pay for another thread stays on the calling thread; a call made
+ * while another call's parallel work is in flight (another thread, or a call from inside a task) runs on its calling
+ * thread alone, so no executor is ever entered twice at once by attnforge; results are bit-identical whatever the
+ * executor and the thread count. */
+AF_API void af_set_parallel_executor(const af_parallel_executor *executor);
 
 /* Kernel ISA: "portable", "avx2", "avx512", "amx" (what the CPU and OS allow; "amx" = AVX-512 plus AMX tiles for
  * bf16 inputs, f16/f32 run its AVX-512 path). The environment variable ATTNFORGE_ISA sets the initial choice.

@@ -8,8 +8,7 @@
 #include "core/alloc.h"
 #include "core/cpu.h"
 #include "core/status.h"
-
-#define MAX_WORKERS 255
+#include "core/worker_pool.h"
 
 typedef struct {
     af_task_fn fn;
@@ -18,29 +17,43 @@ typedef struct {
     atomic_llong next;        /* next item to hand out */
     char *scratch;
     size_t scratch_stride;
-    int participants;         /* threads taking part, the caller included */
-} pool_job;
+    int threads;              /* scratch slots: thread indices the executor may run */
+} parallel_job;
 
-static pthread_mutex_t pool_busy = PTHREAD_MUTEX_INITIALIZER;    /* held by the caller that owns the pool */
-static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;    /* guards the fields below */
-static pthread_cond_t work_ready = PTHREAD_COND_INITIALIZER;
-static pthread_cond_t work_done = PTHREAD_COND_INITIALIZER;
-static int num_workers;
-static unsigned long generation;
-static unsigned long born_in[MAX_WORKERS + 1];   /* generation when each worker was made: its first job comes after */
-static int workers_pending;
-static pool_job *current_job;
-static atomic_int requested_threads;   /* 0 = all cores */
+static pthread_mutex_t pool_busy = PTHREAD_MUTEX_INITIALIZER;       /* held by the call whose work is in flight */
+static pthread_mutex_t executor_lock = PTHREAD_MUTEX_INITIALIZER;   /* guards `executor` (copied whole) */
+static af_parallel_executor executor;   /* parallel == NULL: attnforge's own worker pool */
+static atomic_int requested_threads;   /* 0 = the executor's count, or all cores */
 
-void af_set_num_threads(int n) { atomic_store(&requested_threads, n < 0 ? 0 : n); }
+AF_API void af_set_num_threads(int n) { atomic_store(&requested_threads, n < 0 ? 0 : n); }
 
-int af_get_num_threads(void) {
-    int n = atomic_load(&requested_threads);
-    if (n <= 0) n = af_cpu()->num_cores;
-    return n > MAX_WORKERS + 1 ? MAX_WORKERS + 1 : n;
+AF_API void af_set_parallel_executor(const af_parallel_executor *lent) {
+    pthread_mutex_lock(&executor_lock);
+    if (lent && lent->parallel) executor = *lent;
+    else memset(&executor, 0, sizeof executor);
+    pthread_mutex_unlock(&executor_lock);
 }
 
-static void run_items(pool_job *job, int slot) {
+static af_parallel_executor current_executor(void) {
+    pthread_mutex_lock(&executor_lock);
+    const af_parallel_executor e = executor;
+    pthread_mutex_unlock(&executor_lock);
+    return e;
+}
+
+/* af_get_num_threads under a given executor: asked once per call, so one call sees one count. */
+static int threads_under(const af_parallel_executor *e) {
+    int n = atomic_load(&requested_threads);
+    if (n <= 0) n = e->parallel && e->max_threads ? e->max_threads(e->user) : af_cpu()->num_cores;
+    return n < 1 ? 1 : n > AF_MAX_THREADS ? AF_MAX_THREADS : n;
+}
+
+AF_API int af_get_num_threads(void) {
+    const af_parallel_executor e = current_executor();
+    return threads_under(&e);
+}
+
+static void run_items(parallel_job *job, int slot) {
     void *scratch = job->scratch + (size_t)slot * job->scratch_stride;
     for (;;) {
         int64_t i = atomic_fetch_add(&job->next, 1);
@@ -49,39 +62,10 @@ static void run_items(pool_job *job, int slot) {
     }
 }
 
-static void *worker_main(void *arg) {
-    int slot = (int)(intptr_t)arg;   /* 1..num_workers; the caller is slot 0 */
-    pthread_mutex_lock(&pool_lock);
-    unsigned long seen = born_in[slot];   /* not 0: a worker made after earlier jobs must not take a finished one */
-    for (;;) {
-        while (generation == seen) pthread_cond_wait(&work_ready, &pool_lock);
-        seen = generation;
-        pool_job *job = current_job;
-        pthread_mutex_unlock(&pool_lock);
-        if (slot < job->participants) run_items(job, slot);
-        pthread_mutex_lock(&pool_lock);
-        if (--workers_pending == 0) pthread_cond_signal(&work_done);
-    }
-    return NULL;
-}
-
-/* Grow the pool to `want` workers; returns how many exist (creation can fail, which only costs speed). */
-static int ensure_workers(int want) {
-    pthread_mutex_lock(&pool_lock);
-    while (num_workers < want) {
-        pthread_t t;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        born_in[num_workers + 1] = generation;
-        int rc = pthread_create(&t, &attr, worker_main, (void *)(intptr_t)(num_workers + 1));
-        pthread_attr_destroy(&attr);
-        if (rc != 0) break;
-        num_workers++;
-    }
-    int have = num_workers;
-    pthread_mutex_unlock(&pool_lock);
-    return have;
+/* af_thread_task: one thread's share, its scratch slot named by its index. */
+static void run_thread(void *ctx, int thread_index) {
+    parallel_job *job = ctx;
+    if (thread_index >= 0 && thread_index < job->threads) run_items(job, thread_index);
 }
 
 af_status af_parallel_for(int64_t n, af_task_fn fn, void *ctx, size_t scratch_bytes) {
@@ -91,13 +75,10 @@ af_status af_parallel_for(int64_t n, af_task_fn fn, void *ctx, size_t scratch_by
 af_status af_parallel_for_at_most(int64_t n, int max_threads, af_task_fn fn, void *ctx, size_t scratch_bytes) {
     if (n <= 0) return AF_OK;
     bool own_pool = pthread_mutex_trylock(&pool_busy) == 0;
-    int threads = own_pool ? af_get_num_threads() : 1;
+    const af_parallel_executor e = current_executor();
+    int threads = own_pool ? threads_under(&e) : 1;
     if (threads > max_threads) threads = max_threads > 1 ? max_threads : 1;
     if ((int64_t)threads > n) threads = (int)n;
-    if (threads > 1) {
-        int have = ensure_workers(threads - 1);
-        if (have + 1 < threads) threads = have + 1;
-    }
 
     size_t stride = (scratch_bytes + 63) & ~(size_t)63;
     char *scratch = NULL;
@@ -109,24 +90,13 @@ af_status af_parallel_for_at_most(int64_t n, int max_threads, af_task_fn fn, voi
         }
     }
     for (int t = 0; t < threads && scratch; t++) memset(scratch + (size_t)t * stride, 0, stride < 64 ? stride : 64);
-    pool_job job = {.fn = fn, .ctx = ctx, .n = n, .scratch = scratch, .scratch_stride = stride,
-                    .participants = threads};
+    parallel_job job = {.fn = fn, .ctx = ctx, .n = n, .scratch = scratch, .scratch_stride = stride, .threads = threads};
     atomic_init(&job.next, 0);
     if (threads > 1) {
-        pthread_mutex_lock(&pool_lock);
-        current_job = &job;
-        workers_pending = num_workers;
-        generation++;
-        pthread_cond_broadcast(&work_ready);
-        pthread_mutex_unlock(&pool_lock);
-        run_items(&job, 0);
-        pthread_mutex_lock(&pool_lock);
-        while (workers_pending > 0) pthread_cond_wait(&work_done, &pool_lock);
-        current_job = NULL;
-        pthread_mutex_unlock(&pool_lock);
-    } else {
-        run_items(&job, 0);
+        if (e.parallel) e.parallel(threads, run_thread, &job, e.user);
+        else af_worker_pool_run(threads, run_thread, &job);
     }
+    run_items(&job, 0);   /* all of it on one thread; after an executor, whatever a short team left (slot 0 is free) */
     af_free(scratch);
     if (own_pool) pthread_mutex_unlock(&pool_busy);
     return AF_OK;
