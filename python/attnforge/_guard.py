@@ -79,6 +79,26 @@ def broadcast_shapes(a, b):
     return tuple(out)
 
 
+def _broadcast_size(a, b, c):
+    """The size three dims broadcast to (each equal to it or 1), or None."""
+    n = max(a, b, c)
+    return n if a in (1, n) and b in (1, n) and c in (1, n) else None
+
+
+def plain_4d_shape(q, k, v, enable_gqa):
+    """sdpa_shapes' answer for the common call, 4-D q/k/v whose batch and head dims broadcast directly (one group
+    size under enable_gqa), in well under a microsecond: (B, H, L, Ev), or None for anything else (sdpa_shapes then
+    applies the whole rule). Shape tuples in."""
+    if not (len(q) == len(k) == len(v) == 4 and q[3] == k[3] and k[2] == v[2]):
+        return None
+    batch = _broadcast_size(q[0], k[0], v[0])
+    if enable_gqa:
+        heads = q[1] if k[1] == v[1] and k[1] and q[1] % k[1] == 0 else None
+    else:
+        heads = _broadcast_size(q[1], k[1], v[1])
+    return None if batch is None or heads is None else (batch, heads, q[2], v[3])
+
+
 def sdpa_shapes(q, k, v, mask, enable_gqa):
     """PyTorch's broadcasting rule for F.scaled_dot_product_attention (its math path, measured with torch 2.15):
     q (..., L, E), k (..., S, E), v (..., S, Ev), each at least 2-D; every leading dim is a batch dim, and they
@@ -87,6 +107,10 @@ def sdpa_shapes(q, k, v, mask, enable_gqa):
     query's. The mask broadcasts to the scores' shape (q·kᵀ: the batch dims of q and k, then L, S) without growing
     it. Returns (the output's shape, None), or (None, why) naming the argument and the rule."""
     q, k, v = tuple(q), tuple(k), tuple(v)
+    if mask is None:
+        plain = plain_4d_shape(q, k, v, enable_gqa)
+        if plain is not None:
+            return plain, None
     for name, shape in (("query", q), ("key", k), ("value", v)):
         if len(shape) < 2:
             return None, f"{name}: expected at least 2 dimensions (..., L, E), got {len(shape)}"

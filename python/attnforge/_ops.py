@@ -1,5 +1,6 @@
-"""attnforge's PyTorch operators (torch.library custom ops, namespace "attnforge"): a schema, CPU and CUDA kernels
-(the C library through the binding) and a fake implementation giving the exact output shapes, dtypes and strides.
+"""attnforge's PyTorch operators (namespace "attnforge", defined with torch.library.Library): a schema, CPU and CUDA
+kernels (the C library through the binding) and a fake implementation giving the exact output shapes, dtypes and
+strides.
 torch.compile and torch.export see them as opaque operators, so attention stays in their graphs instead of breaking
 them; the Python functions of attnforge route every torch-tensor call through them.
 
@@ -8,7 +9,8 @@ them; the Python functions of attnforge route every torch-tensor call through th
     torch.ops.attnforge.flash_attn       FlashAttention-4's flash_attn_func / flash_attn_varlen_func (paged too)
     torch.ops.attnforge.masked_rows      Transformers' softcap/sink layers under a mask (data-dependent: kept opaque)
 
-No operator has a backward: attnforge computes no gradients, and each one's autograd registration raises saying so.
+No operator has a backward: attnforge computes no gradients, and each one's Autograd kernel refuses a call that needs
+one, saying so.
 Callers that may meet autograd (attnforge.torch.apply, the AITune provider) send such calls to PyTorch's own SDPA
 before they reach an operator (guarded_call)."""
 import functools
@@ -50,32 +52,73 @@ def _check_rank(name: str, t: Tensor, rank: int) -> None:
         raise _C.InvalidArgumentError(f"{name}: expected {rank} dimensions, got {t.dim()}")
 
 
-def _refuse_backward(ctx, *grads):
-    raise _C.UnsupportedError(_NO_GRADIENTS)
+# torch.library.custom_op wraps each call in Python layers (autograd redispatch, aliasing checks, Dynamo's disable
+# wrapper): 30-40 us a call, more than a whole tiny decode. Here each operator is defined with a Library and its
+# Autograd kernel runs an eager call on plain tensors itself: one Python kernel a call (about 7 us). The schemas are
+# the ones custom_op inferred, so exported programs are unchanged.
+_LIB = torch.library.Library("attnforge", "DEF")
+_BELOW_AUTOGRAD = torch._C._after_autograd_keyset
 
 
-def _no_gradients(op):
-    """Say in the registration that there is no backward (an error at backward time, not a silent zero)."""
-    op.register_autograd(_refuse_backward, setup_context=lambda ctx, inputs, output: None)
+def _needs_grad(args) -> bool:
+    return torch.is_grad_enabled() and any(isinstance(a, Tensor) and a.requires_grad for a in args)
+
+
+def _plain(args) -> bool:
+    """Real CPU/CUDA tensors outside any tracing: no subclass (FakeTensor, FunctionalTensor, ...), no dispatch or
+    function mode (make_fx, FakeTensorMode, ...), no meta tensor. Anything else goes on down the dispatcher."""
+    if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
+        return False
+    return all(type(a) is Tensor and not a.is_meta for a in args if isinstance(a, Tensor))
+
+
+class _NoBackward(torch.autograd.Function):
+    """The outputs of run(*args), computed without autograd, with a backward that says attnforge has none: an error
+    at backward time (also when AOTAutograd traces it under torch.compile), never a silent zero gradient."""
+
+    @staticmethod
+    def forward(ctx, run, *args):
+        return run(*args)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise _C.UnsupportedError(_NO_GRADIENTS)
+
+
+def _operator(name: str, schema: str, kernel, fake):
+    """Define attnforge::name with its CPU and CUDA kernel, its fake, and an Autograd kernel: an eager call on plain
+    tensors runs the kernel there and then, anything else goes on down the dispatcher; a call that needs a gradient
+    gets outputs whose backward raises (_NoBackward). Returns the OpOverload to call."""
+    _LIB.define(name + schema)
+    for device in _DEVICES:
+        _LIB.impl(name, kernel, device.upper())
+    torch.library.register_fake(f"attnforge::{name}", fake, lib=_LIB)
+    op = getattr(torch.ops.attnforge, name).default
+
+    def autograd(keyset, *args):
+        below = kernel if _plain(args) else functools.partial(op.redispatch, keyset & _BELOW_AUTOGRAD)
+        return _NoBackward.apply(below, *args) if _needs_grad(args) else below(*args)
+
+    _LIB.impl(name, autograd, "Autograd", with_keyset=True)
     return op
 
 
 # ---------------------------------------------------------------- attnforge::sdpa
-@torch.library.custom_op("attnforge::sdpa", mutates_args=(), device_types=_DEVICES)
-def _sdpa_op(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor], dropout_p: float,
-             is_causal: bool, scale: Optional[float], enable_gqa: bool, causal_bottom_right: bool,
-             return_lse: bool) -> Tuple[Tensor, Tensor]:
+def _sdpa_kernel(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_bottom_right,
+                 return_lse):
     result = _sdpa.run(False, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                        causal_bottom_right, None, return_lse)
     return result if return_lse else (result, _empty_lse(query))
 
 
-@_sdpa_op.register_fake
-def _(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_bottom_right, return_lse):
+def _sdpa_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_bottom_right,
+               return_lse):
     return _broadcast_outputs(query, key, value, attn_mask, enable_gqa, return_lse)
 
 
-_no_gradients(_sdpa_op)
+_sdpa_op = _operator("sdpa", "(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, float dropout_p, "
+                     "bool is_causal, float? scale, bool enable_gqa, bool causal_bottom_right, bool return_lse) -> "
+                     "(Tensor, Tensor)", _sdpa_kernel, _sdpa_fake)
 
 
 def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
@@ -105,9 +148,7 @@ def _provider_for(plan_json: str):
     return provider if provider is not None else _provider_from_json(plan_json)
 
 
-@torch.library.custom_op("attnforge::provider_sdpa", mutates_args=(), device_types=_DEVICES)
-def _provider_op(plan: str, query: Tensor, key: Tensor, value: Tensor, is_causal: bool, scale: Optional[float],
-                 enable_gqa: bool, keyword_qkv: bool) -> Tensor:
+def _provider_kernel(plan, query, key, value, is_causal, scale, enable_gqa, keyword_qkv):
     kwargs = {"is_causal": is_causal, "enable_gqa": enable_gqa}
     if scale is not None:
         kwargs["scale"] = scale
@@ -116,12 +157,13 @@ def _provider_op(plan: str, query: Tensor, key: Tensor, value: Tensor, is_causal
     return _provider_for(plan).infer((query, key, value), kwargs)
 
 
-@_provider_op.register_fake
-def _(plan, query, key, value, is_causal, scale, enable_gqa, keyword_qkv):
+def _provider_fake(plan, query, key, value, is_causal, scale, enable_gqa, keyword_qkv):
     return _broadcast_outputs(query, key, value, None, enable_gqa, False)[0]
 
 
-_no_gradients(_provider_op)
+_provider_op = _operator("provider_sdpa", "(str plan, Tensor query, Tensor key, Tensor value, bool is_causal, "
+                         "float? scale, bool enable_gqa, bool keyword_qkv) -> Tensor", _provider_kernel,
+                         _provider_fake)
 
 
 def plan_view(provider) -> Optional[PlanView]:
@@ -182,13 +224,9 @@ def _refuse_autograd(*tensors):
 
 
 # ---------------------------------------------------------------- attnforge::flash_attn
-@torch.library.custom_op("attnforge::flash_attn", mutates_args=(), device_types=_DEVICES)
-def _flash_op(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float], causal: bool, windowed: bool,
-              window_left: Optional[int], window_right: Optional[int], softcap: float,
-              learnable_sink: Optional[Tensor], cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
-              max_seqlen_q: Optional[int], max_seqlen_k: Optional[int], seqused_k: Optional[Tensor],
-              page_table: Optional[Tensor], q_descale: Optional[Tensor], k_descale: Optional[Tensor],
-              v_descale: Optional[Tensor], return_lse: bool, varlen: bool) -> Tuple[Tensor, Tensor]:
+def _flash_kernel(q, k, v, softmax_scale, causal, windowed, window_left, window_right, softcap, learnable_sink,
+                  cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, page_table, q_descale, k_descale,
+                  v_descale, return_lse, varlen):
     window = (window_left, window_right) if windowed else None
     out, lse = _flash.run(q, k, v, softmax_scale, causal, window, softcap, learnable_sink, cu_seqlens_q,
                           cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, page_table, q_descale, k_descale,
@@ -196,10 +234,9 @@ def _flash_op(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float], c
     return out, lse if lse is not None else _empty_lse(q)
 
 
-@_flash_op.register_fake
-def _(q, k, v, softmax_scale, causal, windowed, window_left, window_right, softcap, learnable_sink, cu_seqlens_q,
-      cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, page_table, q_descale, k_descale, v_descale, return_lse,
-      varlen):
+def _flash_fake(q, k, v, softmax_scale, causal, windowed, window_left, window_right, softcap, learnable_sink,
+                cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, page_table, q_descale, k_descale,
+                v_descale, return_lse, varlen):
     packed_q = cu_seqlens_q is not None
     _check_rank("q", q, 3 if packed_q else 4)
     float8 = q.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -210,7 +247,12 @@ def _(q, k, v, softmax_scale, causal, windowed, window_left, window_right, softc
     return out, q.new_empty(lse_shape, dtype=torch.float32)   # (Hq, total_q) or (B, Hq, Lq), as _flash._outputs
 
 
-_no_gradients(_flash_op)
+_flash_op = _operator("flash_attn", "(Tensor q, Tensor k, Tensor v, float? softmax_scale, bool causal, bool windowed, "
+                      "SymInt? window_left, SymInt? window_right, float softcap, Tensor? learnable_sink, "
+                      "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, SymInt? max_seqlen_q, SymInt? max_seqlen_k, "
+                      "Tensor? seqused_k, Tensor? page_table, Tensor? q_descale, Tensor? k_descale, "
+                      "Tensor? v_descale, bool return_lse, bool varlen) -> (Tensor, Tensor)", _flash_kernel,
+                      _flash_fake)
 
 
 def flash_attn(q, k, v, softmax_scale, causal, window, softcap, learnable_sink, return_lse, varlen,
@@ -227,20 +269,18 @@ def flash_attn(q, k, v, softmax_scale, causal, window, softcap, learnable_sink, 
 
 
 # ---------------------------------------------------------------- attnforge::masked_rows
-@torch.library.custom_op("attnforge::masked_rows", mutates_args=(), device_types=_DEVICES)
-def _masked_rows_op(query: Tensor, key: Tensor, value: Tensor, mask: Tensor, scale: Optional[float],
-                    softcap: float, sink: Optional[Tensor]) -> Tensor:
+def _masked_rows_kernel(query, key, value, mask, scale, softcap, sink):
     from . import transformers as hf   # its kernel reads the mask's values: opaque to the graph for that reason
     return hf.masked_rows(query, key, value, mask, scale, softcap, sink)
 
 
-@_masked_rows_op.register_fake
-def _(query, key, value, mask, scale, softcap, sink):
+def _masked_rows_fake(query, key, value, mask, scale, softcap, sink):
     b, hq, l = query.shape[0], query.shape[1], query.shape[2]
     return query.new_empty((b, l, hq, value.shape[-1]))
 
 
-_no_gradients(_masked_rows_op)
+_masked_rows_op = _operator("masked_rows", "(Tensor query, Tensor key, Tensor value, Tensor mask, float? scale, "
+                            "float softcap, Tensor? sink) -> Tensor", _masked_rows_kernel, _masked_rows_fake)
 
 
 def masked_rows(query, key, value, mask, scale, softcap, sink):

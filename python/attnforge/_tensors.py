@@ -17,7 +17,7 @@ def is_torch_tensor(x) -> bool:
 def exportable(x):
     """x, ready for DLPack: attnforge computes no gradients, so a tensor that needs one is refused
     (UnsupportedError) and one that merely requires grad under no_grad is detached (a view, no copy)."""
-    if is_torch_tensor(x) and x.requires_grad:
+    if getattr(x, "requires_grad", False):   # torch tensors only (NumPy has no such attribute); cheap per call
         if _torch().is_grad_enabled():
             raise _C.UnsupportedError(
                 "attnforge computes no gradients: call it under torch.no_grad() or torch.inference_mode()")
@@ -29,7 +29,7 @@ def call_stream(query):
     """The CUDA stream a call on query's device runs on: PyTorch's current stream there (its cudaStream_t as an int,
     0 for the legacy default stream), so attnforge's kernels are ordered like any torch op and need no extra
     synchronisation; None off CUDA (and for non-torch producers: the legacy default stream)."""
-    if is_torch_tensor(query) and query.device.type == "cuda":
+    if getattr(query, "is_cuda", False):   # torch CUDA tensors only; an attribute read, cheap on every CPU call
         return _torch().cuda.current_stream(query.device).cuda_stream
     return None
 
@@ -40,7 +40,7 @@ def call_workspace(query):
     argument, so memory PyTorch already holds serves attnforge too, shows in torch.cuda.memory_stats, and under
     torch.cuda.graph comes from the graph's private pool (stream-ordered, no synchronisation); None otherwise
     (attnforge's own pool on each device)."""
-    if is_torch_tensor(query) and query.device.type == "cuda":
+    if getattr(query, "is_cuda", False):
         cuda = _torch().cuda
         return cuda.caching_allocator_alloc, cuda.caching_allocator_delete
     return None

@@ -2,6 +2,7 @@
 
 #include <string.h>
 
+#include "log_bridge.h"
 #include "call_args.h"
 #include "errors.h"
 #include "sdpa_binding.h"
@@ -63,6 +64,7 @@ static int read_window(PyObject *window, af_flash_args *a) {
 }
 
 PyObject *afpy_flash_attn(PyObject *self, PyObject *args, PyObject *kwargs) {
+    afpy_log_sync();   /* C messages at the logger's level only */
     static char *keywords[] = {"query", "key", "value", "out", "lse", "scale", "causal", "window", "softcap",
                                "learnable_sink", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
                                "seqused_k", "page_table", "reference", "stream", "q_descale", "k_descale",

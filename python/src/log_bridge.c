@@ -31,6 +31,30 @@ static void log_to_python(af_log_level level, const char *message, void *user) {
     PyGILState_Release(gil);
 }
 
+/* The level the callback is installed at: the logger's effective level when last synced (DEBUG until then). */
+static int installed_level = AF_LOG_DEBUG;
+
+static void install_at(int level) {
+    Py_BEGIN_ALLOW_THREADS   /* af_set_log_callback takes the C log lock; see the top of this file */
+    af_set_log_callback(log_to_python, NULL, (af_log_level)level);
+    Py_END_ALLOW_THREADS
+    installed_level = level;
+}
+
+void afpy_log_sync(void) {
+    if (!logger) return;
+    PyObject *level = PyObject_CallMethod(logger, "getEffectiveLevel", NULL);
+    const long value = level ? PyLong_AsLong(level) : -1;
+    Py_XDECREF(level);
+    if (value < 0) {   /* a logger that cannot say: everything goes to Python, which filters */
+        PyErr_Clear();
+        if (installed_level != AF_LOG_DEBUG) install_at(AF_LOG_DEBUG);
+        return;
+    }
+    const int wanted = value > AF_LOG_DEBUG ? (int)(value > AF_LOG_OFF ? AF_LOG_OFF : value) : AF_LOG_DEBUG;
+    if (wanted != installed_level) install_at(wanted);
+}
+
 int afpy_log_install(void) {
     PyObject *logging = PyImport_ImportModule("logging");
     if (!logging) return -1;
@@ -38,9 +62,7 @@ int afpy_log_install(void) {
     Py_DECREF(logging);
     if (!found) return -1;
     Py_XSETREF(logger, found);
-    Py_BEGIN_ALLOW_THREADS   /* af_set_log_callback takes the C log lock; see the top of this file */
-    af_set_log_callback(log_to_python, NULL, AF_LOG_DEBUG);
-    Py_END_ALLOW_THREADS
+    install_at(AF_LOG_DEBUG);
     return 0;
 }
 

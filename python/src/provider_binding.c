@@ -2,6 +2,7 @@
 
 #include <string.h>
 
+#include "log_bridge.h"
 #include "call_args.h"
 #include "errors.h"
 #include "sdpa_binding.h"
@@ -25,6 +26,7 @@ static PyObject *wrap(PyTypeObject *type, af_provider *provider) {
 }
 
 static PyObject *provider_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    afpy_log_sync();   /* C messages at the logger's level only */
     if (!PyArg_ParseTuple(args, ":Provider") || (kwargs && PyDict_Size(kwargs) > 0)) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "Provider() takes no arguments");
         return NULL;
@@ -44,6 +46,7 @@ static void provider_dealloc(afpy_provider *self) {
 
 /* prepare(samples_json: str) -> bool; the samples file's JSON (docs/FORMATS.md). */
 static PyObject *provider_prepare(afpy_provider *self, PyObject *arg) {
+    afpy_log_sync();   /* C messages at the logger's level only */
     Py_ssize_t len;
     const char *json = PyUnicode_AsUTF8AndSize(arg, &len);
     if (!json) return NULL;
@@ -77,6 +80,7 @@ static PyObject *provider_to_json(afpy_provider *self, PyObject *unused) {
 
 /* Provider.from_json(text: str) -> Provider, prepared. */
 static PyObject *provider_from_json(PyObject *cls, PyObject *arg) {
+    afpy_log_sync();   /* C messages at the logger's level only */
     Py_ssize_t len;
     const char *json = PyUnicode_AsUTF8AndSize(arg, &len);
     if (!json) return NULL;
@@ -91,6 +95,7 @@ static PyObject *provider_from_json(PyObject *cls, PyObject *arg) {
 
 /* Provider.load(path: str | os.PathLike) -> Provider, prepared. */
 static PyObject *provider_load(PyObject *cls, PyObject *arg) {
+    afpy_log_sync();   /* C messages at the logger's level only */
     PyObject *path = NULL;
     if (!PyUnicode_FSConverter(arg, &path)) return NULL;
     af_provider *provider = NULL;
@@ -121,6 +126,7 @@ static af_qkv_source call_source(const afpy_provider *self, PyObject *args, af_q
  * PlanMismatchError unrun. stream: the cudaStream_t (an int) a CUDA call is enqueued on, None = the legacy default
  * stream; workspace: None or (alloc, free), where a CUDA call's scratch comes from (workspace.h). */
 static PyObject *provider_infer(afpy_provider *self, PyObject *args, PyObject *kwargs) {
+    afpy_log_sync();   /* C messages at the logger's level only */
     static char *keywords[] = {"args", "kwargs", "out", "lse", "strict", "stream", "workspace", NULL};
     PyObject *call_args, *call_kwargs, *out_obj, *lse_obj = Py_None, *stream_obj = Py_None, *workspace_obj = Py_None;
     int strict = 0;
@@ -160,6 +166,7 @@ static PyObject *provider_infer(afpy_provider *self, PyObject *args, PyObject *k
  * PlanMismatchError naming the difference when infer would not run this call with the plan. Runs nothing (the
  * Python provider guards fa4 plans with it before it calls FlashAttention-4). */
 static PyObject *provider_check_call(afpy_provider *self, PyObject *args, PyObject *kwargs) {
+    afpy_log_sync();   /* C messages at the logger's level only */
     static char *keywords[] = {"args", "kwargs", "stream", NULL};
     PyObject *call_args, *call_kwargs, *stream_obj = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!|O:check_call", keywords, &PyTuple_Type, &call_args,
@@ -181,6 +188,7 @@ static PyObject *provider_check_call(afpy_provider *self, PyObject *args, PyObje
 }
 
 static PyObject *provider_load_runtime(afpy_provider *self, PyObject *unused) {
+    afpy_log_sync();   /* C messages at the logger's level only */
     af_status status;
     Py_BEGIN_ALLOW_THREADS
     status = af_provider_load_runtime_dependencies(self->provider);

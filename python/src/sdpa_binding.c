@@ -1,5 +1,6 @@
 #include "sdpa_binding.h"
 
+#include "log_bridge.h"
 #include "call_args.h"
 #include "errors.h"
 #include "workspace.h"
@@ -15,6 +16,7 @@ int afpy_outputs_from_objects(PyObject *out_obj, PyObject *lse_obj, uintptr_t st
 }
 
 PyObject *afpy_sdpa(PyObject *self, PyObject *args, PyObject *kwargs) {
+    afpy_log_sync();   /* C messages at the logger's level only */
     static char *keywords[] = {"args", "kwargs", "out", "lse", "causal_bottom_right", "reference", "stream",
                                "workspace", NULL};
     PyObject *call_args, *call_kwargs, *out_obj, *lse_obj = Py_None, *stream_obj = Py_None, *workspace_obj = Py_None;

@@ -184,3 +184,23 @@ def test_numpy_tier_does_not_import_torch():
             "attnforge.scaled_dot_product_attention(*(numpy.zeros((1, 1, 2, 4), numpy.float32) for _ in range(3)))\n"
             "assert 'torch' not in sys.modules, 'attnforge imported torch'\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_c_messages_reach_python_only_at_the_loggers_level(monkeypatch):
+    """The kernel driver logs a DEBUG line a call: handed to Python (the GIL, a logging call) only when the "attnforge"
+    logger would keep it, so a plain call pays nothing for logging it does not show."""
+    import logging
+    logger = logging.getLogger("attnforge")
+    handed = []
+    monkeypatch.setattr(logger, "log", lambda level, message, *a, **k: handed.append((level, message)))
+    q = np.ones((1, 2, 3, 8), dtype=np.float32)
+    old = logger.level
+    try:
+        logger.setLevel(logging.WARNING)
+        af.scaled_dot_product_attention(q, q, q)
+        assert handed == []
+        logger.setLevel(logging.DEBUG)
+        af.scaled_dot_product_attention(q, q, q)
+        assert any(level == logging.DEBUG and message.startswith("flash: isa") for level, message in handed)
+    finally:
+        logger.setLevel(old)

@@ -86,10 +86,19 @@ def test_opcheck_masked_rows():
 
 
 def test_backward_is_refused_by_the_registration():
+    """Each operator's Autograd kernel lets a forward that needs a gradient run and its backward raise, eagerly and
+    under torch.compile (an operator without one would compile and silently give no gradient through attention)."""
     q = randn(1, 2, 4, 8).requires_grad_()
     out, _ = torch.ops.attnforge.sdpa(q, q, q, None, 0.0, False, None, False, False, False)
+    with torch.no_grad():
+        want, _ = torch.ops.attnforge.sdpa(q, q, q, None, 0.0, False, None, False, False, False)
+    assert out.requires_grad and not want.requires_grad and torch.equal(out, want)
     with pytest.raises(af.UnsupportedError, match="attnforge computes no gradients"):
         out.sum().backward()
+    compiled = torch.compile(lambda x: torch.ops.attnforge.sdpa(x * 1, x, x, None, 0.0, False, None, False, False,
+                                                                False)[0], fullgraph=True)
+    with pytest.raises(Exception, match="attnforge computes no gradients"):
+        compiled(q).sum().backward()
     with pytest.raises(af.UnsupportedError, match="computes no gradients"):   # the public function says it first
         af.scaled_dot_product_attention(q, q, q)
 
