@@ -7,7 +7,10 @@ batching, "attnforge_flash".
     model.generate_batch(prompts, ...)   # with attn_implementation="attnforge_flash": paged continuous batching
 
 Every attention call of the model then runs on attnforge, and a call attnforge cannot run raises (there is no silent
-fallback to PyTorch):
+fallback to PyTorch), except that calls needing gradients (autograd on and a tensor requiring grad: a plain model(x)
+outside torch.no_grad(), training) run on PyTorch, with one warning per process on the "attnforge" logger, since
+attnforge has no backward pass yet: Transformers' sdpa computation, or its eager one with a softcap or sinks.
+Under torch.no_grad() or torch.inference_mode():
 - a call with no mask (causal prefill, decode, full attention) runs attnforge.scaled_dot_product_attention, or
   flash_attn_func when the layer has a sliding window, a softcap or learned sinks — the window goes to the kernel
   as window_size, so no (L, S) mask is built for it;
@@ -15,6 +18,8 @@ fallback to PyTorch):
   sinks too, each query row becomes one sequence of flash_attn_varlen_func over its visible keys, read in place
   through a page table of single-token pages (every row's visible keys must be one contiguous range, as causal,
   sliding-window and padding masks are).
+A position_bias (T5 and its family) is folded into the additive mask as Transformers' sdpa path folds it; the sparse
+key selections of DeepSeek sparse attention's models (indices, block_indices) raise.
 The mask function registered with it is Transformers' sdpa_mask, except that a causal sliding-window layer without
 padding gets no mask: its window is the sliding_window the layer passes to the attention call.
 
@@ -25,7 +30,10 @@ a batch with cu_seq_lens_q / cu_seq_lens_k, which run as one flash_attn_varlen_f
 its own implementations and names containing "flash" for continuous batching, hence the name. Its decode fast path
 (a block table into the paged cache) is only taken for FlashAttention 2/3 on CUDA, never for this name.
 """
+import logging
+
 import torch
+import torch.nn.functional as F
 
 from . import _C, _flash
 from ._flash import flash_attn_func, flash_attn_varlen_func
@@ -33,6 +41,8 @@ from ._sdpa import scaled_dot_product_attention
 
 NAME = "attnforge"
 FLASH_NAME = "attnforge_flash"
+
+logger = logging.getLogger("attnforge")
 
 
 def register(name: str = NAME, flash_name: str = FLASH_NAME) -> None:
@@ -91,33 +101,142 @@ def attention_mask(*args, local_size=None, allow_is_causal_skip=True, config=Non
 
 
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
-                      sliding_window=None, softcap=None, s_aux=None, **kwargs):
+                      sliding_window=None, softcap=None, s_aux=None, position_bias=None, **kwargs):
     """Transformers' attention-function contract: query (B, Hq, L, E), key (B, Hkv, S, E), value (B, Hkv, S, Ev),
-    attention_mask None or (B or 1, 1 or Hq, L, S) (bool: True = attend, or additive); returns
-    (attn_output (B, L, Hq, Ev), None)."""
-    if dropout:
-        raise _C.UnsupportedError(f"attnforge: dropout={dropout} is not supported (attention dropout only runs in "
-                                  "training; call model.eval())")
-    if kwargs.get("position_bias") is not None:
-        raise _C.UnsupportedError("attnforge: position_bias (an additive bias per layer) is not supported")
+    attention_mask None or (B or 1, 1 or Hq, L, S) (bool: True = attend, or additive), position_bias None or an
+    additive bias broadcastable to (B, Hq, L, S); returns (attn_output (B, L, Hq, Ev), None)."""
+    _refuse_sparse_selection(kwargs)
     sink = s_aux if s_aux is not None else kwargs.get("sinks")
     softcap = softcap or 0.0
-    is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    is_causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     if kwargs.get("block_table") is not None:
         raise _C.UnsupportedError("attnforge: continuous batching's block-table decode path (flash_attn_with_kvcache) "
                                   "is not supported; it is only enabled for FlashAttention 2/3 on CUDA")
+    on_pytorch = _needs_autograd(query, key, value, attention_mask, sink, position_bias)
+    if on_pytorch:   # attnforge has no backward pass: PyTorch's attention keeps training correct
+        _warn_autograd_once()
+    elif dropout:
+        raise _C.UnsupportedError(f"attnforge: dropout={dropout} is not supported (attention dropout only runs in "
+                                  "training; call model.eval())")
     if kwargs.get("cu_seq_lens_q") is not None and kwargs.get("cu_seq_lens_k") is not None:
-        return _packed(query, key, value, kwargs, scaling, bool(is_causal), sliding_window, softcap, sink), None
+        if on_pytorch:
+            raise _C.UnsupportedError("attnforge: packed sequences (cu_seq_lens_q/k) that need gradients are not "
+                                      "supported (attnforge computes no gradients; use torch.no_grad())")
+        return _packed(query, key, value, kwargs, scaling, is_causal, sliding_window, softcap, sink), None
     if attention_mask is not None and attention_mask.ndim == 2:   # a FlashAttention-style (B, S) padding mask
-        attention_mask = _mask_from_padding(attention_mask, query.shape[2], bool(is_causal), sliding_window)
+        attention_mask = _mask_from_padding(attention_mask, query.shape[2], is_causal, sliding_window)
+    if position_bias is not None:   # as Transformers' sdpa path: the bias becomes the additive mask
+        key, value, attention_mask = _with_position_bias(query, key, value, attention_mask, position_bias,
+                                                          is_causal, sliding_window)
+        is_causal = False
+    if on_pytorch:
+        return _pytorch_attention(query, key, value, attention_mask, dropout, scaling, is_causal, sliding_window,
+                                  softcap, sink), None
     if attention_mask is None:
-        out = _unmasked(query, key, value, scaling, bool(is_causal), sliding_window, softcap, sink)
+        out = _unmasked(query, key, value, scaling, is_causal, sliding_window, softcap, sink)
     elif not softcap and sink is None:
         out = _masked_sdpa(query, key, value, attention_mask, scaling)
     else:   # reads the mask's values: an operator of its own, so a compiled graph keeps it whole
         from . import _ops
         out = _ops.masked_rows(query, key, value, attention_mask, scaling, softcap, sink)
     return out, None
+
+
+def _refuse_sparse_selection(kwargs):
+    """DeepSeek sparse attention's models fold their top-k key selection into the mask only for "eager" and "sdpa";
+    any other implementation gets it as indices for a sparse kernel, which attnforge is not: refuse, never ignore."""
+    for name in ("indices", "block_indices"):
+        if kwargs.get(name) is not None:
+            raise _C.UnsupportedError(f"attnforge: {name} (a sparse selection of keys per query) is not supported")
+
+
+def _needs_autograd(*tensors):
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+_autograd_warned = False
+
+
+def _warn_autograd_once():
+    """One warning per process (not per layer and step), in the words and on the logger of attnforge.torch.apply."""
+    global _autograd_warned
+    if _autograd_warned or torch.compiler.is_compiling():   # a logging call would break a compiled graph
+        return
+    _autograd_warned = True
+    logger.warning("attnforge computes no gradients: attention calls that need autograd run on PyTorch; run the "
+                   "model under torch.no_grad() or torch.inference_mode() to use attnforge")
+
+
+def _with_position_bias(query, key, value, mask, position_bias, is_causal, sliding_window):
+    """Transformers' sdpa path (integrations/sdpa_attention.py): position_bias, and the causality and window no mask
+    states, folded into one additive mask; returns (key, value, mask), the keys cropped as _unmasked crops them."""
+    key, value, causal = _unused_slots_cropped(query, key, value, mask, is_causal)
+    position_bias = position_bias[..., :key.shape[2]]
+    if mask is None:
+        mask = _implicit_mask(query, key, causal, sliding_window, is_causal)
+    if mask is None:
+        return key, value, position_bias
+    if mask.dtype == torch.bool:
+        return key, value, torch.where(mask, position_bias, torch.finfo(key.dtype).min)
+    return key, value, position_bias + mask
+
+
+def _unused_slots_cropped(query, key, value, mask, is_causal):
+    """(key, value, causal): a causal prefill without a mask attends top-left; the keys past L are unused slots of a
+    static cache, dropped as Transformers' sdpa path drops them."""
+    L = query.shape[2]
+    causal = is_causal and L > 1 and mask is None
+    if causal and key.shape[2] > L:
+        key, value = key[:, :, :L], value[:, :, :L]
+    return key, value, causal
+
+
+def _implicit_mask(query, key, causal, sliding_window, is_causal):
+    """The (1, 1, L, S) bool mask of a maskless call (causality, the layer's window), or None where every key is
+    visible; the keys already cropped, so top-left and bottom-right causality agree."""
+    if not causal and _window_left(sliding_window, is_causal) is None:
+        return None
+    padding = torch.ones(1, key.shape[2], device=key.device)
+    return _mask_from_padding(padding, query.shape[2], True, sliding_window)
+
+
+def _pytorch_attention(query, key, value, mask, dropout, scaling, is_causal, sliding_window, softcap, sink):
+    """The call on PyTorch, with gradients: Transformers' sdpa computation (F.scaled_dot_product_attention), or its
+    eager one where a softcap or sinks need the scores; (B, L, Hq, Ev)."""
+    key, value, causal = _unused_slots_cropped(query, key, value, mask, is_causal)
+    if mask is None and (_window_left(sliding_window, is_causal) is not None or softcap or sink is not None):
+        mask, causal = _implicit_mask(query, key, causal, sliding_window, is_causal), False
+    if mask is not None and mask.dtype != torch.bool and mask.dtype != query.dtype:
+        mask = mask.to(query.dtype)
+    if softcap or sink is not None:
+        return _eager_attention(query, key, value, mask, dropout, scaling, softcap, sink)
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, is_causal=causal,
+                                         scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
+    return out.transpose(1, 2)
+
+
+def _eager_attention(query, key, value, mask, dropout, scaling, softcap, sink):
+    """Gemma 2's and gpt-oss's eager attention: softcapped scores, the mask, a sink logit per head beside the keys."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    scores = torch.matmul(query, key.transpose(2, 3)) * scale
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    if mask is not None and mask.dtype == torch.bool:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    elif mask is not None:
+        scores = scores + mask
+    if sink is not None:
+        sinks = sink if sink.ndim == 4 else sink.reshape(1, -1, 1, 1)   # (B, H, L, 1): a sink per query (Inkling 2)
+        sinks = sinks.to(scores.dtype).expand(*scores.shape[:3], 1)
+        scores = torch.cat([scores, sinks], dim=-1)
+    probs = torch.softmax(scores - scores.amax(-1, keepdim=True), dim=-1, dtype=torch.float32).to(query.dtype)
+    if sink is not None:
+        probs = probs[..., :-1]
+    if dropout:   # only passed in training
+        probs = F.dropout(probs, p=dropout, training=True)
+    return torch.matmul(probs, value).transpose(1, 2)
 
 
 def _nhd(x):

@@ -233,9 +233,122 @@ def test_calls_attnforge_cannot_run_raise():
     switch(model, "attnforge").train()
     with torch.no_grad(), pytest.raises(af.UnsupportedError, match="dropout"):
         model(input_ids=prompt())
-    model.eval()
-    with pytest.raises(af.UnsupportedError, match="gradients"):   # autograd: attnforge has no backward
-        model(input_ids=prompt())
+    q = k = v = torch.randn(1, 2, 3, 8)
+    with pytest.raises(af.UnsupportedError, match="indices"):   # a sparse kernel's input: never ignored
+        aft.attention_forward(torch.nn.Module(), q, k, v, None, indices=torch.zeros(1, 3, 2, dtype=torch.int32))
+    cu_seq_lens = torch.tensor([0, 3], dtype=torch.int32)
+    with pytest.raises(af.UnsupportedError, match="packed sequences .* need gradients"):   # not silently detached
+        aft.attention_forward(torch.nn.Module(), q.requires_grad_(), k, v, None, cu_seq_lens_q=cu_seq_lens,
+                              cu_seq_lens_k=cu_seq_lens)
+
+
+AUTOGRAD_WARNING = "attnforge computes no gradients"
+
+
+def autograd_warnings(caplog):
+    return [r for r in caplog.records if r.name == "attnforge" and AUTOGRAD_WARNING in r.getMessage()]
+
+
+def forward_with_gradients(model, ids, mask=None):
+    model.zero_grad()
+    out = model(input_ids=ids, attention_mask=mask, labels=ids)
+    out.loss.backward()
+    return out.logits.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def test_forward_with_gradients_runs_on_pytorch_and_warns_once(monkeypatch, caplog):
+    """Autograd on: every attention call goes to PyTorch (attnforge has no backward), with the same logits and
+    gradients as "sdpa" and one warning per process; under no_grad and inference_mode the calls run on attnforge."""
+    monkeypatch.setattr(aft, "_autograd_warned", False)
+    caplog.set_level("WARNING", logger="attnforge")
+    model = build("llama_gqa", "sdpa")
+    ids, mask = left_padded(prompt(batch=3), [0, 5, 9])
+    want = [forward_with_gradients(model, ids), forward_with_gradients(model, ids, mask)]
+    calls = Calls(monkeypatch)
+    switch(model, "attnforge")
+    got = [forward_with_gradients(model, ids), forward_with_gradients(model, ids, mask)]
+    assert calls.sdpa + calls.flash == 0, "calls that need autograd never reach attnforge"
+    assert len(autograd_warnings(caplog)) == 1, "one warning per process, not per call"
+    for (got_logits, got_grads), (want_logits, want_grads) in zip(got, want):
+        torch.testing.assert_close(got_logits, want_logits, atol=1e-6, rtol=1e-6)
+        assert got_grads.keys() == want_grads.keys() and got_grads
+        for name in want_grads:
+            torch.testing.assert_close(got_grads[name], want_grads[name], atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)
+    with torch.inference_mode():
+        model(input_ids=ids)
+    assert calls.sdpa == 2 * model.config.num_hidden_layers, "no_grad and inference_mode run on attnforge"
+    assert len(autograd_warnings(caplog)) == 1
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left_padded"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_with_gradients_match_eager(family, padded, monkeypatch):
+    """The PyTorch path keeps what attnforge's kernels apply: the window Transformers' mask left to the kernel, the
+    softcap, the sinks."""
+    model = build(family)
+    ids, mask = left_padded(prompt(batch=3), [0, 5, 9]) if padded else (prompt(), None)
+    want = logits(model, ids, mask)
+    calls = Calls(monkeypatch)
+    got = switch(model, "attnforge")(input_ids=ids, attention_mask=mask).logits
+    assert got.requires_grad and calls.sdpa + calls.flash == 0
+    assert_logits_close(got.detach(), want, mask)
+
+
+def test_training_with_attention_dropout_runs_on_pytorch(monkeypatch):
+    model = build("llama_gqa")
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.5
+    switch(model, "attnforge").train()
+    calls = Calls(monkeypatch)
+    torch.manual_seed(1)
+    first = model(input_ids=prompt()).logits
+    second = model(input_ids=prompt()).logits
+    first.sum().backward()
+    assert calls.sdpa + calls.flash == 0
+    assert not torch.equal(first, second), "the dropout PyTorch applies"
+
+
+T5_SMALL = dict(vocab_size=97, d_model=64, d_kv=16, d_ff=96, num_layers=2, num_decoder_layers=2, num_heads=4,
+                relative_attention_num_buckets=8, relative_attention_max_distance=16, pad_token_id=0, eos_token_id=2,
+                decoder_start_token_id=0, initializer_factor=1.0)
+
+
+def build_t5(implementation="eager"):
+    torch.manual_seed(0)
+    config = transformers.T5Config(**T5_SMALL)
+    return transformers.T5ForConditionalGeneration._from_config(config, attn_implementation=implementation).eval()
+
+
+def test_t5_position_bias_logits_match_eager(monkeypatch):
+    """T5's relative position bias folded into the additive mask (as Transformers' sdpa path does): encoder
+    self-attention (padding), decoder self-attention (causal) and cross-attention, every call on attnforge."""
+    model = build_t5()
+    ids, mask = left_padded(prompt(batch=3), [0, 5, 9])
+    decoder_ids = prompt(batch=3, length=7, seed=2)
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids).logits
+        calls = Calls(monkeypatch)
+        got = switch(model, "attnforge")(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids).logits
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+    assert calls.sdpa == T5_SMALL["num_layers"] + 2 * T5_SMALL["num_decoder_layers"] and calls.flash == 0
+    trained = model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids).logits   # on PyTorch
+    torch.testing.assert_close(trained.detach(), want, atol=2e-5, rtol=2e-5)
+
+
+def test_t5_greedy_tokens_match_sdpa(monkeypatch):
+    """Decoding with a cache: one decoder query against its past keys, the bias's last row."""
+    model = build_t5("sdpa")
+    ids, mask = left_padded(prompt(), [0, 4])
+    with torch.no_grad():
+        want = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, min_new_tokens=10,
+                              do_sample=False)
+        calls = Calls(monkeypatch)
+        got = switch(model, "attnforge").generate(input_ids=ids, attention_mask=mask, max_new_tokens=10,
+                                                  min_new_tokens=10, do_sample=False)
+    assert torch.equal(got, want), f"attnforge {got.tolist()} != sdpa {want.tolist()}"
+    assert calls.sdpa >= 10 * 2 * T5_SMALL["num_decoder_layers"]
 
 
 def test_masks_attnforge_cannot_express_with_softcap_raise():
