@@ -36,8 +36,25 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
+/* fork() copies no worker into the child: it starts with an empty pool (else its first call waits for workers that do
+ * not exist, as in a torch.utils.data worker process). pool_lock is held across the fork so that no worker holds it
+ * there. */
+static void before_fork(void) { pthread_mutex_lock(&pool_lock); }
+static void after_fork_in_parent(void) { pthread_mutex_unlock(&pool_lock); }
+static void after_fork_in_child(void) {
+    pthread_mutex_init(&pool_lock, NULL);
+    pthread_cond_init(&work_ready, NULL);
+    pthread_cond_init(&work_done, NULL);
+    num_workers = 0;
+    workers_pending = 0;
+    current_job = NULL;
+}
+static pthread_once_t fork_handlers_once = PTHREAD_ONCE_INIT;
+static void install_fork_handlers(void) { pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child); }
+
 /* Grow the pool to `want` workers; returns how many exist (creation can fail, which only costs speed). */
 static int ensure_workers(int want) {
+    pthread_once(&fork_handlers_once, install_fork_handlers);
     pthread_mutex_lock(&pool_lock);
     while (num_workers < want) {
         pthread_t t;
