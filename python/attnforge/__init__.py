@@ -13,6 +13,7 @@ import atexit as _atexit
 import logging as _logging
 
 from . import _C, _register
+from . import _host_threads
 from ._C import (
     Error,
     FileError,
@@ -34,6 +35,9 @@ __version__ = _C.__version__
 # torch.ops.attnforge.* exist as soon as torch is imported too (torch.export.load needs them)
 _register.register_operators()
 
+# Once torch is imported (before or after attnforge), attnforge's parallel work runs on torch's OpenMP threads
+_host_threads.install()
+
 # Silent by default, like the C library: the embedding program configures the "attnforge" logger.
 _logging.getLogger("attnforge").addHandler(_logging.NullHandler())
 # The C log callback calls into Python; detach it before the interpreter goes away.
@@ -41,13 +45,27 @@ _atexit.register(_C._shutdown)
 
 
 def set_num_threads(n: int) -> None:
-    """Threads one call uses; 0 = all cores (the default)."""
+    """Threads one call uses; 0 = all cores (the default).
+    On torch's OpenMP threads (set_host_threads), 0 = torch.get_num_threads() on the calling thread."""
     _C.set_num_threads(n)
 
 
 def get_num_threads() -> int:
     """Threads one call will use."""
     return _C.get_num_threads()
+
+
+def set_host_threads(enabled: bool) -> None:
+    """True (the default; ATTNFORGE_HOST_THREADS=0 makes it False): once torch is imported, and where it runs its
+    operators on GNU OpenMP (its CPU wheels' torch/lib/libgomp.so.1), attnforge's parallel work runs on torch's
+    OpenMP threads, torch.get_num_threads() of them unless set_num_threads chose a count, instead of attnforge's own
+    thread pool, which would wait for the cores torch's spinning threads hold. False: attnforge's own pool."""
+    _host_threads.set_host_threads(enabled)
+
+
+def get_host_threads():
+    """Path of the OpenMP runtime whose threads run attnforge's parallel work, or None: attnforge's own pool."""
+    return _host_threads.get_host_threads()
 
 
 def set_isa(name: str) -> None:
@@ -87,5 +105,6 @@ __all__ = [
     "flash_attn_func", "flash_attn_varlen_func",
     "samples_to_json", "save_samples", "load_samples",
     "set_num_threads", "get_num_threads", "set_isa", "get_isa", "isa_available", "isas", "cuda_check_errors",
+    "set_host_threads", "get_host_threads",
     "__version__",
 ]

@@ -8,6 +8,7 @@
 #include "attnforge.h"
 #include "errors.h"
 #include "flash_binding.h"
+#include "host_openmp.h"
 #include "log_bridge.h"
 #include "provider_binding.h"
 #include "sdpa_binding.h"
@@ -151,6 +152,10 @@ static PyMethodDef module_methods[] = {
     {"version", module_version, METH_NOARGS, "The linked library's version."},
     {"set_num_threads", module_set_num_threads, METH_O, "Threads per call; 0 = all cores."},
     {"get_num_threads", module_get_num_threads, METH_NOARGS, "Threads a call will use."},
+    {"use_host_threads", afpy_use_host_threads, METH_O,
+     "use_host_threads(library): lend the GNU OpenMP runtime `library` loaded -> (runtime, None) or (None, why)."},
+    {"stop_host_threads", afpy_stop_host_threads, METH_NOARGS, "attnforge's own thread pool again."},
+    {"host_threads", afpy_host_threads, METH_NOARGS, "Path of the OpenMP runtime lent to attnforge, or None."},
     {"set_isa", module_set_isa, METH_O, "Choose the kernels' ISA: 'portable', 'avx2', 'avx512', 'amx'."},
     {"isas", module_isas, METH_NOARGS, "The ISAs compiled into this build, from 'portable' up."},
     {"get_isa", module_get_isa, METH_NOARGS, "The ISA in use."},

@@ -5,6 +5,7 @@
 #include <stdatomic.h>
 
 #include "call_args.h"
+#include "host_openmp.h"
 #include "core/status.h"
 #include "provider/provider.h"
 #include "provider_binding.h"
@@ -110,6 +111,78 @@ static PyObject *testing_workspace(PyObject *module, PyObject *args) {
     return PyLong_FromVoidPtr(ptr);
 }
 
+/* _testing_host_record(on): clear the lent executor's counters and thread ids; on: record from now. */
+static PyObject *testing_host_record(PyObject *module, PyObject *arg) {
+    const int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    afpy_host_openmp_record(on);
+    Py_RETURN_NONE;
+}
+
+/* _testing_host_counts() -> {"regions", "members", "thread_ids"}: host regions entered, member threads run, and the
+ * kernel thread ids (gettid) of those members, since _testing_host_record(True). */
+static PyObject *testing_host_counts(PyObject *module, PyObject *unused) {
+    const afpy_host_counts c = afpy_host_openmp_counts();
+    long ids[64];
+    const int n = afpy_host_openmp_thread_ids(ids, 64);
+    PyObject *list = PyList_New(n);
+    for (int i = 0; list && i < n; i++) {
+        PyObject *id = PyLong_FromLong(ids[i]);
+        if (!id) Py_CLEAR(list);
+        else PyList_SET_ITEM(list, i, id);
+    }
+    if (!list) return NULL;
+    return Py_BuildValue("{sl,sl,sN}", "regions", c.regions, "members", c.members, "thread_ids", list);
+}
+
+typedef struct { PyObject *fn, *results; } region_call;
+
+/* One member of the host's region: takes the GIL, calls fn(index), keeps its result or its exception. */
+static void region_member(void *ctx, int index) {
+    region_call *r = ctx;
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject *result = PyObject_CallFunction(r->fn, "i", index);
+    if (!result) {
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        PyErr_NormalizeException(&type, &value, &traceback);
+        if (!value) {
+            Py_INCREF(Py_None);
+            value = Py_None;
+        }
+        result = value;
+        Py_XDECREF(type);
+        Py_XDECREF(traceback);
+    }
+    PyList_SetItem(r->results, index, result);   /* steals result */
+    PyGILState_Release(gil);
+}
+
+/* _testing_host_region(n, fn) -> [fn(0), ..., fn(n-1)] (an exception object where fn raised; None for an index the
+ * team never ran): fn called on each thread of one parallel region of the lent OpenMP runtime, i.e. attnforge
+ * called from inside the host's region. RuntimeError when no runtime is lent. */
+static PyObject *testing_host_region(PyObject *module, PyObject *args) {
+    int n;
+    PyObject *fn;
+    if (!PyArg_ParseTuple(args, "iO:_testing_host_region", &n, &fn)) return NULL;
+    if (n < 1 || n > 64) return PyErr_Format(PyExc_ValueError, "n: expected 1..64 threads, got %d", n);
+    region_call r = {fn, PyList_New(n)};
+    if (!r.results) return NULL;
+    for (int i = 0; i < n; i++) {
+        Py_INCREF(Py_None);
+        PyList_SET_ITEM(r.results, i, Py_None);
+    }
+    bool ran;
+    Py_BEGIN_ALLOW_THREADS   /* the members take the GIL in turn */
+    ran = afpy_host_openmp_region(n, region_member, &r);
+    Py_END_ALLOW_THREADS
+    if (!ran) {
+        Py_DECREF(r.results);
+        return PyErr_Format(PyExc_RuntimeError, "no host OpenMP runtime is lent to attnforge (host_threads() is None)");
+    }
+    return r.results;
+}
+
 PyMethodDef afpy_testing_methods[] = {
     {"_testing_workspace", testing_workspace, METH_VARARGS,
      "Test hook: alloc and free through the allocator a CUDA call's backend gets from `workspace`."},
@@ -119,5 +192,9 @@ PyMethodDef afpy_testing_methods[] = {
     {"_testing_seen", testing_seen, METH_NOARGS, "Test hook: (q, k, v) data pointers of the last spied call."},
     {"_testing_stats", testing_stats, METH_O, "Test hook: how the provider's infer ran its calls."},
     {"_testing_runtime_loaded", testing_runtime_loaded, METH_O, "Test hook: whether the backend is loaded."},
+    {"_testing_host_record", testing_host_record, METH_O, "Test hook: clear (and on: record) the host executor's counts."},
+    {"_testing_host_counts", testing_host_counts, METH_NOARGS, "Test hook: the host executor's regions, members, tids."},
+    {"_testing_host_region", testing_host_region, METH_VARARGS,
+     "Test hook: fn(index) on each thread of one parallel region of the lent OpenMP runtime."},
     {NULL, NULL, 0, NULL},
 };
