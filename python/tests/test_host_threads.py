@@ -268,8 +268,11 @@ class _AttentionDataset(torch.utils.data.Dataset):
         return i % len(CASES), af.scaled_dot_product_attention(*args, **kw)
 
 
-def test_calls_from_data_loader_workers(host_threads, expected):
-    """torch.utils.data's worker processes (forked after torch's and attnforge's threads ran here) call attnforge."""
+@pytest.mark.parametrize("on_torch_threads", [True, False])
+def test_calls_from_data_loader_workers(host_threads, expected, on_torch_threads):
+    """torch.utils.data's worker processes (forked after torch's and attnforge's threads ran here) call attnforge, on
+    torch's threads or on attnforge's own pool (whose workers the child does not have)."""
+    af.set_host_threads(on_torch_threads)
     a = torch.randn(128, 128)
     (a @ a).sum()
     af.scaled_dot_product_attention(*CASES[0][0], **CASES[0][1])   # both teams exist before the fork
