@@ -98,6 +98,16 @@ sys.exit(m.version('aitune') != '${aitune_pin#*==}')" 2>/dev/null \
           && "$py" -m pip install -q --disable-pip-version-check --no-deps "$aitune_pin"; }; then
   echo "test-python: WARNING: $aitune_pin could not be installed; the AITune tests skip" >&2
 fi
+# FlashAttention-4's own test reference (flash_attn/cute/testing.py) for tests/test_fa4_peer_suite.py: pinned, the
+# version that suite was ported from, with --no-deps (the wheel is pure Python; its CUTLASS DSL and other GPU
+# dependencies are never imported by testing.py, which needs only torch and einops).
+fa4_pin="flash-attn-4==4.0.0b27"
+if ! "$py" -c "import importlib.metadata as m, sys, einops
+sys.exit(m.version('flash-attn-4') != '${fa4_pin#*==}')" 2>/dev/null \
+   && ! { "$py" -m pip install -q --disable-pip-version-check einops \
+          && "$py" -m pip install -q --disable-pip-version-check --no-deps "$fa4_pin"; }; then
+  echo "test-python: WARNING: $fa4_pin could not be installed; the FA4 peer suite skips" >&2
+fi
 # `make build` compiled libattnforge_cuda.so already: the wheel takes it from there (python/CMakeLists.txt,
 # AF_CUDA_BUILD_DIR) instead of compiling backend.cu a second time (2m41s measured on 2 cores)
 pip_cuda=()
