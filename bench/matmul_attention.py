@@ -170,6 +170,14 @@ def model_table(args):
                       f" {(sdpa - gain) * 1e3:.1f} ms |", flush=True)
 
 
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as info:
+            return next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--loop", action="store_true", help="the matmul-then-attention table only")
@@ -186,7 +194,7 @@ def main():
         torch.set_num_threads(args.threads)
     both = not args.loop and not args.model
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, attnforge {attnforge.__version__}"
-          f" (isa {attnforge.get_isa()}, host threads {attnforge.get_host_threads()}), {platform.processor()}")
+          f" (isa {attnforge.get_isa()}, host threads {attnforge.get_host_threads()}), {cpu_name()}")
     with torch.no_grad():
         if args.loop or both:
             loop_table(args)
