@@ -110,8 +110,8 @@ def model_table(args):
     import attnforge.transformers as aft
 
     aft.register()
-    print(f"\n### Llama-shaped model, hidden {args.hidden}, {args.layers} layers ({args.rounds} interleaved rounds,"
-          f" medians)\n")
+    print(f"\n### Llama-shaped model, hidden {args.hidden}, {args.layers} layers ({args.rounds} interleaved rounds of a"
+          f" forward, or of {args.iters} decode steps or attention calls; medians)\n")
     heads = args.hidden // 128
     config = transformers.LlamaConfig(hidden_size=args.hidden, intermediate_size=int(args.hidden * 2.75) // 64 * 64,
                                       num_hidden_layers=args.layers, num_attention_heads=heads,
@@ -157,8 +157,8 @@ def model_table(args):
                     runs[key][1]()
                 for r in range(args.rounds):
                     for key in keys[r % len(keys):] + keys[:r % len(keys)]:
-                        use_threads_of(runs[key][0])
-                        samples[key].append(timed(runs[key][1], 1))
+                        use_threads_of(runs[key][0])   # a forward is long enough alone; a step or a call is not
+                        samples[key].append(timed(runs[key][1], 1 if key[0] == "forward" else args.iters))
             attnforge.set_host_threads(True)
             t = {key: statistics.median(times) for key, times in samples.items()}
             for step in ("forward", "decode"):
