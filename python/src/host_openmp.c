@@ -18,8 +18,9 @@ typedef struct {
     char runtime[PATH_MAX];
 } host_runtime;
 
-/* Set under the GIL; never freed once lent: a call that began with it may still be running when it is replaced. */
-static host_runtime *lent;
+/* Set under the GIL, read by test regions without it; never freed once lent: a call that began with it may still be
+ * running when it is replaced. */
+static _Atomic(host_runtime *) lent;
 
 static atomic_long regions, members;
 static atomic_bool recording;
@@ -103,7 +104,7 @@ PyObject *afpy_use_host_threads(PyObject *module, PyObject *arg) {
     Py_BEGIN_ALLOW_THREADS
     af_set_parallel_executor(&executor);
     Py_END_ALLOW_THREADS
-    lent = h;
+    atomic_store(&lent, h);
     return Py_BuildValue("(sO)", h->runtime, Py_None);
 }
 
@@ -111,13 +112,14 @@ PyObject *afpy_stop_host_threads(PyObject *module, PyObject *unused) {
     Py_BEGIN_ALLOW_THREADS
     af_set_parallel_executor(NULL);
     Py_END_ALLOW_THREADS
-    lent = NULL;
+    atomic_store(&lent, NULL);
     Py_RETURN_NONE;
 }
 
 PyObject *afpy_host_threads(PyObject *module, PyObject *unused) {
-    if (!lent) Py_RETURN_NONE;
-    return PyUnicode_DecodeFSDefault(lent->runtime);
+    const host_runtime *h = atomic_load(&lent);
+    if (!h) Py_RETURN_NONE;
+    return PyUnicode_DecodeFSDefault(h->runtime);
 }
 
 afpy_host_counts afpy_host_openmp_counts(void) {
@@ -141,7 +143,7 @@ int afpy_host_openmp_thread_ids(long *ids, int capacity) {
 }
 
 bool afpy_host_openmp_region(int n_threads, void (*fn)(void *ctx, int index), void *ctx) {
-    const host_runtime *h = lent;
+    const host_runtime *h = atomic_load(&lent);
     if (!h) return false;
     run_team(h, n_threads, fn, ctx);
     return true;

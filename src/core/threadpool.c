@@ -27,7 +27,15 @@ static atomic_int requested_threads;   /* 0 = the executor's count, or all cores
 
 AF_API void af_set_num_threads(int n) { atomic_store(&requested_threads, n < 0 ? 0 : n); }
 
+/* executor_lock is held across fork() so that the child's copy is never left locked by a thread it does not have. (A
+ * pool_busy held by another thread at the fork only makes the child's calls run on one thread.) */
+static void before_fork(void) { pthread_mutex_lock(&executor_lock); }
+static void after_fork(void) { pthread_mutex_unlock(&executor_lock); }
+static pthread_once_t fork_handlers_once = PTHREAD_ONCE_INIT;
+static void install_fork_handlers(void) { pthread_atfork(before_fork, after_fork, after_fork); }
+
 AF_API void af_set_parallel_executor(const af_parallel_executor *lent) {
+    pthread_once(&fork_handlers_once, install_fork_handlers);
     pthread_mutex_lock(&executor_lock);
     if (lent && lent->parallel) executor = *lent;
     else memset(&executor, 0, sizeof executor);
@@ -35,6 +43,7 @@ AF_API void af_set_parallel_executor(const af_parallel_executor *lent) {
 }
 
 static af_parallel_executor current_executor(void) {
+    pthread_once(&fork_handlers_once, install_fork_handlers);
     pthread_mutex_lock(&executor_lock);
     const af_parallel_executor e = executor;
     pthread_mutex_unlock(&executor_lock);
