@@ -54,13 +54,14 @@ typedef struct {
 
 /* ---- shapes and tensors */
 
-/* Keys row i of a sequence with Lq rows and S keys sees under bottom-right window (left, right), sides >= 0 here. */
+/* Keys row i of a sequence with Lq rows and S keys sees under bottom-right window (left, right): sides >= 0 here, or
+ * AF_WINDOW_UNBOUNDED. */
 static double keys_seen(int64_t Lq, int64_t S, int64_t left, int64_t right) {
     double total = 0.0;
     for (int64_t i = 0; i < Lq; i++) {
         const int64_t diagonal = i + S - Lq;
-        const int64_t lo = diagonal - left > 0 ? diagonal - left : 0;
-        const int64_t hi = diagonal + right < S - 1 ? diagonal + right : S - 1;
+        const int64_t lo = left == AF_WINDOW_UNBOUNDED || diagonal - left < 0 ? 0 : diagonal - left;
+        const int64_t hi = right != AF_WINDOW_UNBOUNDED && diagonal + right < S - 1 ? diagonal + right : S - 1;
         if (hi >= lo) total += (double)(hi - lo + 1);
     }
     return total;
@@ -105,7 +106,7 @@ static bool window_pair(feature_pair *p, const bench_features_options *o, af_dty
     p->b.label = "full", p->b.form = "full";
     p->a.args.has_window = true, p->a.args.window_left = o->window, p->a.args.window_right = 0;
     p->a.flops = 2.0 * (double)H * keys_seen(L, L, o->window, 0) * (double)(2 * E);
-    p->b.flops = 2.0 * (double)H * keys_seen(L, L, -1, -1) * (double)(2 * E);
+    p->b.flops = 2.0 * (double)H * keys_seen(L, L, AF_WINDOW_UNBOUNDED, AF_WINDOW_UNBOUNDED) * (double)(2 * E);
     p->work_ratio = p->a.flops / p->b.flops;
     p->target = 0.1;
     p->agreement = -1.0;
@@ -133,7 +134,7 @@ static bool varlen_pair(feature_pair *p, const bench_features_options *o, af_dty
     p->a.args.causal = p->b.args.causal = true;
     p->agreement = -1.0;
     if (!fixed_call(&p->b, &seed)) return false;
-    p->b.flops = MAX_SEQS * 2.0 * (double)H * keys_seen(longest, longest, -1, 0) * (double)(2 * E);
+    p->b.flops = MAX_SEQS * 2.0 * (double)H * keys_seen(longest, longest, AF_WINDOW_UNBOUNDED, 0) * (double)(2 * E);
     int64_t total = 0;
     for (int b = 0; b < MAX_SEQS; b++) total += varlen_length(longest, b);
     const int64_t packed[3] = {total, H, E}, cu_shape[1] = {MAX_SEQS + 1};
@@ -152,7 +153,7 @@ static bool varlen_pair(feature_pair *p, const bench_features_options *o, af_dty
         memcpy((char *)c->q.memory + to, (const char *)p->b.q.memory + from, bytes);
         memcpy((char *)c->k.memory + to, (const char *)p->b.k.memory + from, bytes);
         memcpy((char *)c->v.memory + to, (const char *)p->b.v.memory + from, bytes);
-        c->flops += 2.0 * (double)H * keys_seen(n, n, -1, 0) * (double)(2 * E);
+        c->flops += 2.0 * (double)H * keys_seen(n, n, AF_WINDOW_UNBOUNDED, 0) * (double)(2 * E);
     }
     c->args.query = &c->q.view, c->args.key = &c->k.view, c->args.value = &c->v.view;
     c->args.cu_seqlens_q = c->args.cu_seqlens_k = &c->cu_seqlens.view;
