@@ -180,11 +180,10 @@ AF_HOST_DEVICE static inline void af_key_range_of(int causal, bool has_window, i
     if (causal == AF_CAUSAL_BOTTOM_RIGHT) *hi = L - i <= S ? i + 1 + (S - L) : 0;   /* keys j <= i + S - L */
     if (!has_window) return;
     const int64_t diagonal = i + (S - L);   /* the key aligned with row i: i < L, so in (-L, S) */
-    /* keys j >= diagonal - left: diagonal - S and -diagonal cannot overflow, so neither comparison does */
-    if (left < diagonal - S) *lo = S;
-    else if (left < diagonal) *lo = diagonal - left;
-    /* keys j <= diagonal + right */
-    if (right < S - diagonal) {
+    /* keys j >= diagonal - left, j <= diagonal + right: i - L = diagonal - S and L - i = S - diagonal cannot
+     * overflow, so no comparison does */
+    if (left < diagonal) *lo = left < i - L ? S : diagonal - left;
+    if (right < L - i) {
         const int64_t end = right < -diagonal ? 0 : diagonal + right + 1;
         if (end < *hi) *hi = end;
     }
