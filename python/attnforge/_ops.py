@@ -85,10 +85,26 @@ class _NoBackward(torch.autograd.Function):
         raise _C.UnsupportedError(_NO_GRADIENTS)
 
 
+class _Operator:
+    """attnforge::name as its Python callers call it: an eager call on plain tensors that needs no gradient runs the
+    kernel directly (the dispatcher's round trip into Python is about 7 us, a quarter of a tiny call); anything else
+    (torch.compile, export, fake tensors, modes, autograd, a running torch.profiler, which records the operator by
+    name) goes through the operator, which Dynamo puts in its graph."""
+
+    def __init__(self, op, kernel):
+        self.op, self.kernel = op, kernel
+
+    def __call__(self, *args):
+        if not torch.compiler.is_compiling() and not torch.autograd._profiler_enabled() and _plain(args) and \
+                not _needs_grad(args):
+            return self.kernel(*args)
+        return self.op(*args)
+
+
 def _operator(name: str, schema: str, kernel, fake):
     """Define attnforge::name with its CPU and CUDA kernel, its fake, and an Autograd kernel: an eager call on plain
     tensors runs the kernel there and then, anything else goes on down the dispatcher; a call that needs a gradient
-    gets outputs whose backward raises (_NoBackward). Returns the OpOverload to call."""
+    gets outputs whose backward raises (_NoBackward). Returns the _Operator to call."""
     _LIB.define(name + schema)
     for device in _DEVICES:
         _LIB.impl(name, kernel, device.upper())
@@ -100,7 +116,7 @@ def _operator(name: str, schema: str, kernel, fake):
         return _NoBackward.apply(below, *args) if _needs_grad(args) else below(*args)
 
     _LIB.impl(name, autograd, "Autograd", with_keyset=True)
-    return op
+    return _Operator(op, kernel)
 
 
 # ---------------------------------------------------------------- attnforge::sdpa
