@@ -5,13 +5,11 @@ keep spinning for a while after each operator. attnforge's own pool, woken right
 cores; so once torch is imported, attnforge's parallel work runs on torch's OpenMP threads, torch.get_num_threads() of
 them (attnforge.set_num_threads(n) with n > 0 still chooses n). ATTNFORGE_HOST_THREADS=0, or set_host_threads(False),
 keeps attnforge's own pool. Nothing here imports torch: the switch happens when torch is imported, in either order."""
-import importlib.abc
-import importlib.util
 import logging
 import os
 import sys
 
-from . import _C
+from . import _C, _register
 
 ENV_VAR = "ATTNFORGE_HOST_THREADS"
 _log = logging.getLogger("attnforge")
@@ -45,36 +43,15 @@ def _lend():
         _log.debug("attnforge: own thread pool: %s", why)
 
 
-class _AfterTorchImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: when torch is first imported, wraps its loader so that the threads are lent once torch
-    has finished importing (as _register does for the operators)."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name != "torch":
-            return None
-        sys.meta_path.remove(self)   # one-shot, and the lookup below must not find this finder again
-        spec = importlib.util.find_spec("torch")
-        if spec is None or spec.loader is None:
-            return spec
-        exec_torch = spec.loader.exec_module
-
-        def exec_module(module):
-            exec_torch(module)
-            if _wanted:
-                _lend()
-
-        spec.loader.exec_module = exec_module
-        return spec
+def _lend_if_wanted():
+    if _wanted:
+        _lend()
 
 
 def install():
     """At attnforge's import: lend torch's threads now if torch is imported, else when it is."""
-    if not _wanted:
-        return
-    if sys.modules.get("torch") is not None:
-        _lend()
-    elif not any(isinstance(f, _AfterTorchImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterTorchImport())
+    if _wanted:
+        _register.after_torch_import(_lend_if_wanted)
 
 
 def set_host_threads(enabled):

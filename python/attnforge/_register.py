@@ -1,9 +1,11 @@
-"""attnforge's PyTorch operators are registered whenever torch and attnforge are both imported, in either order,
-without attnforge importing torch itself (the NumPy tier runs without it): so torch.export.load finds
-torch.ops.attnforge.* in any process that imported attnforge."""
+"""Work that needs torch, done whenever torch and attnforge are both imported, in either order, without attnforge
+importing torch itself (the NumPy tier runs without it): the operators register (so torch.export.load finds
+torch.ops.attnforge.* in any process that imported attnforge), and attnforge's threads move to torch's."""
 import importlib.abc
 import importlib.util
 import sys
+
+_pending = []   # callables waiting for torch's import to finish, in the order they came
 
 
 def _register_now():
@@ -11,8 +13,8 @@ def _register_now():
 
 
 class _AfterTorchImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: when torch is first imported, wraps its loader so the operators register once torch
-    has finished importing."""
+    """Finds nothing itself: when torch is first imported, wraps its loader so that the pending callables run once
+    torch has finished importing."""
 
     def find_spec(self, name, path=None, target=None):
         if name != "torch":
@@ -25,14 +27,23 @@ class _AfterTorchImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             exec_torch(module)
-            _register_now()
+            while _pending:
+                _pending.pop(0)()
 
         spec.loader.exec_module = exec_module
         return spec
 
 
-def register_operators():
+def after_torch_import(fn):
+    """fn() now if torch is imported, else once torch has finished importing (once, however often it is asked)."""
     if sys.modules.get("torch") is not None:   # None: an import of torch that failed or was blocked
-        _register_now()
-    elif not any(isinstance(f, _AfterTorchImport) for f in sys.meta_path):
+        fn()
+        return
+    if fn not in _pending:
+        _pending.append(fn)
+    if not any(isinstance(f, _AfterTorchImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _AfterTorchImport())
+
+
+def register_operators():
+    after_torch_import(_register_now)
