@@ -21,7 +21,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _C, _flash, _sdpa
+from . import _C, _flash, _masked_rows, _sdpa
 from ._tensors import new_lse, new_output
 from ._guard import Call, PlanView, bind
 from ._guard import refusal as _refusal
@@ -235,7 +235,7 @@ def _debug(message, *values):
 
 
 def _refuse_autograd(*tensors):
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+    if _needs_grad(tensors):
         raise _C.UnsupportedError(_NO_GRADIENTS)
 
 
@@ -286,8 +286,7 @@ def flash_attn(q, k, v, softmax_scale, causal, window, softcap, learnable_sink, 
 
 # ---------------------------------------------------------------- attnforge::masked_rows
 def _masked_rows_kernel(query, key, value, mask, scale, softcap, sink):
-    from . import transformers as hf   # its kernel reads the mask's values: opaque to the graph for that reason
-    return hf.masked_rows(query, key, value, mask, scale, softcap, sink)
+    return _masked_rows.masked_rows(query, key, value, mask, scale, softcap, sink)   # reads the mask's values
 
 
 def _masked_rows_fake(query, key, value, mask, scale, softcap, sink):

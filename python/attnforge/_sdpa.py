@@ -62,6 +62,10 @@ class Layout:
         if any(s is None for s in shapes) or (attn_mask is not None and mask is None):
             self.shape4 = (0, 0, 0, 0)   # not arrays: the C binding names the argument
             return
+        if mask is None or 1 <= len(mask) <= 4:   # the common call: no rule to apply in Python (the C checks the mask)
+            self.shape4 = plain_4d_shape(*shapes, enable_gqa)
+            if self.shape4 is not None:
+                return
         out, why = sdpa_shapes(*shapes, mask, enable_gqa)
         four_d = all(len(s) == 4 for s in shapes) and (mask is None or len(mask) <= 4)
         if why is not None:
@@ -126,40 +130,14 @@ class Layout:
         return lse4.view(shape) if is_torch_tensor(lse4) else lse4.reshape(shape)
 
 
-class _Plain4d:
-    """The common call as it is: 4-D q/k/v, whose batch and head dims are equal or 1 (one group size under
-    enable_gqa), and a mask of at most 4 dims; shape4 is the broadcast output. Layout's rule gives the same answer,
-    in about 10 us of Python a call (a tiny decode's whole budget); this, in well under one."""
-
-    def __init__(self, query, key, value, attn_mask, shape4):
-        self.query, self.key, self.value, self.attn_mask = query, key, value, attn_mask
-        self.shape4 = shape4
-
-    def out_4d(self, out):
-        return out
-
-    def from_4d(self, out4):
-        return out4
-
-    def lse_from_4d(self, lse4):
-        return lse4
-
-
 def layout(query, key, value, attn_mask=None, enable_gqa=False):
-    """The call as the C library takes it (Layout), the plain 4-D case without Layout's general rule."""
-    q, k, v = _shape(query), _shape(key), _shape(value)
-    if q is not None and k is not None and v is not None and \
-            (attn_mask is None or len(getattr(attn_mask, "shape", ())) in (1, 2, 3, 4)):
-        shape4 = plain_4d_shape(q, k, v, enable_gqa)
-        if shape4 is not None:
-            return _Plain4d(query, key, value, attn_mask, shape4)
     return Layout(query, key, value, attn_mask, enable_gqa)
 
 
 def run(reference, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_bottom_right,
         out, return_lse):
     query, key, value, attn_mask = exportable(query), exportable(key), exportable(value), exportable(attn_mask)
-    call = layout(query, key, value, attn_mask, enable_gqa)
+    call = Layout(query, key, value, attn_mask, enable_gqa)
     out4 = new_output(query, call.shape4) if out is None else call.out_4d(out)
     lse4 = new_lse(query, call.shape4[:3]) if return_lse else None
     kwargs = {"attn_mask": call.attn_mask, "dropout_p": dropout_p, "is_causal": is_causal, "scale": scale,
