@@ -68,18 +68,38 @@ static double max_abs_diff(const float *a, const float *b, int64_t n) {
     return worst;
 }
 
-static void run_accepted(const shape_case *c) {
-    unsigned seed = 1234;
-    const bh o = out_of(c);
-    float *q = random_floats(c->q.b * c->q.h * L * E, &seed), *k = random_floats(c->k.b * c->k.h * S * E, &seed);
-    float *v = random_floats(c->v.b * c->v.h * S * EV, &seed);
+/* A case's q, k, v (and mask) filled from `seed`, and the call over them; filled in place (args points into it). */
+typedef struct {
+    float *q, *k, *v, *mask;
+    af_tensor qt, kt, vt, mt;
+    af_sdpa_args args;
+} case_call;
+
+static void make_call(const shape_case *c, unsigned seed, case_call *cc) {
+    cc->q = random_floats(c->q.b * c->q.h * L * E, &seed);
+    cc->k = random_floats(c->k.b * c->k.h * S * E, &seed);
+    cc->v = random_floats(c->v.b * c->v.h * S * EV, &seed);
     int64_t mask_numel = 1;
     for (int d = 0; d < c->mask_ndim; d++) mask_numel *= c->mask_shape[d];
-    float *mask = c->mask_ndim ? random_floats(mask_numel, &seed) : NULL;
-    af_tensor qt = view4(q, c->q, L, E), kt = view4(k, c->k, S, E), vt = view4(v, c->v, S, EV), mt;
-    if (mask) mt = af_tensor_contiguous(mask, AF_F32, c->mask_ndim, c->mask_shape);
-    af_sdpa_args args = {.query = &qt, .key = &kt, .value = &vt, .attn_mask = mask ? &mt : NULL,
-                         .enable_gqa = c->enable_gqa, .is_causal = c->is_causal};
+    cc->mask = c->mask_ndim ? random_floats(mask_numel, &seed) : NULL;
+    cc->qt = view4(cc->q, c->q, L, E);
+    cc->kt = view4(cc->k, c->k, S, E);
+    cc->vt = view4(cc->v, c->v, S, EV);
+    if (cc->mask) cc->mt = af_tensor_contiguous(cc->mask, AF_F32, c->mask_ndim, c->mask_shape);
+    cc->args = (af_sdpa_args){.query = &cc->qt, .key = &cc->kt, .value = &cc->vt,
+                              .attn_mask = cc->mask ? &cc->mt : NULL, .enable_gqa = c->enable_gqa,
+                              .is_causal = c->is_causal};
+}
+
+static void free_call(case_call *cc) {
+    free(cc->q); free(cc->k); free(cc->v); free(cc->mask);
+}
+
+static void run_accepted(const shape_case *c) {
+    const bh o = out_of(c);
+    case_call cc;
+    make_call(c, 1234, &cc);
+    const af_sdpa_args args = cc.args;
 
     const int64_t out_numel = o.b * o.h * L * EV, lse_numel = o.b * o.h * L;
     float *ref = calloc((size_t)out_numel + 1, sizeof(float)), *ref_lse = calloc((size_t)lse_numel + 1, sizeof(float));
@@ -88,7 +108,7 @@ static void run_accepted(const shape_case *c) {
     if (af_sdpa_reference(&args, &ref_t, &ref_lse_t) != AF_OK) fail_msg("%s: reference: %s", c->name, af_last_error());
 
     /* the same call on explicitly expanded copies: every tensor (B, H, ...), no broadcasting, no grouping */
-    float *qe = expand(q, c->q, o, L, E), *ke = expand(k, c->k, o, S, E), *ve = expand(v, c->v, o, S, EV);
+    float *qe = expand(cc.q, c->q, o, L, E), *ke = expand(cc.k, c->k, o, S, E), *ve = expand(cc.v, c->v, o, S, EV);
     af_tensor qet = view4(qe, o, L, E), ket = view4(ke, o, S, E), vet = view4(ve, o, S, EV);
     af_sdpa_args expanded = args;
     expanded.query = &qet;
@@ -106,6 +126,7 @@ static void run_accepted(const shape_case *c) {
     float *out = calloc((size_t)out_numel + 1, sizeof(float)), *lse = calloc((size_t)lse_numel + 1, sizeof(float));
     af_tensor out_t = view4(out, o, L, EV);
     af_tensor lse_t = af_tensor_contiguous(lse, AF_F32, 3, (int64_t[]){o.b, o.h, L});
+    const char *isa_before = af_get_isa();
     for (int i = 0; af_isa_name(i); i++) {
         const char *isa = af_isa_name(i);
         if (!af_isa_available(isa)) continue;
@@ -120,9 +141,10 @@ static void run_accepted(const shape_case *c) {
                          threads, d, dl);
         }
     }
-    af_set_isa("auto");
+    assert_int_equal(af_set_isa(isa_before), AF_OK);
     af_set_num_threads(0);
-    free(q); free(k); free(v); free(mask); free(qe); free(ke); free(ve);
+    free_call(&cc);
+    free(qe); free(ke); free(ve);
     free(ref); free(ref_lse); free(want); free(want_lse); free(out); free(lse);
 }
 
@@ -195,30 +217,23 @@ static void refused_shapes_name_the_rule_and_write_nothing(void **state) {
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         const shape_case *c = &refused[i].c;
         const bh o = refused[i].out;
-        unsigned seed = 99;
-        float *q = random_floats(c->q.b * c->q.h * L * E, &seed), *k = random_floats(c->k.b * c->k.h * S * E, &seed);
-        float *v = random_floats(c->v.b * c->v.h * S * EV, &seed);
-        int64_t mask_numel = 1;
-        for (int d = 0; d < c->mask_ndim; d++) mask_numel *= c->mask_shape[d];
-        float *mask = c->mask_ndim ? random_floats(mask_numel, &seed) : NULL;
-        af_tensor qt = view4(q, c->q, L, E), kt = view4(k, c->k, S, E), vt = view4(v, c->v, S, EV), mt;
-        if (mask) mt = af_tensor_contiguous(mask, AF_F32, c->mask_ndim, c->mask_shape);
-        af_sdpa_args args = {.query = &qt, .key = &kt, .value = &vt, .attn_mask = mask ? &mt : NULL,
-                             .enable_gqa = c->enable_gqa, .is_causal = c->is_causal};
+        case_call cc;
+        make_call(c, 99, &cc);
         const int64_t n = o.b * o.h * L * EV;
         float *out = malloc(sizeof(float) * (size_t)n);
         af_tensor out_t = view4(out, o, L, EV);
         af_status (*const entries[2])(const af_sdpa_args *, af_tensor *, af_tensor *) = {af_sdpa, af_sdpa_reference};
         for (int e = 0; e < 2; e++) {
             for (int64_t j = 0; j < n; j++) out[j] = 42.0f;
-            const af_status st = entries[e](&args, &out_t, NULL);
+            const af_status st = entries[e](&cc.args, &out_t, NULL);
             if (st != refused[i].status || !strstr(af_last_error(), refused[i].message))
                 fail_msg("%s: got %s \"%s\", expected %s containing \"%s\"", c->name, af_status_name(st),
                          af_last_error(), af_status_name(refused[i].status), refused[i].message);
             for (int64_t j = 0; j < n; j++)
                 if (out[j] != 42.0f) fail_msg("%s: out[%lld] was written", c->name, (long long)j);
         }
-        free(q); free(k); free(v); free(mask); free(out);
+        free_call(&cc);
+        free(out);
     }
 }
 
