@@ -15,9 +15,9 @@ extern "C" {
 #endif
 
 #define AF_VERSION_MAJOR 0
-#define AF_VERSION_MINOR 2
+#define AF_VERSION_MINOR 3
 #define AF_VERSION_PATCH 0
-#define AF_VERSION_STRING "0.2.0"
+#define AF_VERSION_STRING "0.3.0"
 
 #if defined(_WIN32)
 #define AF_API
@@ -162,6 +162,38 @@ typedef struct {
 AF_API af_status af_flash_attn(const af_flash_args *args, af_tensor *out, af_tensor *lse);
 /* The plain reference of af_flash_attn: double accumulation, one row at a time. For tests and verify. */
 AF_API af_status af_flash_attn_reference(const af_flash_args *args, af_tensor *out, af_tensor *lse);
+
+/* ---------------------------------------------------------------- the backward pass (training)
+ * Gradients of one af_sdpa / af_flash_attn call with respect to query, key and value (and learnable_sink), from the
+ * forward's arguments (passed again, unchanged), its out and lse as it wrote them, and dout = dLoss/dout.
+ * FlashAttention-2's algorithm: P recomputed from lse, D = rowsum(dout ∘ out), no L×S matrix in memory; f32
+ * accumulation, gradients in the inputs' dtypes; the same bits for any thread count (no atomics). Every meaning of
+ * the forward: scale, both causal alignments, bool and additive masks of any broadcast shape (no gradient for the
+ * mask), grouped heads (dk, dv summed over a group's query heads), Ev != E, any strides, windows, softcap (through
+ * tanh), learnable sinks, varlen. Not taken (refused, naming the argument): paged or float8 K/V (FA4 has no backward
+ * for them either), dropout, CUDA tensors (the CUDA backward is not built yet), and a batch or head dim of query,
+ * key or value that broadcasts (size 1 read for a larger output: expand it with stride 0 and sum the gradient).
+ * Rows that see no key get zero gradients; keys no row sees get zero dk, dv. */
+typedef struct {
+    const af_tensor *out;      /* the forward's output */
+    const af_tensor *dout;     /* out's shape and dtype, any strides */
+    const af_tensor *lse;      /* the forward's lse (required): its shape and dtype as the forward takes it */
+} af_backward_inputs;
+
+typedef struct {
+    af_tensor *dq, *dk, *dv;   /* query's, key's, value's shapes and dtypes, any strides that do not make elements share
+                                  memory or overlap another tensor of the call; written whole; NULL: not wanted */
+    af_tensor *dsink;          /* af_flash_attn with a learnable_sink: NULL or its shape and dtype; else NULL */
+} af_gradients;
+
+AF_API af_status af_sdpa_backward(const af_sdpa_args *args, const af_backward_inputs *in, const af_gradients *grads);
+AF_API af_status af_flash_attn_backward(const af_flash_args *args, const af_backward_inputs *in,
+                                        const af_gradients *grads);
+/* The plain references: double accumulation, P and D recomputed from the inputs (out and lse checked, not read). */
+AF_API af_status af_sdpa_backward_reference(const af_sdpa_args *args, const af_backward_inputs *in,
+                                            const af_gradients *grads);
+AF_API af_status af_flash_attn_backward_reference(const af_flash_args *args, const af_backward_inputs *in,
+                                                  const af_gradients *grads);
 
 /* ---------------------------------------------------------------- execution settings */
 /* 0 (the default): the executor's max_threads when one is lent, else all cores. n > 0: n threads either way. */

@@ -22,4 +22,8 @@ bool af_no_self_overlap(const af_tensor *t);
 bool af_spans_overlap(const void *a, int64_t a_bytes, const void *b, int64_t b_bytes);
 af_status af_check_shape(const af_tensor *t, const char *name, int ndim, const int64_t *want);
 
+/* af_flash_attn's NHD (B or pages, seq, H, D) or packed varlen (rows, H, D) view's strides in the problem's
+ * (B, H, seq, dim) order (flash_args.c); a packed view's batch stride is 0. */
+void af_flash_permute_strides(const af_tensor *t, int64_t numel, bool packed, int64_t *to);
+
 #endif

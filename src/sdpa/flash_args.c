@@ -365,7 +365,7 @@ static af_status check_outputs(const af_flash_args *a, const flash_shape *s, con
 
 /* NHD (and packed / paged) strides as the problem's (B, H, seq, dim): `seq_dim` and `head_dim` index the view's
  * dims; a packed view has no batch dim (stride 0: its sequences are found through cu_seqlens). */
-static void permute_strides(const af_tensor *t, int64_t numel, bool packed, int64_t *to) {
+void af_flash_permute_strides(const af_tensor *t, int64_t numel, bool packed, int64_t *to) {
     int64_t st[AF_MAX_DIMS];
     af_problem_strides(t, numel, st);
     if (packed) {   /* (rows, H, D) */
@@ -408,10 +408,10 @@ af_status af_flash_check(const af_flash_args *a, const af_tensor *out, const af_
     p->B = s.B; p->Hq = s.Hq; p->Hkv = s.Hkv; p->E = s.E; p->Ev = s.Ev;
     p->group = s.Hkv > 0 ? s.Hq / s.Hkv : 1;
     p->q = a->query->data; p->k = a->key->data; p->v = a->value->data; p->out = out->data;
-    permute_strides(a->query, views[V_Q].numel, s.varlen_q, p->q_stride);
-    permute_strides(a->key, views[V_K].numel, s.varlen_k, p->k_stride);
-    permute_strides(a->value, views[V_V].numel, s.varlen_k, p->v_stride);
-    permute_strides(out, views[V_OUT].numel, s.varlen_q, p->out_stride);
+    af_flash_permute_strides(a->query, views[V_Q].numel, s.varlen_q, p->q_stride);
+    af_flash_permute_strides(a->key, views[V_K].numel, s.varlen_k, p->k_stride);
+    af_flash_permute_strides(a->value, views[V_V].numel, s.varlen_k, p->v_stride);
+    af_flash_permute_strides(out, views[V_OUT].numel, s.varlen_q, p->out_stride);
     if (lse) {
         int64_t ls[AF_MAX_DIMS];
         af_problem_strides(lse, views[V_LSE].numel, ls);
