@@ -1,7 +1,475 @@
-/* placeholder: replaced by the backward driver in this session */
+/* The FlashAttention backward driver (FlashAttention-2's algorithm, research/fa4.md §2.4): K/V-stationary tiles,
+ * P recomputed from the forward's lse, D = rowsum(dout ∘ out), no L×S matrix in memory. The arithmetic is the
+ * micro-kernel's (its gemm on packed f32 tiles and its exp2 through softmax_step); nothing here depends on the ISA.
+ *
+ * Three passes, each a parallel-for whose items write disjoint memory, so the result has the same bits for any
+ * thread count (no atomics):
+ *   rows:   per (batch, query head): D and lse·log2(e) of every row, the sink's gradient share, dq partials zeroed;
+ *   keys:   per (batch, kv head, key chunk): for each key tile of the chunk, every query row block of the group's
+ *           heads that sees it: S = Q·Kᵀ → P, dV += Pᵀ·dO, dP = dO·Vᵀ, dS = P∘(dP − D), dQ_chunk += dS·K,
+ *           dK += dSᵀ·Q; the tile's dK and dV are written once, complete (a group's heads are summed here);
+ *   finish: per (batch, query head): dq = scale·Σ over chunks of the partials, in chunk order.
+ * The key chunks exist only to give a call with few (batch, kv head) pairs enough items; their number depends on the
+ * shape alone. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/dtype.h"
+#include "core/log.h"
 #include "core/status.h"
+#include "core/threadpool.h"
 #include "kernel/flash.h"
+#include "kernel/softcap.h"
+#include "kernel/ukernel.h"
+
+#define BLOCK_ROWS 64              /* query rows per block */
+#define BLOCK_KEYS 64              /* keys per stationary tile */
+#define MIN_ITEMS 32               /* key chunks until (batch, kv head, chunk) items reach this many ... */
+#define DQ_PARTIAL_BYTES ((size_t)64 << 20)   /* ... while the dq partials of all chunks stay below this */
+#define MIN_FLOPS_PER_THREAD 4e6   /* as the forward: a worker's wake-up must pay for itself */
+#define LOG2E 1.4426950408889634
+
+typedef struct {
+    const af_backward_problem *bp;
+    const af_problem *p;
+    const af_ukernel *uk;
+    int E, Ev;
+    int e_pad, ev_pad, keys_pad, rows_pad;   /* leading dims: Q/K/dQ/dK rows, V/dO/dV rows, S-like rows, Pᵀ rows */
+    int64_t R;                  /* query rows of all sequences: B·L, or total_q (varlen) */
+    int64_t chunks, tiles_per_chunk;
+    bool pre_scale;             /* S = S·scale (+ mask, or softcap) before the exponent, as the forward */
+    size_t q_elem, kv_elem, out_elem;
+    float *lse2;                /* (Hq, R): lse·log2(e) */
+    float *D;                   /* (Hq, R): rowsum(dout ∘ out) */
+    float *dq_partial;          /* (chunks, Hq, R, e_pad) */
+    double *dsink_part;         /* (B, Hq): each (batch, head)'s share of the sink's gradient */
+    size_t off_kt, off_kr, off_vt, off_dk, off_dv, off_q, off_do, off_s, off_dp, off_t, off_pt, off_row, off_m,
+        off_l, off_a;
+} bwd_plan;
+
+static size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+static int64_t ceil_div(int64_t n, int64_t d) { return n / d + (n % d != 0); }
+
+/* Leading dims of whole 64-byte lines, an odd number of them (the forward's tile_ld: strips spread over L1 sets). */
+static int tile_ld(size_t floats) {
+    const size_t lines = round_up(floats ? floats : 1, AF_TILE_PAD) / AF_TILE_PAD;
+    return (int)((lines | 1) * AF_TILE_PAD);
+}
+
+/* Row id of sequence b's query row i among all R rows (the index of lse2, D and the dq partials). */
+static int64_t row_id(const bwd_plan *bw, int64_t b, const af_sequence *seq, int64_t i) {
+    return bw->p->cu_seqlens_q ? seq->q0 + i : b * bw->p->L + i;
+}
+
+/* `n` elements of `dtype`, `stride` apart, as f32 (the micro-kernel's converter where contiguous). */
+static void load_row(const af_ukernel *uk, float *dst, const char *src, af_dtype dtype, int64_t stride, int n,
+                     size_t elem) {
+    if (stride == 1 && uk->convert) uk->convert(dst, src, dtype, n);
+    else if (stride == 1 && dtype == AF_F32) memcpy(dst, src, sizeof(float) * (size_t)n);
+    else
+        for (int e = 0; e < n; e++) dst[e] = af_load_as_f32(src + (size_t)(e * stride) * elem, dtype);
+}
+
+static void store_row(char *dst, af_dtype dtype, int64_t stride, const float *src, int n, float factor) {
+    if (dtype == AF_F32 && stride == 1) {
+        float *d = (float *)dst;
+        for (int e = 0; e < n; e++) d[e] = src[e] * factor;
+        return;
+    }
+    const size_t elem = af_dtype_size(dtype);
+    for (int e = 0; e < n; e++) af_store_from_f32(dst + (size_t)(e * stride) * elem, dtype, src[e] * factor);
+}
+
+/* Element offset of row `row` of head h, batch b, in a view with the problem's (B, H, seq, dim) strides. */
+static int64_t at(const int64_t *stride, int64_t b, int64_t h, int64_t row) {
+    return b * stride[0] + h * stride[1] + row * stride[2];
+}
+
+/* ---------------------------------------------------------------- pass 1: rows */
+
+/* Row i of (b, h): D = dout·out (double: the same for every tile that reads it), lse in log2 units. */
+static void rows_item(void *ctx, int64_t t, void *scratch) {
+    const bwd_plan *bw = ctx;
+    const af_backward_problem *bp = bw->bp;
+    const af_problem *p = bw->p;
+    const int64_t h = t % p->Hq, b = t / p->Hq;
+    const af_sequence seq = af_sequence_of(p, b);
+    float *o = scratch, *d = o + bw->ev_pad;
+    double sink_share = 0.0;
+    float sink = -INFINITY;
+    if (p->sink) sink = af_load_as_f32(p->sink + h * p->sink_stride * (int64_t)af_dtype_size(p->sink_dtype), p->sink_dtype);
+    for (int64_t i = 0; i < seq.L; i++) {
+        const int64_t row = seq.q0 + i, id = row_id(bw, b, &seq, i);
+        double dot = 0.0;
+        if (bw->Ev > 0) {   /* Ev = 0: out and dout have no elements (and may be NULL) */
+            load_row(bw->uk, o, p->out + (size_t)at(p->out_stride, b, h, row) * bw->out_elem, p->out_dtype,
+                     p->out_stride[3], bw->Ev, bw->out_elem);
+            load_row(bw->uk, d, bp->dout + (size_t)at(bp->dout_stride, b, h, row) * bw->out_elem, p->out_dtype,
+                     bp->dout_stride[3], bw->Ev, bw->out_elem);
+        }
+        for (int e = 0; e < bw->Ev; e++) dot += (double)o[e] * (double)d[e];
+        const float lse = p->lse[b * p->lse_stride[0] + h * p->lse_stride[1] + row * p->lse_stride[2]];
+        bw->D[h * bw->R + id] = (float)dot;
+        bw->lse2[h * bw->R + id] = (float)(lse * LOG2E);
+        if (sink != -INFINITY) sink_share += exp((double)sink - (double)lse) * dot;   /* the sink's probability · D */
+        for (int64_t c = 0; c < bw->chunks; c++)
+            memset(bw->dq_partial + (size_t)(((c * p->Hq + h) * bw->R + id) * bw->e_pad), 0,
+                   sizeof(float) * (size_t)bw->e_pad);
+    }
+    if (bw->dsink_part) bw->dsink_part[b * p->Hq + h] = sink_share;
+}
+
+/* ---------------------------------------------------------------- pass 2: keys */
+
+typedef struct {
+    int64_t b, hk, chunk;
+    af_sequence seq;
+} key_item;
+
+/* The tile's keys as Kᵀ (E × keys_pad) for S = Q·Kᵀ and as rows (keys × e_pad) for dQ = dS·K; V as Vᵀ for
+ * dP = dO·Vᵀ. Padding columns are zero (the gemm reads them). */
+static void pack_tile(const bwd_plan *bw, const key_item *w, int64_t j0, int cols, float *kt, float *kr, float *vt,
+                      float *row) {
+    const af_problem *p = bw->p;
+    const int padded = (int)round_up((size_t)cols, AF_TILE_PAD);
+    for (int j = 0; j < cols; j++) {
+        const char *k = p->k + (size_t)at(p->k_stride, w->b, w->hk, w->seq.k0 + j0 + j) * bw->kv_elem;
+        float *kj = kr + (size_t)j * bw->e_pad;
+        load_row(bw->uk, kj, k, p->kv_dtype, p->k_stride[3], bw->E, bw->kv_elem);
+        memset(kj + bw->E, 0, sizeof(float) * (size_t)(bw->e_pad - bw->E));
+        for (int e = 0; e < bw->E; e++) kt[(size_t)e * bw->keys_pad + j] = kj[e];
+        if (bw->Ev == 0) continue;
+        const char *v = p->v + (size_t)at(p->v_stride, w->b, w->hk, w->seq.k0 + j0 + j) * bw->kv_elem;
+        load_row(bw->uk, row, v, p->kv_dtype, p->v_stride[3], bw->Ev, bw->kv_elem);
+        for (int e = 0; e < bw->Ev; e++) vt[(size_t)e * bw->keys_pad + j] = row[e];
+    }
+    for (int e = 0; e < bw->E; e++) memset(kt + (size_t)e * bw->keys_pad + cols, 0, sizeof(float) * (size_t)(padded - cols));
+    for (int e = 0; e < bw->Ev; e++) memset(vt + (size_t)e * bw->keys_pad + cols, 0, sizeof(float) * (size_t)(padded - cols));
+}
+
+/* The query rows [*lo, *hi) of the sequence that see any key of [j0, j1): both ends of a row's key range grow with
+ * the row (af_key_range), so they are one run, found by bisection. */
+static void rows_seeing(const af_problem *p, const af_sequence *seq, int64_t j0, int64_t j1, int64_t *lo,
+                        int64_t *hi) {
+    int64_t a = 0, z = seq->L;   /* first row whose range ends after j0 */
+    while (a < z) {
+        const int64_t m = a + (z - a) / 2;
+        int64_t klo, khi;
+        af_key_range(p, seq->L, seq->S, m, &klo, &khi);
+        if (khi > j0) z = m;
+        else a = m + 1;
+    }
+    *lo = a;
+    z = seq->L;   /* first row whose range starts at or after j1 */
+    while (a < z) {
+        const int64_t m = a + (z - a) / 2;
+        int64_t klo, khi;
+        af_key_range(p, seq->L, seq->S, m, &klo, &khi);
+        if (klo >= j1) z = m;
+        else a = m + 1;
+    }
+    *hi = a;
+}
+
+/* S (raw scores) → the scores the forward's softmax saw: softcap (keeping 1 − tanh² in T for dS), or scale and mask;
+ * then -inf outside each row's key range. */
+static void transform_scores(const bwd_plan *bw, const key_item *w, int64_t h, int64_t i0, int rows, int64_t j0,
+                             int cols, float *S, float *T) {
+    const af_problem *p = bw->p;
+    for (int r = 0; r < rows; r++) {
+        float *s = S + (size_t)r * bw->keys_pad;
+        const int64_t i = i0 + r;
+        if (p->softcap > 0.0) {
+            const float cap = (float)p->softcap;
+            af_softcap_row(s, cols, (float)(p->scale / p->softcap), cap);
+            float *t = T + (size_t)r * bw->keys_pad;
+            for (int j = 0; j < cols; j++) t[j] = 1.0f - (s[j] / cap) * (s[j] / cap);
+        } else if (bw->pre_scale) {
+            const float scale = (float)p->scale;
+            for (int j = 0; j < cols; j++) s[j] *= scale;
+            if (p->mask) {
+                const size_t size = af_dtype_size(p->mask_dtype);
+                const char *m = p->mask + (size_t)(w->b * p->mask_stride[0] + h * p->mask_stride[1] +
+                                                   i * p->mask_stride[2] + j0 * p->mask_stride[3]) * size;
+                const int64_t ms = p->mask_stride[3] * (int64_t)size;
+                if (p->mask_dtype == AF_BOOL) {
+                    for (int j = 0; j < cols; j++)
+                        if (!*(const uint8_t *)(m + j * ms)) s[j] = -INFINITY;
+                } else {
+                    for (int j = 0; j < cols; j++) s[j] += af_load_as_f32(m + j * ms, p->mask_dtype);
+                }
+            }
+        }
+        int64_t lo, hi;
+        af_key_range(p, w->seq.L, w->seq.S, i, &lo, &hi);
+        for (int64_t j = 0; j < cols && j < lo - j0; j++) s[j] = -INFINITY;
+        for (int64_t j = hi - j0 < 0 ? 0 : hi - j0; j < cols; j++) s[j] = -INFINITY;
+    }
+}
+
+static void transpose(int rows, int cols, const float *src, int lds, float *dst, int ldd) {
+    for (int r0 = 0; r0 < rows; r0 += 8)
+        for (int c = 0; c < cols; c++)
+            for (int r = r0; r < r0 + 8 && r < rows; r++) dst[(size_t)c * ldd + r] = src[(size_t)r * lds + c];
+}
+
+/* One (query row block, key tile) pair of head h: the five products and the softmax's gradient. */
+static void block_pair(const bwd_plan *bw, const key_item *w, int64_t h, int64_t i0, int rows, int64_t j0, int cols,
+                       char *base) {
+    const af_problem *p = bw->p;
+    const af_ukernel *uk = bw->uk;
+    float *kt = (float *)(base + bw->off_kt), *kr = (float *)(base + bw->off_kr), *vt = (float *)(base + bw->off_vt);
+    float *dk = (float *)(base + bw->off_dk), *dv = (float *)(base + bw->off_dv);
+    float *qb = (float *)(base + bw->off_q), *dob = (float *)(base + bw->off_do);
+    float *S = (float *)(base + bw->off_s), *dP = (float *)(base + bw->off_dp), *T = (float *)(base + bw->off_t);
+    float *PT = (float *)(base + bw->off_pt);
+    float *m = (float *)(base + bw->off_m), *l = (float *)(base + bw->off_l), *alpha = (float *)(base + bw->off_a);
+    const int64_t id0 = row_id(bw, w->b, &w->seq, i0);
+    const float *lse2 = bw->lse2 + h * bw->R + id0, *D = bw->D + h * bw->R + id0;
+
+    for (int r = 0; r < rows; r++) {   /* Q and dO rows as f32, zero-padded: gemm operands both as A and as B */
+        const int64_t row = w->seq.q0 + i0 + r;
+        float *q = qb + (size_t)r * bw->e_pad, *d = dob + (size_t)r * bw->ev_pad;
+        load_row(uk, q, p->q + (size_t)at(p->q_stride, w->b, h, row) * bw->q_elem, p->dtype, p->q_stride[3], bw->E,
+                 bw->q_elem);
+        memset(q + bw->E, 0, sizeof(float) * (size_t)(bw->e_pad - bw->E));
+        memset(d, 0, sizeof(float) * (size_t)bw->ev_pad);
+        if (bw->Ev == 0) continue;
+        load_row(uk, d, bw->bp->dout + (size_t)at(bw->bp->dout_stride, w->b, h, row) * bw->out_elem, p->out_dtype,
+                 bw->bp->dout_stride[3], bw->Ev, bw->out_elem);
+    }
+
+    /* P = exp2(S·c − lse2): the softmax step with the running max preset to lse2 (never exceeded by a score, so P is
+     * taken against it; a row whose max still moved, an lse below its scores, is rescaled back by 1 / alpha) */
+    uk->gemm(rows, cols, bw->E, qb, bw->e_pad, kt, bw->keys_pad, S, bw->keys_pad, false);
+    transform_scores(bw, w, h, i0, rows, j0, cols, S, T);
+    const float c = (float)(bw->pre_scale ? LOG2E : p->scale * LOG2E);
+    for (int r = 0; r < rows; r++) {
+        m[r] = lse2[r];
+        l[r] = 0.0f;
+    }
+    uk->softmax_step(rows, cols, S, bw->keys_pad, c, m, l, alpha, 5);
+    for (int r = 0; r < rows; r++) {
+        float *s = S + (size_t)r * bw->keys_pad;
+        if (lse2[r] == -INFINITY) memset(s, 0, sizeof(float) * (size_t)cols);   /* the row sees no key */
+        else if (alpha[r] != 1.0f) uk->scale_row(s, cols, 1.0f / alpha[r]);
+    }
+
+    if (bw->Ev > 0) {
+        transpose(rows, cols, S, bw->keys_pad, PT, bw->rows_pad);   /* dV += Pᵀ·dO */
+        uk->gemm(cols, bw->Ev, rows, PT, bw->rows_pad, dob, bw->ev_pad, dv, bw->ev_pad, true);
+        uk->gemm(rows, cols, bw->Ev, dob, bw->ev_pad, vt, bw->keys_pad, dP, bw->keys_pad, false);   /* dP = dO·Vᵀ */
+    } else {
+        for (int r = 0; r < rows; r++) memset(dP + (size_t)r * bw->keys_pad, 0, sizeof(float) * (size_t)cols);
+    }
+    for (int r = 0; r < rows; r++) {   /* dS = P ∘ (dP − D), through the softcap's tanh */
+        float *ds = dP + (size_t)r * bw->keys_pad;
+        const float *P = S + (size_t)r * bw->keys_pad, *t = T + (size_t)r * bw->keys_pad;
+        const float Dr = D[r];
+        if (p->softcap > 0.0)
+            for (int j = 0; j < cols; j++) ds[j] = P[j] * (ds[j] - Dr) * t[j];
+        else
+            for (int j = 0; j < cols; j++) ds[j] = P[j] * (ds[j] - Dr);
+    }
+    float *dq = bw->dq_partial + (size_t)(((w->chunk * p->Hq + h) * bw->R + id0) * bw->e_pad);
+    uk->gemm(rows, bw->E, cols, dP, bw->keys_pad, kr, bw->e_pad, dq, bw->e_pad, true);   /* dQ += dS·K */
+    transpose(rows, cols, dP, bw->keys_pad, PT, bw->rows_pad);   /* dK += dSᵀ·Q */
+    uk->gemm(cols, bw->E, rows, PT, bw->rows_pad, qb, bw->e_pad, dk, bw->e_pad, true);
+}
+
+/* dK (times the scale: dS is the gradient of the scaled score) and dV of the tile's keys, in their dtypes. */
+static void store_tile(const bwd_plan *bw, const key_item *w, int64_t j0, int cols, const float *dk, const float *dv) {
+    const af_backward_problem *bp = bw->bp;
+    const af_problem *p = bw->p;
+    for (int j = 0; j < cols; j++) {
+        const int64_t key = w->seq.k0 + j0 + j;
+        if (bp->dk)
+            store_row(bp->dk + (size_t)at(bp->dk_stride, w->b, w->hk, key) * bw->kv_elem, p->kv_dtype, bp->dk_stride[3],
+                      dk + (size_t)j * bw->e_pad, bw->E, (float)p->scale);
+        if (bp->dv && bw->Ev > 0)
+            store_row(bp->dv + (size_t)at(bp->dv_stride, w->b, w->hk, key) * bw->kv_elem, p->kv_dtype, bp->dv_stride[3],
+                      dv + (size_t)j * bw->ev_pad, bw->Ev, 1.0f);
+    }
+}
+
+static void keys_item(void *ctx, int64_t t, void *scratch) {
+    const bwd_plan *bw = ctx;
+    const af_problem *p = bw->p;
+    key_item w;
+    w.chunk = t % bw->chunks;
+    t /= bw->chunks;
+    w.hk = t % p->Hkv;
+    w.b = t / p->Hkv;
+    w.seq = af_sequence_of(p, w.b);
+    char *base = scratch;
+    float *dk = (float *)(base + bw->off_dk), *dv = (float *)(base + bw->off_dv);
+    const int64_t tiles = ceil_div(w.seq.S, BLOCK_KEYS);
+    const int64_t first = w.chunk * bw->tiles_per_chunk;
+    const int64_t last = first + bw->tiles_per_chunk < tiles ? first + bw->tiles_per_chunk : tiles;
+    for (int64_t tile = first; tile < last; tile++) {
+        const int64_t j0 = tile * BLOCK_KEYS;
+        const int cols = (int)(w.seq.S - j0 < BLOCK_KEYS ? w.seq.S - j0 : BLOCK_KEYS);
+        pack_tile(bw, &w, j0, cols, (float *)(base + bw->off_kt), (float *)(base + bw->off_kr),
+                  (float *)(base + bw->off_vt), (float *)(base + bw->off_row));
+        memset(dk, 0, sizeof(float) * (size_t)cols * (size_t)bw->e_pad);
+        memset(dv, 0, sizeof(float) * (size_t)cols * (size_t)bw->ev_pad);
+        int64_t i_lo, i_hi;
+        rows_seeing(p, &w.seq, j0, j0 + cols, &i_lo, &i_hi);
+        for (int64_t g = 0; g < p->group; g++)   /* the group's heads in order: dK, dV summed over them here */
+            for (int64_t i0 = i_lo; i0 < i_hi; i0 += BLOCK_ROWS) {
+                const int rows = (int)(i_hi - i0 < BLOCK_ROWS ? i_hi - i0 : BLOCK_ROWS);
+                block_pair(bw, &w, w.hk * p->group + g, i0, rows, j0, cols, base);
+            }
+        store_tile(bw, &w, j0, cols, dk, dv);
+    }
+}
+
+/* ---------------------------------------------------------------- pass 3: dq */
+
+static void finish_item(void *ctx, int64_t t, void *scratch) {
+    const bwd_plan *bw = ctx;
+    const af_backward_problem *bp = bw->bp;
+    const af_problem *p = bw->p;
+    const int64_t h = t % p->Hq, b = t / p->Hq;
+    const af_sequence seq = af_sequence_of(p, b);
+    float *sum = scratch;
+    for (int64_t i = 0; i < seq.L; i++) {
+        const int64_t id = row_id(bw, b, &seq, i);
+        const float *part = bw->dq_partial + (size_t)((h * bw->R + id) * bw->e_pad);
+        memcpy(sum, part, sizeof(float) * (size_t)bw->E);
+        for (int64_t c = 1; c < bw->chunks; c++) {   /* chunk order: fixed whatever ran where */
+            const float *pc = part + (size_t)(c * p->Hq * bw->R * bw->e_pad);
+            for (int e = 0; e < bw->E; e++) sum[e] += pc[e];
+        }
+        store_row(bp->dq + (size_t)at(bp->dq_stride, b, h, seq.q0 + i) * bw->q_elem, p->dtype, bp->dq_stride[3], sum,
+                  bw->E, (float)p->scale);
+    }
+}
+
+/* ---------------------------------------------------------------- the driver */
+
+/* Every element of a (n0, n1, n2, n3) view with the problem's strides set to zero: the gradient rows no sequence
+ * covers (varlen gaps, keys past seqused_k), before the passes write the others. */
+static void zero_view(char *data, const int64_t *stride, af_dtype dtype, int64_t n0, int64_t n1, int64_t n2,
+                      int64_t n3) {
+    const size_t elem = af_dtype_size(dtype);
+    for (int64_t a = 0; a < n0; a++)
+        for (int64_t h = 0; h < n1; h++)
+            for (int64_t r = 0; r < n2; r++)
+                for (int64_t e = 0; e < n3; e++)
+                    memset(data + (size_t)(a * stride[0] + h * stride[1] + r * stride[2] + e * stride[3]) * elem, 0,
+                           elem);
+}
+
+static void zero_uncovered(const af_backward_problem *bp) {
+    const af_problem *p = &bp->f;
+    if (p->cu_seqlens_q && bp->dq) zero_view(bp->dq, bp->dq_stride, p->dtype, 1, p->Hq, p->total_q, p->E);
+    if (!p->cu_seqlens_k && !p->seqused_k) return;
+    const int64_t n0 = p->cu_seqlens_k ? 1 : p->B, rows = p->cu_seqlens_k ? p->total_k : p->S;
+    if (bp->dk) zero_view(bp->dk, bp->dk_stride, p->kv_dtype, n0, p->Hkv, rows, p->E);
+    if (bp->dv) zero_view(bp->dv, bp->dv_stride, p->kv_dtype, n0, p->Hkv, rows, p->Ev);
+}
+
+static int threads_worth_waking(const af_problem *p) {
+    const char *env = getenv("ATTNFORGE_MIN_FLOPS_PER_THREAD");
+    const double min_flops = env && *env ? atof(env) : MIN_FLOPS_PER_THREAD;
+    if (!(min_flops > 0.0)) return 1024;
+    const double flops = 5.0 * (double)p->B * (double)p->Hq * (double)p->L * (double)p->S * (double)(p->E + p->Ev);
+    const double threads = flops / min_flops;
+    return threads < 1.0 ? 1 : threads > 1024.0 ? 1024 : (int)threads;
+}
+
+/* Scratch of one thread in the key pass: the stationary tile (Kᵀ, K rows, Vᵀ, dK, dV), one row block's operands
+ * (Q, dO, S/P, dP/dS, softcap's T, Pᵀ/dSᵀ) and the softmax step's row vectors. */
+static size_t plan_scratch(bwd_plan *bw) {
+    const size_t kp = (size_t)bw->keys_pad, bk = BLOCK_KEYS, br = BLOCK_ROWS;
+    size_t at = 64;
+#define TAKE(off, floats) (bw->off = at, at += round_up(sizeof(float) * (floats), 64))
+    TAKE(off_kt, (size_t)bw->E * kp);
+    TAKE(off_kr, bk * (size_t)bw->e_pad);
+    TAKE(off_vt, (size_t)(bw->Ev > 0 ? bw->Ev : 1) * kp);
+    TAKE(off_dk, bk * (size_t)bw->e_pad);
+    TAKE(off_dv, bk * (size_t)bw->ev_pad);
+    TAKE(off_q, br * (size_t)bw->e_pad);
+    TAKE(off_do, br * (size_t)bw->ev_pad);
+    TAKE(off_s, br * kp);
+    TAKE(off_dp, br * kp);
+    TAKE(off_t, bw->p->softcap > 0.0 ? br * kp : 1);
+    TAKE(off_pt, bk * (size_t)bw->rows_pad);
+    TAKE(off_row, (size_t)(bw->E > bw->Ev ? bw->E : bw->Ev) + AF_TILE_PAD);
+    TAKE(off_m, br);
+    TAKE(off_l, br);
+    TAKE(off_a, br);
+#undef TAKE
+    return at;
+}
+
+/* The sink's gradient, -Σ over batches (in order) of their shares; zero when no row exists. */
+static void store_dsink(const af_backward_problem *bp, const double *part) {
+    const af_problem *p = &bp->f;
+    const size_t elem = af_dtype_size(p->sink_dtype);
+    for (int64_t h = 0; h < p->Hq; h++) {
+        double sum = 0.0;
+        for (int64_t b = 0; part && b < p->B; b++) sum += part[b * p->Hq + h];
+        af_store_from_f32(bp->dsink + (size_t)(h * bp->dsink_stride) * elem, p->sink_dtype, (float)-sum);
+    }
+}
+
 af_status af_flash_backward(const af_backward_problem *bp) {
-    (void)bp;
-    return af_fail(AF_ERR_UNSUPPORTED, "the backward driver is not written yet");
+    const af_problem *p = &bp->f;
+    if (p->B == 0 || p->Hkv == 0 || p->group == 0) {   /* no (batch, head) pair: only uncovered rows to zero */
+        zero_uncovered(bp);
+        if (bp->dsink) store_dsink(bp, NULL);
+        return AF_OK;
+    }
+    bwd_plan bw = {.bp = bp, .p = p, .uk = af_ukernel_current(), .E = (int)p->E, .Ev = (int)p->Ev};
+    bw.q_elem = af_dtype_size(p->dtype);
+    bw.kv_elem = af_dtype_size(p->kv_dtype);
+    bw.out_elem = af_dtype_size(p->out_dtype);
+    bw.e_pad = tile_ld((size_t)bw.E);
+    bw.ev_pad = tile_ld((size_t)bw.Ev);
+    bw.keys_pad = tile_ld(BLOCK_KEYS);
+    bw.rows_pad = tile_ld(BLOCK_ROWS);
+    bw.R = p->cu_seqlens_q ? p->total_q : p->B * p->L;
+    bw.pre_scale = p->mask != NULL || !(p->scale > 0.0) || p->softcap > 0.0;
+
+    /* key chunks: enough items for the threads of a big machine, while all chunks' dq partials stay bounded */
+    const int64_t tiles = ceil_div(p->S, BLOCK_KEYS);
+    const size_t partial_bytes = sizeof(float) * (size_t)p->Hq * (size_t)bw.R * (size_t)bw.e_pad;
+    int64_t chunks = ceil_div(MIN_ITEMS, p->B * p->Hkv);
+    if (chunks > tiles) chunks = tiles;
+    while (chunks > 1 && partial_bytes * (size_t)chunks > DQ_PARTIAL_BYTES) chunks--;
+    bw.chunks = chunks < 1 ? 1 : chunks;
+    bw.tiles_per_chunk = tiles > 0 ? ceil_div(tiles, bw.chunks) : 1;
+
+    const size_t rows_bytes = sizeof(float) * (size_t)p->Hq * (size_t)bw.R;
+    bw.lse2 = af_alloc(rows_bytes + 64);
+    bw.D = af_alloc(rows_bytes + 64);
+    bw.dq_partial = af_alloc(partial_bytes * (size_t)bw.chunks + 64);
+    bw.dsink_part = bp->dsink ? af_alloc(sizeof(double) * (size_t)(p->B * p->Hq) + 64) : NULL;
+    af_status st = AF_OK;
+    if (!bw.lse2 || !bw.D || !bw.dq_partial || (bp->dsink && !bw.dsink_part)) {
+        st = af_fail(AF_ERR_NO_MEMORY, "out of memory: %zu bytes of the backward pass's row state and dq partials",
+                     2 * rows_bytes + partial_bytes * (size_t)bw.chunks);
+        goto done;
+    }
+    zero_uncovered(bp);
+    const size_t scratch = plan_scratch(&bw);
+    const int max_threads = threads_worth_waking(p);
+    af_log(AF_LOG_DEBUG, "flash backward: isa %s, %lld key chunks of %lld tiles of %d keys, row blocks of %d",
+           bw.uk->isa, (long long)bw.chunks, (long long)bw.tiles_per_chunk, BLOCK_KEYS, BLOCK_ROWS);
+    st = af_parallel_for_at_most(p->B * p->Hq, max_threads, rows_item, &bw, sizeof(float) * 2 * (size_t)bw.ev_pad);
+    if (st == AF_OK)
+        st = af_parallel_for_at_most(p->B * p->Hkv * bw.chunks, max_threads, keys_item, &bw, scratch);
+    if (st == AF_OK && bp->dq)
+        st = af_parallel_for_at_most(p->B * p->Hq, max_threads, finish_item, &bw, sizeof(float) * (size_t)bw.e_pad);
+    if (st == AF_OK && bp->dsink) store_dsink(bp, bw.dsink_part);
+done:
+    af_free(bw.lse2);
+    af_free(bw.D);
+    af_free(bw.dq_partial);
+    af_free(bw.dsink_part);
+    return st;
 }
