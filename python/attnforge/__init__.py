@@ -7,6 +7,8 @@ only turns Python calls into C calls:
 - flash_attn_func / flash_attn_varlen_func: FlashAttention-4's forward API (windows, softcap, sinks, varlen, paged);
 - FlashAttention4KernelProvider: the seed's provider API (prepare / call / to_dict / from_dict);
 - attnforge.torch: record a module's SDPA calls and apply a plan to it (imports torch);
+- attnforge.torch_attention: "attnforge" as PyTorch's flash attention, forward and backward
+  (torch.nn.attention.activate_flash_attention_impl("attnforge"));
 - attnforge.transformers: register() adds attn_implementation="attnforge" to Hugging Face Transformers.
 """
 import atexit as _atexit
@@ -34,6 +36,10 @@ __version__ = _C.__version__
 
 # torch.ops.attnforge.* exist as soon as torch is imported too (torch.export.load needs them)
 _register.register_operators()
+
+# ... and "attnforge" is in torch.nn.attention's flash-attention registry (nothing is overridden until
+# torch.nn.attention.activate_flash_attention_impl("attnforge"): attnforge.torch_attention)
+_register.register_attention_impl()
 
 # Once torch is imported (before or after attnforge), attnforge's parallel work runs on torch's OpenMP threads
 _host_threads.install()

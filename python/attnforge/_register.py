@@ -1,6 +1,7 @@
 """Work that needs torch, done whenever torch and attnforge are both imported, in either order, without attnforge
 importing torch itself (the NumPy tier runs without it): the operators register (so torch.export.load finds
-torch.ops.attnforge.* in any process that imported attnforge), and attnforge's threads move to torch's."""
+torch.ops.attnforge.* in any process that imported attnforge), "attnforge" joins torch.nn.attention's
+flash-attention registry, and attnforge's threads move to torch's."""
 import importlib.abc
 import importlib.util
 import sys
@@ -47,3 +48,12 @@ def after_torch_import(fn):
 
 def register_operators():
     after_torch_import(_register_now)
+
+
+def _register_attention_now():
+    from . import torch_attention
+    torch_attention.register()
+
+
+def register_attention_impl():
+    after_torch_import(_register_attention_now)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from . import _C, _ops
 from ._samples import sample_entry, samples_to_json, save_samples
 from .provider import SUPPORTED_FUNCTION, FlashAttention4KernelProvider
+from .torch_attention import register  # noqa: F401  ("attnforge" as PyTorch's flash attention: torch_attention)
 
 logger = logging.getLogger("attnforge")
 
