@@ -9,10 +9,12 @@ them; the Python functions of attnforge route every torch-tensor call through th
     torch.ops.attnforge.flash_attn       FlashAttention-4's flash_attn_func / flash_attn_varlen_func (paged too)
     torch.ops.attnforge.masked_rows      Transformers' softcap/sink layers under a mask (data-dependent: kept opaque)
 
-No operator has a backward: attnforge computes no gradients, and each one's Autograd kernel refuses a call that needs
-one, saying so.
-Callers that may meet autograd (attnforge.torch.apply, the AITune provider) send such calls to PyTorch's own SDPA
-before they reach an operator (guarded_call)."""
+Each operator has a backward: its Autograd kernel, for a call that needs a gradient, computes the forward's lse too,
+saves q, k, v, out and lse, and its backward calls an operator of the backward (attnforge::sdpa_backward,
+flash_attn_backward, masked_rows_backward; kernels in _backward), so gradients flow eagerly and under torch.compile.
+No gradient for a mask, an lse output or a second derivative; CUDA tensors that need a gradient are refused (the C
+backward runs on the CPU only), and the callers that can (apply(), the AITune provider, the Transformers backend)
+send such calls to PyTorch first."""
 import functools
 import logging
 import weakref
@@ -21,7 +23,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _C, _flash, _masked_rows, _sdpa
+from . import _C, _backward, _flash, _masked_rows, _sdpa
 from ._tensors import new_lse, new_output
 from ._guard import Call, PlanView, bind
 from ._guard import refusal as _refusal
@@ -29,8 +31,6 @@ from ._guard import refusal as _refusal
 logger = logging.getLogger("attnforge")
 
 _DEVICES = ("cpu", "cuda")
-_NO_GRADIENTS = ("attnforge computes no gradients: run attention under torch.no_grad() or torch.inference_mode(), "
-                 "or let attnforge.torch.apply send calls that need autograd to PyTorch")
 
 
 def _empty_lse(query: Tensor) -> Tensor:
@@ -72,17 +72,26 @@ def _plain(args) -> bool:
     return all(type(a) is Tensor and not a.is_meta for a in args if isinstance(a, Tensor))
 
 
-class _NoBackward(torch.autograd.Function):
-    """The outputs of run(*args), computed without autograd, with a backward that says attnforge has none: an error
-    at backward time (also when AOTAutograd traces it under torch.compile), never a silent zero gradient."""
+class _Differentiable(torch.autograd.Function):
+    """The outputs of one operator call with its rule's backward: forward runs rule.forward (the kernel below
+    autograd, the lse computed too), saves every tensor argument with out and lse, and backward calls the rule's
+    backward operator; the same eagerly and when AOTAutograd traces it under torch.compile."""
 
     @staticmethod
-    def forward(ctx, run, *args):
-        return run(*args)
+    def forward(ctx, rule, below, *args):
+        outputs, out, lse = rule.forward(below, args)
+        ctx.rule = rule
+        ctx.constants = [None if isinstance(a, Tensor) else a for a in args]
+        ctx.save_for_backward(*(a if isinstance(a, Tensor) else None for a in args), out, lse)
+        if isinstance(outputs, tuple):   # an lse output gets no gradient
+            ctx.mark_non_differentiable(*outputs[1:])
+        return outputs
 
     @staticmethod
-    def backward(ctx, *grads):
-        raise _C.UnsupportedError(_NO_GRADIENTS)
+    def backward(ctx, grad_out, *unused):
+        saved = ctx.saved_tensors
+        args = [c if t is None else t for c, t in zip(ctx.constants, saved[:-2])]
+        return (None, None, *ctx.rule.backward(grad_out, args, *saved[-2:]))
 
 
 class _Operator:
@@ -101,22 +110,39 @@ class _Operator:
         return self.op(*args)
 
 
-def _operator(name: str, schema: str, kernel, fake):
-    """Define attnforge::name with its CPU and CUDA kernel, its fake, and an Autograd kernel: an eager call on plain
-    tensors runs the kernel there and then, anything else goes on down the dispatcher; a call that needs a gradient
-    gets outputs whose backward raises (_NoBackward). Returns the _Operator to call."""
+def _operator(name: str, schema: str, kernel, fake, rule=None):
+    """Define attnforge::name with its CPU and CUDA kernel, its fake and, given a rule (the backward), an Autograd
+    kernel: an eager call on plain tensors runs the kernel there and then, anything else goes on down the dispatcher;
+    a call that needs a gradient goes through _Differentiable. Returns the _Operator to call."""
     _LIB.define(name + schema)
     for device in _DEVICES:
         _LIB.impl(name, kernel, device.upper())
     torch.library.register_fake(f"attnforge::{name}", fake, lib=_LIB)
-    op = getattr(torch.ops.attnforge, name).default
+    operator = _Operator(getattr(torch.ops.attnforge, name).default, kernel)
+    if rule is not None:
+        def autograd(keyset, *args):
+            plain = _plain(args)
+            if not _needs_grad(args):
+                return kernel(*args) if plain else operator.op.redispatch(keyset & _BELOW_AUTOGRAD, *args)
+            rule.check(args)
+            forward = rule.forward_operator or operator   # provider_sdpa's forward is attnforge::sdpa's (it has lse)
+            below = forward.kernel if plain else functools.partial(forward.op.redispatch, keyset & _BELOW_AUTOGRAD)
+            return _Differentiable.apply(rule, below, *args)
 
-    def autograd(keyset, *args):
-        below = kernel if _plain(args) else functools.partial(op.redispatch, keyset & _BELOW_AUTOGRAD)
-        return _NoBackward.apply(below, *args) if _needs_grad(args) else below(*args)
+        _LIB.impl(name, autograd, "Autograd", with_keyset=True)
+    return operator
 
-    _LIB.impl(name, autograd, "Autograd", with_keyset=True)
-    return _Operator(op, kernel)
+
+def _refuse_cuda(query: Tensor) -> None:
+    if query.device.type != "cpu":
+        raise _C.UnsupportedError(f"query: on {query.device}; attnforge's backward pass runs on the CPU only (the CUDA "
+                                  "backward is not built yet): run this call under torch.no_grad(), or on PyTorch")
+
+
+def _refuse_mask_gradient(mask) -> None:
+    if isinstance(mask, Tensor) and mask.requires_grad:
+        raise _C.UnsupportedError("attn_mask: requires grad; attnforge's backward pass computes no gradient for the "
+                                  "mask (detach it, or run this call on PyTorch)")
 
 
 # ---------------------------------------------------------------- attnforge::sdpa
@@ -132,15 +158,54 @@ def _sdpa_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
     return _broadcast_outputs(query, key, value, attn_mask, enable_gqa, return_lse)
 
 
+def _sdpa_backward_kernel(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa,
+                          causal_bottom_right):
+    grads = _backward.sdpa_backward(grad_out, query, key, value, out, lse, attn_mask=attn_mask, is_causal=is_causal,
+                                    scale=scale, enable_gqa=enable_gqa, causal_bottom_right=causal_bottom_right)
+    return tuple(g.contiguous() for g in grads)   # the fake's strides
+
+
+def _sdpa_backward_fake(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa,
+                        causal_bottom_right):
+    return tuple(t.new_empty(t.shape) for t in (query, key, value))
+
+
+_sdpa_backward_op = _operator("sdpa_backward", "(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, "
+                              "Tensor lse, Tensor? attn_mask, bool is_causal, float? scale, bool enable_gqa, "
+                              "bool causal_bottom_right) -> (Tensor, Tensor, Tensor)", _sdpa_backward_kernel,
+                              _sdpa_backward_fake)
+
+
+class _SdpaRule:
+    """attnforge::sdpa's backward: out and lse from the forward (lse asked for whatever return_lse says)."""
+    forward_operator = None
+
+    @staticmethod
+    def check(args):
+        _refuse_cuda(args[0])
+        _refuse_mask_gradient(args[3])
+
+    @staticmethod
+    def forward(below, args):
+        out, lse = below(*args[:9], True)
+        return (out, lse if args[9] else _empty_lse(args[0])), out, lse
+
+    @staticmethod
+    def backward(grad_out, args, out, lse):
+        query, key, value, attn_mask, _, is_causal, scale, enable_gqa, bottom_right, _ = args
+        dq, dk, dv = _sdpa_backward_op(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale, enable_gqa,
+                                       bottom_right)
+        return dq, dk, dv, None, None, None, None, None, None, None
+
+
 _sdpa_op = _operator("sdpa", "(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, float dropout_p, "
                      "bool is_causal, float? scale, bool enable_gqa, bool causal_bottom_right, bool return_lse) -> "
-                     "(Tensor, Tensor)", _sdpa_kernel, _sdpa_fake)
+                     "(Tensor, Tensor)", _sdpa_kernel, _sdpa_fake, _SdpaRule)
 
 
 def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
          causal_bottom_right=False, return_lse=False):
     """attnforge.scaled_dot_product_attention on torch tensors, through attnforge::sdpa."""
-    _refuse_autograd(query, key, value, attn_mask)
     out, lse = _sdpa_op(query, key, value, attn_mask, float(dropout_p), bool(is_causal),
                         None if scale is None else float(scale), bool(enable_gqa), bool(causal_bottom_right),
                         bool(return_lse))
@@ -177,9 +242,32 @@ def _provider_fake(plan, query, key, value, is_causal, scale, enable_gqa, keywor
     return _broadcast_outputs(query, key, value, None, enable_gqa, False)[0]
 
 
+class _ProviderRule:
+    """attnforge::provider_sdpa's backward: a call that needs a gradient runs attnforge::sdpa with the call's own
+    arguments (what the plan covers is that call: the same math), which gives the lse the backward needs."""
+    forward_operator = _sdpa_op
+
+    @staticmethod
+    def check(args):
+        _refuse_cuda(args[1])
+
+    @staticmethod
+    def forward(below, args):
+        _, query, key, value, is_causal, scale, enable_gqa, _ = args
+        out, lse = below(query, key, value, None, 0.0, is_causal, scale, enable_gqa, False, True)
+        return out, out, lse
+
+    @staticmethod
+    def backward(grad_out, args, out, lse):
+        _, query, key, value, is_causal, scale, enable_gqa, _ = args
+        dq, dk, dv = _sdpa_backward_op(grad_out, query, key, value, out, lse, None, is_causal, scale, enable_gqa,
+                                       False)
+        return None, dq, dk, dv, None, None, None, None
+
+
 _provider_op = _operator("provider_sdpa", "(str plan, Tensor query, Tensor key, Tensor value, bool is_causal, "
                          "float? scale, bool enable_gqa, bool keyword_qkv) -> Tensor", _provider_kernel,
-                         _provider_fake)
+                         _provider_fake, _ProviderRule)
 
 
 def plan_view(provider) -> Optional[PlanView]:
@@ -234,11 +322,6 @@ def _debug(message, *values):
         logger.debug(message, *values)
 
 
-def _refuse_autograd(*tensors):
-    if _needs_grad(tensors):
-        raise _C.UnsupportedError(_NO_GRADIENTS)
-
-
 # ---------------------------------------------------------------- attnforge::flash_attn
 def _flash_kernel(q, k, v, softmax_scale, causal, windowed, window_left, window_right, softcap, learnable_sink,
                   cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, page_table, q_descale, k_descale,
@@ -263,19 +346,71 @@ def _flash_fake(q, k, v, softmax_scale, causal, windowed, window_left, window_ri
     return out, q.new_empty(lse_shape, dtype=torch.float32)   # (Hq, total_q) or (B, Hq, Lq), as _flash._outputs
 
 
+def _flash_backward_kernel(grad_out, q, k, v, out, lse, softmax_scale, causal, windowed, window_left, window_right,
+                           softcap, learnable_sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k):
+    window = (window_left, window_right) if windowed else (None, None)   # resolved already: resolving again keeps it
+    dq, dk, dv, dsink = _backward.flash_backward(
+        grad_out, q, k, v, out, lse, softmax_scale=softmax_scale, causal=causal, window_size=window, softcap=softcap,
+        learnable_sink=learnable_sink, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_k=seqused_k)
+    return dq, dk, dv, dsink if dsink is not None else _empty_lse(q)
+
+
+def _flash_backward_fake(grad_out, q, k, v, out, lse, softmax_scale, causal, windowed, window_left, window_right,
+                         softcap, learnable_sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k):
+    dsink = learnable_sink.new_empty(learnable_sink.shape) if learnable_sink is not None else _empty_lse(q)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsink
+
+
+_flash_backward_op = _operator("flash_attn_backward", "(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
+                               "Tensor lse, float? softmax_scale, bool causal, bool windowed, SymInt? window_left, "
+                               "SymInt? window_right, float softcap, Tensor? learnable_sink, Tensor? cu_seqlens_q, "
+                               "Tensor? cu_seqlens_k, SymInt? max_seqlen_q, SymInt? max_seqlen_k, Tensor? seqused_k) "
+                               "-> (Tensor, Tensor, Tensor, Tensor)", _flash_backward_kernel, _flash_backward_fake)
+
+
+class _FlashRule:
+    """attnforge::flash_attn's backward (learnable_sink's gradient too); paged and float8 K/V have none."""
+    forward_operator = None
+
+    @staticmethod
+    def check(args):
+        _refuse_cuda(args[0])
+        if args[15] is not None:
+            raise _C.UnsupportedError("page_table: paged K/V has no backward pass (FlashAttention-4 has none either); "
+                                      "train on contiguous or varlen K/V, or run this call under torch.no_grad()")
+        for name, t in zip(("q_descale", "k_descale", "v_descale"), args[16:19]):
+            if t is not None:
+                raise _C.UnsupportedError(f"{name}: float8 attention has no backward pass (FlashAttention-4 has none "
+                                          "either); run this call under torch.no_grad()")
+
+    @staticmethod
+    def forward(below, args):
+        out, lse = below(*args[:19], True, args[20])
+        return (out, lse if args[19] else _empty_lse(args[0])), out, lse
+
+    @staticmethod
+    def backward(grad_out, args, out, lse):
+        (q, k, v, softmax_scale, causal, windowed, left, right, softcap, sink, cu_q, cu_k, max_q, max_k,
+         seqused_k) = args[:15]
+        dq, dk, dv, dsink = _flash_backward_op(grad_out, q, k, v, out, lse, softmax_scale, causal, windowed, left,
+                                               right, softcap, sink, cu_q, cu_k, max_q, max_k, seqused_k)
+        return (dq, dk, dv, None, None, None, None, None, None, dsink if sink is not None else None,
+                *(None,) * 11)
+
+
 _flash_op = _operator("flash_attn", "(Tensor q, Tensor k, Tensor v, float? softmax_scale, bool causal, bool windowed, "
                       "SymInt? window_left, SymInt? window_right, float softcap, Tensor? learnable_sink, "
                       "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, SymInt? max_seqlen_q, SymInt? max_seqlen_k, "
                       "Tensor? seqused_k, Tensor? page_table, Tensor? q_descale, Tensor? k_descale, "
                       "Tensor? v_descale, bool return_lse, bool varlen) -> (Tensor, Tensor)", _flash_kernel,
-                      _flash_fake)
+                      _flash_fake, _FlashRule)
 
 
 def flash_attn(q, k, v, softmax_scale, causal, window, softcap, learnable_sink, return_lse, varlen,
                cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, seqused_k=None,
                page_table=None, q_descale=None, k_descale=None, v_descale=None):
     """flash_attn_func / flash_attn_varlen_func on torch tensors (checked, window resolved) → (out, lse or None)."""
-    _refuse_autograd(q, k, v, learnable_sink, q_descale, k_descale, v_descale)
     left, right = window if window is not None else (None, None)
     out, lse = _flash_op(q, k, v, None if softmax_scale is None else float(softmax_scale), bool(causal),
                          window is not None, left, right, float(softcap), learnable_sink, cu_seqlens_q, cu_seqlens_k,
@@ -294,13 +429,50 @@ def _masked_rows_fake(query, key, value, mask, scale, softcap, sink):
     return query.new_empty((b, l, hq, value.shape[-1]))
 
 
+def _masked_rows_backward_kernel(grad_out, query, key, value, out, mask, scale, softcap, sink):
+    dq, dk, dv, dsink = _backward.masked_rows_backward(grad_out, query, key, value, out, mask, scale, softcap, sink)
+    return dq.contiguous(), dk.contiguous(), dv.contiguous(), dsink if dsink is not None else _empty_lse(query)
+
+
+def _masked_rows_backward_fake(grad_out, query, key, value, out, mask, scale, softcap, sink):
+    dsink = sink.new_empty(sink.shape) if sink is not None else _empty_lse(query)
+    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape), dsink
+
+
+_masked_rows_backward_op = _operator("masked_rows_backward", "(Tensor grad_out, Tensor query, Tensor key, "
+                                     "Tensor value, Tensor out, Tensor mask, float? scale, float softcap, "
+                                     "Tensor? sink) -> (Tensor, Tensor, Tensor, Tensor)",
+                                     _masked_rows_backward_kernel, _masked_rows_backward_fake)
+
+
+class _MaskedRowsRule:
+    """attnforge::masked_rows' backward (_backward.masked_rows_backward: PyTorch's, not the C one; no lse needed)."""
+    forward_operator = None
+
+    @staticmethod
+    def check(args):
+        _refuse_cuda(args[0])
+        _refuse_mask_gradient(args[3])
+
+    @staticmethod
+    def forward(below, args):
+        out = below(*args)
+        return out, out, None
+
+    @staticmethod
+    def backward(grad_out, args, out, lse):
+        query, key, value, mask, scale, softcap, sink = args
+        dq, dk, dv, dsink = _masked_rows_backward_op(grad_out, query, key, value, out, mask, scale, softcap, sink)
+        return dq, dk, dv, None, None, None, dsink if sink is not None else None
+
+
 _masked_rows_op = _operator("masked_rows", "(Tensor query, Tensor key, Tensor value, Tensor mask, float? scale, "
-                            "float softcap, Tensor? sink) -> Tensor", _masked_rows_kernel, _masked_rows_fake)
+                            "float softcap, Tensor? sink) -> Tensor", _masked_rows_kernel, _masked_rows_fake,
+                            _MaskedRowsRule)
 
 
 def masked_rows(query, key, value, mask, scale, softcap, sink):
     """Transformers' softcap/sink attention under a mask, (B, L, Hq, Ev), through attnforge::masked_rows."""
-    _refuse_autograd(query, key, value, mask, sink)
     return _masked_rows_op(query, key, value, mask, None if scale is None else float(scale), float(softcap), sink)
 
 

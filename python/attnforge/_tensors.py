@@ -1,5 +1,5 @@
 """Outputs for the C library to write into, allocated like the inputs (torch or NumPy), and the one
-torch-specific step before export: autograd."""
+torch-specific step before export: detaching from autograd."""
 import sys
 
 from . import _C
@@ -15,12 +15,14 @@ def is_torch_tensor(x) -> bool:
 
 
 def exportable(x):
-    """x, ready for DLPack: attnforge computes no gradients, so a tensor that needs one is refused
-    (UnsupportedError) and one that merely requires grad under no_grad is detached (a view, no copy)."""
+    """x, ready for DLPack: a tensor that requires grad is detached (a view, no copy) under no_grad, which is where
+    the operators' Autograd kernels run the kernels; with grad mode on it is refused (UnsupportedError): only the
+    operators record autograd, a direct call (out=, the reference) would silently drop the gradient."""
     if getattr(x, "requires_grad", False):   # torch tensors only (NumPy has no such attribute); cheap per call
         if _torch().is_grad_enabled():
             raise _C.UnsupportedError(
-                "attnforge computes no gradients: call it under torch.no_grad() or torch.inference_mode()")
+                "this call records no autograd (only attnforge's operators do: call it without out=, or under "
+                "torch.no_grad())")
         return x.detach()
     return x
 

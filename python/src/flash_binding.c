@@ -9,20 +9,19 @@
 #include "tensors.h"
 #include "workspace.h"
 
-/* The call's input tensors, in the order they are borrowed (and released). */
-enum { IN_QUERY, IN_KEY, IN_VALUE, IN_SINK, IN_CU_Q, IN_CU_K, IN_SEQUSED_K, IN_PAGE_TABLE, IN_Q_DESCALE,
-       IN_K_DESCALE, IN_V_DESCALE, N_INPUTS };
-static const char *const input_names[N_INPUTS] = {"q", "k", "v", "learnable_sink", "cu_seqlens_q", "cu_seqlens_k",
-                                                  "seqused_k", "page_table", "q_descale", "k_descale", "v_descale"};
+static const char *const input_names[AFPY_FLASH_N_INPUTS] = {"q", "k", "v", "learnable_sink", "cu_seqlens_q",
+                                                            "cu_seqlens_k", "seqused_k", "page_table", "q_descale",
+                                                            "k_descale", "v_descale"};
 
-static void release_inputs(afpy_tensor inputs[N_INPUTS]) {
-    for (int i = 0; i < N_INPUTS; i++) afpy_tensor_release(&inputs[i]);
+static void release_inputs(afpy_tensor inputs[AFPY_FLASH_N_INPUTS]) {
+    for (int i = 0; i < AFPY_FLASH_N_INPUTS; i++) afpy_tensor_release(&inputs[i]);
 }
 
 /* Borrow every input that is given (None = absent); 0, or -1 with an exception set and nothing held. */
-static int borrow_inputs(PyObject *objects[N_INPUTS], uintptr_t stream, afpy_tensor inputs[N_INPUTS]) {
-    memset(inputs, 0, sizeof(afpy_tensor) * N_INPUTS);
-    for (int i = 0; i < N_INPUTS; i++) {
+static int borrow_inputs(PyObject *const objects[AFPY_FLASH_N_INPUTS], uintptr_t stream,
+                         afpy_tensor inputs[AFPY_FLASH_N_INPUTS]) {
+    memset(inputs, 0, sizeof(afpy_tensor) * AFPY_FLASH_N_INPUTS);
+    for (int i = 0; i < AFPY_FLASH_N_INPUTS; i++) {
         if (!objects[i] || objects[i] == Py_None) continue;
         if (afpy_tensor_from_object(objects[i], input_names[i], false, stream, &inputs[i]) < 0) {
             release_inputs(inputs);
@@ -63,70 +62,84 @@ static int read_window(PyObject *window, af_flash_args *a) {
     return 0;
 }
 
+int afpy_flash_call_parse(PyObject *const objects[AFPY_FLASH_N_INPUTS], PyObject *scale, int causal, PyObject *window,
+                          double softcap, long long max_seqlen_q, long long max_seqlen_k, uintptr_t stream,
+                          afpy_flash_call *call) {
+    memset(call, 0, sizeof *call);
+    af_flash_args *a = &call->args;
+    a->causal = causal;
+    a->softcap = softcap;
+    a->max_seqlen_q = max_seqlen_q;
+    a->max_seqlen_k = max_seqlen_k;
+    if (scale != Py_None) {
+        a->scale = PyFloat_AsDouble(scale);
+        if (a->scale == -1.0 && PyErr_Occurred()) return -1;
+        a->has_scale = true;
+    }
+    if (read_window(window, a) < 0) return -1;
+    a->stream = (void *)stream;   /* read by af_flash_attn for CUDA tensors only */
+    if (borrow_inputs(objects, stream, call->inputs) < 0) return -1;
+    afpy_tensor *in = call->inputs;
+    a->query = &in[AFPY_FLASH_QUERY].view;
+    a->key = &in[AFPY_FLASH_KEY].view;
+    a->value = &in[AFPY_FLASH_VALUE].view;
+    a->learnable_sink = view_or_null(objects[AFPY_FLASH_SINK], &in[AFPY_FLASH_SINK]);
+    a->cu_seqlens_q = view_or_null(objects[AFPY_FLASH_CU_Q], &in[AFPY_FLASH_CU_Q]);
+    a->cu_seqlens_k = view_or_null(objects[AFPY_FLASH_CU_K], &in[AFPY_FLASH_CU_K]);
+    a->seqused_k = view_or_null(objects[AFPY_FLASH_SEQUSED_K], &in[AFPY_FLASH_SEQUSED_K]);
+    a->page_table = view_or_null(objects[AFPY_FLASH_PAGE_TABLE], &in[AFPY_FLASH_PAGE_TABLE]);
+    a->q_descale = view_or_null(objects[AFPY_FLASH_Q_DESCALE], &in[AFPY_FLASH_Q_DESCALE]);
+    a->k_descale = view_or_null(objects[AFPY_FLASH_K_DESCALE], &in[AFPY_FLASH_K_DESCALE]);
+    a->v_descale = view_or_null(objects[AFPY_FLASH_V_DESCALE], &in[AFPY_FLASH_V_DESCALE]);
+    return 0;
+}
+
+void afpy_flash_call_release(afpy_flash_call *call) { release_inputs(call->inputs); }
+
 PyObject *afpy_flash_attn(PyObject *self, PyObject *args, PyObject *kwargs) {
     afpy_log_sync();   /* C messages at the logger's level only */
     static char *keywords[] = {"query", "key", "value", "out", "lse", "scale", "causal", "window", "softcap",
                                "learnable_sink", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
                                "seqused_k", "page_table", "reference", "stream", "q_descale", "k_descale",
                                "v_descale", "workspace", NULL};
-    PyObject *objects[N_INPUTS] = {0};
+    PyObject *objects[AFPY_FLASH_N_INPUTS] = {0};
     PyObject *out_obj, *lse_obj = Py_None, *scale_obj = Py_None, *window = Py_None, *stream_obj = Py_None;
     PyObject *workspace_obj = Py_None;
     int causal = 0, reference = 0;
     double softcap = 0.0;
     long long max_seqlen_q = 0, max_seqlen_k = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|O$OpOdOOOLLOOpOOOOO:flash_attn", keywords,
-                                     &objects[IN_QUERY], &objects[IN_KEY], &objects[IN_VALUE], &out_obj, &lse_obj,
-                                     &scale_obj, &causal, &window, &softcap, &objects[IN_SINK], &objects[IN_CU_Q],
-                                     &objects[IN_CU_K], &max_seqlen_q, &max_seqlen_k, &objects[IN_SEQUSED_K],
-                                     &objects[IN_PAGE_TABLE], &reference, &stream_obj, &objects[IN_Q_DESCALE],
-                                     &objects[IN_K_DESCALE], &objects[IN_V_DESCALE], &workspace_obj))
+                                     &objects[AFPY_FLASH_QUERY], &objects[AFPY_FLASH_KEY],
+                                     &objects[AFPY_FLASH_VALUE], &out_obj, &lse_obj, &scale_obj, &causal, &window,
+                                     &softcap, &objects[AFPY_FLASH_SINK], &objects[AFPY_FLASH_CU_Q],
+                                     &objects[AFPY_FLASH_CU_K], &max_seqlen_q, &max_seqlen_k,
+                                     &objects[AFPY_FLASH_SEQUSED_K], &objects[AFPY_FLASH_PAGE_TABLE], &reference,
+                                     &stream_obj, &objects[AFPY_FLASH_Q_DESCALE], &objects[AFPY_FLASH_K_DESCALE],
+                                     &objects[AFPY_FLASH_V_DESCALE], &workspace_obj))
         return NULL;
-    af_flash_args a;
-    memset(&a, 0, sizeof a);
-    a.causal = causal;
-    a.softcap = softcap;
-    a.max_seqlen_q = max_seqlen_q;
-    a.max_seqlen_k = max_seqlen_k;
-    if (scale_obj != Py_None) {
-        a.scale = PyFloat_AsDouble(scale_obj);
-        if (a.scale == -1.0 && PyErr_Occurred()) return NULL;
-        a.has_scale = true;
-    }
-    if (read_window(window, &a) < 0) return NULL;
     uintptr_t stream;
     if (afpy_stream_from_object(stream_obj, &stream) < 0) return NULL;
-    a.stream = (void *)stream;   /* read by af_flash_attn for CUDA tensors only */
     afpy_workspace workspace;
     if (afpy_workspace_from_object(workspace_obj, &workspace) < 0) return NULL;
-    a.workspace = afpy_workspace_allocator(&workspace);
-
-    afpy_tensor inputs[N_INPUTS];
-    if (borrow_inputs(objects, stream, inputs) < 0) return NULL;
+    afpy_flash_call call;
+    if (afpy_flash_call_parse(objects, scale_obj, causal, window, softcap, max_seqlen_q, max_seqlen_k, stream,
+                              &call) < 0)
+        return NULL;
+    call.args.workspace = afpy_workspace_allocator(&workspace);
     afpy_tensor out = {0}, lse = {0};
     if (afpy_outputs_from_objects(out_obj, lse_obj, stream, &out, &lse) < 0) {
-        release_inputs(inputs);
+        afpy_flash_call_release(&call);
         return NULL;
     }
-    a.query = &inputs[IN_QUERY].view;
-    a.key = &inputs[IN_KEY].view;
-    a.value = &inputs[IN_VALUE].view;
-    a.learnable_sink = view_or_null(objects[IN_SINK], &inputs[IN_SINK]);
-    a.cu_seqlens_q = view_or_null(objects[IN_CU_Q], &inputs[IN_CU_Q]);
-    a.cu_seqlens_k = view_or_null(objects[IN_CU_K], &inputs[IN_CU_K]);
-    a.seqused_k = view_or_null(objects[IN_SEQUSED_K], &inputs[IN_SEQUSED_K]);
-    a.page_table = view_or_null(objects[IN_PAGE_TABLE], &inputs[IN_PAGE_TABLE]);
-    a.q_descale = view_or_null(objects[IN_Q_DESCALE], &inputs[IN_Q_DESCALE]);
-    a.k_descale = view_or_null(objects[IN_K_DESCALE], &inputs[IN_K_DESCALE]);
-    a.v_descale = view_or_null(objects[IN_V_DESCALE], &inputs[IN_V_DESCALE]);
     af_tensor *lse_view = lse_obj != Py_None ? &lse.view : NULL;
     af_status status;
     Py_BEGIN_ALLOW_THREADS   /* the views hold their memory; nothing here touches Python objects */
-    status = reference ? af_flash_attn_reference(&a, &out.view, lse_view) : af_flash_attn(&a, &out.view, lse_view);
+    status = reference ? af_flash_attn_reference(&call.args, &out.view, lse_view)
+                       : af_flash_attn(&call.args, &out.view, lse_view);
     Py_END_ALLOW_THREADS
     afpy_tensor_release(&out);
     afpy_tensor_release(&lse);
-    release_inputs(inputs);
+    afpy_flash_call_release(&call);
     if (status != AF_OK) return afpy_workspace_raise(&workspace, status);
     Py_RETURN_NONE;
 }

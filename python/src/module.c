@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "attnforge.h"
+#include "backward_binding.h"
 #include "errors.h"
 #include "flash_binding.h"
 #include "host_openmp.h"
@@ -149,6 +150,12 @@ static PyMethodDef module_methods[] = {
      "af_sdpa into out."},
     {"flash_attn", (PyCFunction)(void (*)(void))afpy_flash_attn, METH_VARARGS | METH_KEYWORDS,
      "flash_attn(query, key, value, out, lse=None, *, ...): af_flash_attn (or its reference) into out."},
+    {"sdpa_backward", (PyCFunction)(void (*)(void))afpy_sdpa_backward, METH_VARARGS | METH_KEYWORDS,
+     "sdpa_backward(args, kwargs, out, dout, lse, dq, dk, dv, causal_bottom_right=False, reference=False): "
+     "af_sdpa_backward into dq, dk, dv (None: not wanted)."},
+    {"flash_attn_backward", (PyCFunction)(void (*)(void))afpy_flash_attn_backward, METH_VARARGS | METH_KEYWORDS,
+     "flash_attn_backward(query, key, value, out, dout, lse, dq, dk, dv, dsink=None, *, ...): "
+     "af_flash_attn_backward (or its reference) into the gradients."},
     {"version", module_version, METH_NOARGS, "The linked library's version."},
     {"set_num_threads", module_set_num_threads, METH_O, "Threads per call; 0 = all cores."},
     {"get_num_threads", module_get_num_threads, METH_NOARGS, "Threads a call will use."},
