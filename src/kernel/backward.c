@@ -24,8 +24,8 @@
 #include "kernel/softcap.h"
 #include "kernel/ukernel.h"
 
-#define BLOCK_ROWS 64              /* query rows per block */
-#define BLOCK_KEYS 64              /* keys per stationary tile */
+#define BLOCK_ROWS 48              /* query rows per block: whole register tiles of 12 (AVX-512) and 6 (AVX2) rows */
+#define BLOCK_KEYS 96              /* keys per stationary tile: the same for the dK, dV products' rows, and 6 vectors */
 #define MIN_ITEMS 32               /* key chunks until (batch, kv head, chunk) items reach this many ... */
 #define DQ_PARTIAL_BYTES ((size_t)64 << 20)   /* ... while the dq partials of all chunks stay below this */
 #define MIN_FLOPS_PER_THREAD 4e6   /* as the forward: a worker's wake-up must pay for itself */
@@ -87,6 +87,20 @@ static int64_t at(const int64_t *stride, int64_t b, int64_t h, int64_t row) {
     return b * stride[0] + h * stride[1] + row * stride[2];
 }
 
+/* dst (cols × rows, leading dim ldd, columns rows.. zero to a whole vector) = srcᵀ: the micro-kernel's transposing
+ * packer where it has one (8×8 blocks through registers), else element by element. */
+static void transpose(const af_ukernel *uk, int rows, int cols, const float *src, int lds, float *dst, int ldd) {
+    if (uk->pack_kt) {
+        uk->pack_kt(rows, cols, src, sizeof(float) * (size_t)lds, AF_F32, dst, ldd);
+        return;
+    }
+    const int padded = (int)round_up((size_t)rows, AF_TILE_PAD);
+    for (int c = 0; c < cols; c++) {
+        for (int r = 0; r < rows; r++) dst[(size_t)c * ldd + r] = src[(size_t)r * lds + c];
+        for (int r = rows; r < padded; r++) dst[(size_t)c * ldd + r] = 0.0f;
+    }
+}
+
 /* ---------------------------------------------------------------- pass 1: rows */
 
 /* Row i of (b, h): D = dout·out (double: the same for every tile that reads it), lse in log2 units. */
@@ -133,19 +147,26 @@ typedef struct {
 static void pack_tile(const bwd_plan *bw, const key_item *w, int64_t j0, int cols, float *kt, float *kr, float *vt,
                       float *row) {
     const af_problem *p = bw->p;
-    const int padded = (int)round_up((size_t)cols, AF_TILE_PAD);
+    const int64_t key0 = w->seq.k0 + j0;
     for (int j = 0; j < cols; j++) {
-        const char *k = p->k + (size_t)at(p->k_stride, w->b, w->hk, w->seq.k0 + j0 + j) * bw->kv_elem;
+        const char *k = p->k + (size_t)at(p->k_stride, w->b, w->hk, key0 + j) * bw->kv_elem;
         float *kj = kr + (size_t)j * bw->e_pad;
         load_row(bw->uk, kj, k, p->kv_dtype, p->k_stride[3], bw->E, bw->kv_elem);
         memset(kj + bw->E, 0, sizeof(float) * (size_t)(bw->e_pad - bw->E));
-        for (int e = 0; e < bw->E; e++) kt[(size_t)e * bw->keys_pad + j] = kj[e];
-        if (bw->Ev == 0) continue;
-        const char *v = p->v + (size_t)at(p->v_stride, w->b, w->hk, w->seq.k0 + j0 + j) * bw->kv_elem;
-        load_row(bw->uk, row, v, p->kv_dtype, p->v_stride[3], bw->Ev, bw->kv_elem);
+    }
+    transpose(bw->uk, cols, bw->E, kr, bw->e_pad, kt, bw->keys_pad);   /* Kᵀ from the f32 rows just made */
+    if (bw->Ev == 0) return;
+    const char *v = p->v + (size_t)at(p->v_stride, w->b, w->hk, key0) * bw->kv_elem;
+    if (bw->uk->pack_kt && p->v_stride[3] == 1) {
+        bw->uk->pack_kt(cols, bw->Ev, v, (size_t)p->v_stride[2] * bw->kv_elem, p->kv_dtype, vt, bw->keys_pad);
+        return;
+    }
+    for (int j = 0; j < cols; j++) {   /* a strided head dim: row by row */
+        load_row(bw->uk, row, v + (size_t)(j * p->v_stride[2]) * bw->kv_elem, p->kv_dtype, p->v_stride[3], bw->Ev,
+                 bw->kv_elem);
         for (int e = 0; e < bw->Ev; e++) vt[(size_t)e * bw->keys_pad + j] = row[e];
     }
-    for (int e = 0; e < bw->E; e++) memset(kt + (size_t)e * bw->keys_pad + cols, 0, sizeof(float) * (size_t)(padded - cols));
+    const int padded = (int)round_up((size_t)cols, AF_TILE_PAD);
     for (int e = 0; e < bw->Ev; e++) memset(vt + (size_t)e * bw->keys_pad + cols, 0, sizeof(float) * (size_t)(padded - cols));
 }
 
@@ -209,12 +230,6 @@ static void transform_scores(const bwd_plan *bw, const key_item *w, int64_t h, i
     }
 }
 
-static void transpose(int rows, int cols, const float *src, int lds, float *dst, int ldd) {
-    for (int r0 = 0; r0 < rows; r0 += 8)
-        for (int c = 0; c < cols; c++)
-            for (int r = r0; r < r0 + 8 && r < rows; r++) dst[(size_t)c * ldd + r] = src[(size_t)r * lds + c];
-}
-
 /* One (query row block, key tile) pair of head h: the five products and the softmax's gradient. */
 static void block_pair(const bwd_plan *bw, const key_item *w, int64_t h, int64_t i0, int rows, int64_t j0, int cols,
                        char *base) {
@@ -258,7 +273,7 @@ static void block_pair(const bwd_plan *bw, const key_item *w, int64_t h, int64_t
     }
 
     if (bw->Ev > 0) {
-        transpose(rows, cols, S, bw->keys_pad, PT, bw->rows_pad);   /* dV += Pᵀ·dO */
+        transpose(uk, rows, cols, S, bw->keys_pad, PT, bw->rows_pad);   /* dV += Pᵀ·dO */
         uk->gemm(cols, bw->Ev, rows, PT, bw->rows_pad, dob, bw->ev_pad, dv, bw->ev_pad, true);
         uk->gemm(rows, cols, bw->Ev, dob, bw->ev_pad, vt, bw->keys_pad, dP, bw->keys_pad, false);   /* dP = dO·Vᵀ */
     } else {
@@ -275,7 +290,7 @@ static void block_pair(const bwd_plan *bw, const key_item *w, int64_t h, int64_t
     }
     float *dq = bw->dq_partial + (size_t)(((w->chunk * p->Hq + h) * bw->R + id0) * bw->e_pad);
     uk->gemm(rows, bw->E, cols, dP, bw->keys_pad, kr, bw->e_pad, dq, bw->e_pad, true);   /* dQ += dS·K */
-    transpose(rows, cols, dP, bw->keys_pad, PT, bw->rows_pad);   /* dK += dSᵀ·Q */
+    transpose(uk, rows, cols, dP, bw->keys_pad, PT, bw->rows_pad);   /* dK += dSᵀ·Q */
     uk->gemm(cols, bw->E, rows, PT, bw->rows_pad, qb, bw->e_pad, dk, bw->e_pad, true);
 }
 
