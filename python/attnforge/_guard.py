@@ -183,7 +183,8 @@ def refusal(call, torch):
     """Why attnforge cannot compute this bound SDPA call (a string for the DEBUG log), or None when it can: q/k/v
     float32/float16/bfloat16 torch tensors of one dtype on one CPU or CUDA device whose shapes follow PyTorch's
     broadcasting rule (sdpa_shapes; any rank from 2), a bool mask or one of query's dtype not set with is_causal,
-    a finite scale, no dropout, no gradient needed. Whatever passes here attnforge computes as PyTorch does, so a
+    a finite scale, no dropout; a call that needs a gradient on the CPU, with none for the mask (the backward pass
+    runs on the CPU only and gives the mask no gradient). Whatever passes here attnforge computes as PyTorch does, so a
     provider that prepares on it never fails at run time."""
     for name, t in zip(_QKV_NAMES, call.qkv):
         if not isinstance(t, torch.Tensor):
@@ -216,7 +217,10 @@ def refusal(call, torch):
     if why is not None:
         return why
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return "the call needs autograd (attnforge has no backward pass)"
+        if q.device.type != "cpu":
+            return f"the call needs autograd on {_device_name(q.device)} (attnforge's backward pass runs on the CPU only)"
+        if call.attn_mask is not None and call.attn_mask.requires_grad:
+            return "attn_mask requires grad (attnforge's backward pass computes no gradient for the mask)"
     return None
 
 

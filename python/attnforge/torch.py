@@ -105,12 +105,7 @@ _FALLBACK_ERRORS = (_C.InvalidArgumentError, _C.UnsupportedError, _C.PlanMismatc
                     TypeError)
 
 
-def _needs_autograd(args, kwargs):
-    return torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in (*args, *kwargs.values()))
-
-
-def _dispatcher(previous, active, warned):
+def _dispatcher(previous, active):
     """F.scaled_dot_product_attention while apply() is in force: inside the module's forward (active holds its plan)
     the guarded call, anywhere else the function that was there before. Plain Python over metadata and
     torch.ops.attnforge operators, so torch.compile(fullgraph=True) and torch.export trace it without a break."""
@@ -120,10 +115,6 @@ def _dispatcher(previous, active, warned):
         view, uncovered = active[-1]
         if torch.compiler.is_compiling():
             return _ops.guarded_call(view, args, kwargs, fallback=previous, uncovered=uncovered)
-        if not warned and _needs_autograd(args, kwargs):   # attnforge has no backward pass: keep training correct
-            warned.append(True)
-            logger.warning("attnforge computes no gradients: SDPA calls that need autograd run on PyTorch; "
-                           "run the module under torch.no_grad() or torch.inference_mode() to use attnforge")
         try:
             return _ops.guarded_call(view, args, kwargs, fallback=previous, uncovered=uncovered)
         except _FALLBACK_ERRORS as e:
@@ -142,7 +133,8 @@ def apply(module, provider_or_plan, uncovered="pytorch"):
 
     Calls the plan does not cover (the per-call guard decides: device, form, mask, causality, scale, GQA, layout)
     go to PyTorch's own SDPA; with uncovered="attnforge" they run on attnforge's general path with their own
-    arguments instead. Calls attnforge cannot run at all (autograd, dropout, float64, ...) go to PyTorch.
+    arguments instead. Calls attnforge cannot run at all (dropout, float64, CUDA calls that need gradients, ...) go to
+    PyTorch. Calls that need gradients on the CPU run on attnforge, forward and backward.
 
     torch.compile and torch.export trace through it: the guard decides from metadata at trace time, a covered call
     becomes torch.ops.attnforge.provider_sdpa in the graph (carrying the plan), an uncovered one PyTorch's SDPA (or
@@ -166,7 +158,7 @@ def apply(module, provider_or_plan, uncovered="pytorch"):
         raise _C.NotPreparedError(f"Kernel provider {provider.name} must be prepared before it is applied")
     provider.load_runtime_dependencies()   # raises now rather than inside the forward pass
     entry = (_ops.plan_view(provider), uncovered)
-    active, warned = [], []
+    active = []
 
     def before_forward(mod, inputs):
         active.append(entry)
@@ -178,7 +170,7 @@ def apply(module, provider_or_plan, uncovered="pytorch"):
     pre = module.register_forward_pre_hook(before_forward)
     post = module.register_forward_hook(after_forward, always_call=True)
     previous = _sdpa_function()
-    _set_sdpa_function(_dispatcher(previous, active, warned))
+    _set_sdpa_function(_dispatcher(previous, active))
     try:
         yield provider
     finally:

@@ -6,18 +6,21 @@ batching, "attnforge_flash".
     model = AutoModelForCausalLM.from_pretrained(..., attn_implementation="attnforge")
     model.generate_batch(prompts, ...)   # with attn_implementation="attnforge_flash": paged continuous batching
 
-Every attention call of the model then runs on attnforge, and a call attnforge cannot run raises (there is no silent
-fallback to PyTorch), except that calls needing gradients (autograd on and a tensor requiring grad: a plain model(x)
-outside torch.no_grad(), training) run on PyTorch, with one warning per process on the "attnforge" logger, since
-attnforge has no backward pass yet: Transformers' sdpa computation, or its eager one with a softcap or sinks.
-Under torch.no_grad() or torch.inference_mode():
+Every attention call of the model then runs on attnforge, forward and backward (a plain model(x) outside
+torch.no_grad(), training: attnforge's operators have a backward pass), and a call attnforge cannot run raises (there
+is no silent fallback to PyTorch), except that calls needing gradients that attnforge's backward does not cover run on
+PyTorch, with one warning per process on the "attnforge" logger: on CUDA (the backward runs on the CPU only), with
+attention dropout (training mode), with a mask or position_bias that needs a gradient (T5's learned bias), or with a
+sink per query (Inkling 2): Transformers' sdpa computation, or its eager one with a softcap or sinks.
+With or without gradients:
 - a call with no mask (causal prefill, decode, full attention) runs attnforge.scaled_dot_product_attention, or
   flash_attn_func when the layer has a sliding window, a softcap or learned sinks — the window goes to the kernel
   as window_size, so no (L, S) mask is built for it;
 - a call with a mask (padded batches) runs attnforge.scaled_dot_product_attention with that mask; with a softcap or
   sinks too, each query row becomes one sequence of flash_attn_varlen_func over its visible keys, read in place
   through a page table of single-token pages (every row's visible keys must be one contiguous range, as causal,
-  sliding-window and padding masks are).
+  sliding-window and padding masks are). Its backward is PyTorch's explicit one (_backward.masked_rows_backward):
+  neither C backward reads keys through a page table.
 A position_bias (T5 and its family) is folded into the additive mask as Transformers' sdpa path folds it; the sparse
 key selections of DeepSeek sparse attention's models (indices, block_indices) raise.
 The mask function registered with it is Transformers' sdpa_mask, except that a causal sliding-window layer without
@@ -112,16 +115,17 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     if kwargs.get("block_table") is not None:
         raise _C.UnsupportedError("attnforge: continuous batching's block-table decode path (flash_attn_with_kvcache) "
                                   "is not supported; it is only enabled for FlashAttention 2/3 on CUDA")
-    on_pytorch = _needs_autograd(query, key, value, attention_mask, sink, position_bias)
-    if on_pytorch:   # attnforge has no backward pass: PyTorch's attention keeps training correct
+    on_pytorch = _needs_autograd(query, key, value, attention_mask, sink, position_bias) and \
+        _backward_not_covered(query, attention_mask, position_bias, dropout, sink)
+    if on_pytorch:   # PyTorch's attention keeps training correct where attnforge's backward does not reach
         _warn_autograd_once()
     elif dropout:
         raise _C.UnsupportedError(f"attnforge: dropout={dropout} is not supported (attention dropout only runs in "
                                   "training; call model.eval())")
     if kwargs.get("cu_seq_lens_q") is not None and kwargs.get("cu_seq_lens_k") is not None:
         if on_pytorch:
-            raise _C.UnsupportedError("attnforge: packed sequences (cu_seq_lens_q/k) that need gradients are not "
-                                      "supported (attnforge computes no gradients; use torch.no_grad())")
+            raise _C.UnsupportedError("attnforge: packed sequences (cu_seq_lens_q/k) that need gradients on CUDA, "
+                                      "with dropout or with a mask that needs a gradient are not supported")
         return _packed(query, key, value, kwargs, scaling, is_causal, sliding_window, softcap, sink), None
     if attention_mask is not None and attention_mask.ndim == 2:   # a FlashAttention-style (B, S) padding mask
         attention_mask = _mask_from_padding(attention_mask, query.shape[2], is_causal, sliding_window)
@@ -154,6 +158,14 @@ def _needs_autograd(*tensors):
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+def _backward_not_covered(query, mask, position_bias, dropout, sink):
+    """A call needing gradients that attnforge's backward pass does not take: CUDA (CPU only), dropout (none), a
+    mask or position bias that needs its own gradient (the backward gives the mask none), or a sink per query
+    (Inkling 2's (B, H, L, 1), which attnforge does not run at all; PyTorch ran it with gradients before)."""
+    return query.device.type != "cpu" or bool(dropout) or (sink is not None and sink.ndim == 4) or any(
+        t is not None and t.requires_grad for t in (mask, position_bias))
+
+
 _autograd_warned = False
 
 
@@ -163,8 +175,9 @@ def _warn_autograd_once():
     if _autograd_warned or torch.compiler.is_compiling():   # a logging call would break a compiled graph
         return
     _autograd_warned = True
-    logger.warning("attnforge computes no gradients: attention calls that need autograd run on PyTorch; run the "
-                   "model under torch.no_grad() or torch.inference_mode() to use attnforge")
+    logger.warning("attnforge: attention calls that need gradients on CUDA, with dropout or with a mask that needs a "
+                   "gradient run on PyTorch (attnforge's backward pass runs on the CPU, without dropout, and gives "
+                   "the mask no gradient)")
 
 
 def _with_position_bias(query, key, value, mask, position_bias, is_causal, sliding_window):

@@ -157,14 +157,14 @@ def test_lifecycle_init_ready_and_round_trip():
     torch.testing.assert_close(restored(q, k, v, is_causal=True, enable_gqa=True), want, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("case", ["dropout", "float64", "requires_grad", "meta", "empty"])
+@pytest.mark.parametrize("case", ["dropout", "float64", "mask_requires_grad", "meta", "empty"])
 def test_refuses_what_attnforge_does_not_compute(case, caplog):
     caplog.set_level(logging.DEBUG, logger=AITUNE_LOGGER)
     q, k, v = qkv()
     samples = {
         "dropout": [((q, k, v), {"dropout_p": 0.1})],
         "float64": [((q.double(), k.double(), v.double()), {})],
-        "requires_grad": [((q.requires_grad_(), k, v), {})],
+        "mask_requires_grad": [((q, k, v), {"attn_mask": torch.zeros(16, 16, requires_grad=True)})],
         "meta": [((q.to("meta"), k.to("meta"), v.to("meta")), {})],
         "empty": [],
     }[case]
@@ -173,9 +173,23 @@ def test_refuses_what_attnforge_does_not_compute(case, caplog):
     assert provider.state is KernelProviderState.INIT
     lines = [r.getMessage() for r in caplog.records if r.name == AITUNE_LOGGER and r.levelno == logging.DEBUG]
     assert lines and lines[-1].startswith("attnforge not supported due to: ")
-    word = {"dropout": "dropout", "float64": "float64", "requires_grad": "autograd", "meta": "meta",
+    word = {"dropout": "dropout", "float64": "float64", "mask_requires_grad": "attn_mask requires grad", "meta": "meta",
             "empty": "no representative samples"}[case]
     assert word in lines[-1]
+
+
+def test_accepts_calls_that_need_gradients():
+    """A CPU call that needs gradients is prepared and run on attnforge, forward and backward (it was refused while
+    attnforge had no backward), with PyTorch's gradients; the mask's gradient alone is refused (above)."""
+    q, k, v = (t.requires_grad_() for t in qkv(hkv=2))
+    provider = AttnforgeKernelProvider()
+    assert provider.prepare([((q, k, v), {"is_causal": True, "enable_gqa": True})])
+    got, ops = attnforge_ops(lambda: provider(q, k, v, is_causal=True, enable_gqa=True))
+    assert ops == {"attnforge::provider_sdpa": 1}
+    grads = torch.autograd.grad(got.sum(), (q, k, v))
+    want = torch.autograd.grad(PYTORCH_SDPA(q, k, v, is_causal=True, enable_gqa=True).sum(), (q, k, v))
+    for g, w in zip(grads, want):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
 
 
 def _accepted_cases():

@@ -254,7 +254,7 @@ def test_flash_attn_varlen_output(seqlen_q, seqlen_k, d, dv, mask, softcap, has_
      _) = fa4.generate_qkv(q, k, v, query_padding_mask, key_padding_mask)
     out_ref, lse_ref, out_pt, lse_pt = fa4_references(q, k, v, query_padding_mask, key_padding_mask, causal=causal,
                                                       window_size=window, learnable_sink=sink, softcap=softcap)
-    # generate_qkv hands back tensors that require grad (FA4 tests its backward); attnforge has no backward
+    # generate_qkv hands back tensors that require grad (FA4 tests its backward); this suite ports the forward
     out_unpad, lse = af.flash_attn_varlen_func(
         q_unpad.detach(), (k_unpad if unpad_kv else k).detach(), (v_unpad if unpad_kv else v).detach(),
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k if unpad_kv else None, max_seqlen_q=seqlen_q,

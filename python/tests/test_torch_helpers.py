@@ -141,17 +141,30 @@ def test_transformer_encoder_layer(af_log):
         assert len(general) == 1 and "is_causal is false" in general[0].getMessage()
 
 
-def test_calls_attnforge_cannot_run_go_to_pytorch(af_log):
-    model = gpt()
+def test_calls_that_need_gradients_run_on_attnforge(af_log, monkeypatch):
+    """Grad enabled, parameters require grad: the calls run on attnforge, forward and backward (they went to
+    PyTorch with a warning while attnforge had no backward), with PyTorch's gradients and no warning."""
+    model, reference = gpt(), gpt()
     provider = af.FlashAttention4KernelProvider()
     assert provider.prepare(aft.record(model, torch.randn(1, 8, 64)))
     x = torch.randn(1, 8, 64)
-    with aft.apply(model, provider):   # grad enabled, parameters require grad: PyTorch keeps autograd working
+    reference(x).sum().backward()
+    backward_calls = []
+    real_backward = af._C.sdpa_backward
+    monkeypatch.setattr(af._C, "sdpa_backward", lambda *a, **k: backward_calls.append(1) or real_backward(*a, **k))
+    with aft.apply(model, provider):
         y = model(x)
         y.sum().backward()
-    assert model.blocks[0].q.weight.grad is not None
-    warnings = [r for r in af_log.records if "computes no gradients" in r.getMessage()]
-    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING   # once per apply()
+    assert len(backward_calls) == 2, "both blocks' backward on attnforge"
+    for (name, got), want in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(got.grad, want.grad, atol=1e-5, rtol=1e-5, msg=name)
+    assert not [r for r in af_log.records if r.levelno >= logging.WARNING]
+
+
+def test_calls_attnforge_cannot_run_go_to_pytorch():
+    model = gpt()
+    provider = af.FlashAttention4KernelProvider()
+    assert provider.prepare(aft.record(model, torch.randn(1, 8, 64)))
     model64 = gpt(torch.float64)
     x64 = torch.randn(1, 8, 64, dtype=torch.float64)
     with torch.no_grad():

@@ -85,22 +85,23 @@ def test_opcheck_masked_rows():
     opcheck(torch.ops.attnforge.masked_rows.default, (q, k, v, mask, None, 1.5, randn(4, seed=4)))
 
 
-def test_backward_is_refused_by_the_registration():
-    """Each operator's Autograd kernel lets a forward that needs a gradient run and its backward raise, eagerly and
-    under torch.compile (an operator without one would compile and silently give no gradient through attention)."""
+def test_backward_through_the_registration():
+    """Each operator's Autograd kernel runs a forward that needs a gradient with its backward (this test stood for
+    the refusal while attnforge had none): the same outputs as without grad, and PyTorch's gradients eagerly, under
+    torch.compile and through the public function. python/tests/test_backward.py checks every operator's."""
     q = randn(1, 2, 4, 8).requires_grad_()
     out, _ = torch.ops.attnforge.sdpa(q, q, q, None, 0.0, False, None, False, False, False)
     with torch.no_grad():
         want, _ = torch.ops.attnforge.sdpa(q, q, q, None, 0.0, False, None, False, False, False)
     assert out.requires_grad and not want.requires_grad and torch.equal(out, want)
-    with pytest.raises(af.UnsupportedError, match="attnforge computes no gradients"):
-        out.sum().backward()
+    (want_grad,) = torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(q, q, q).sum(), q)
+    (eager,) = torch.autograd.grad(out.sum(), q)
     compiled = torch.compile(lambda x: torch.ops.attnforge.sdpa(x * 1, x, x, None, 0.0, False, None, False, False,
                                                                 False)[0], fullgraph=True)
-    with pytest.raises(Exception, match="attnforge computes no gradients"):
-        compiled(q).sum().backward()
-    with pytest.raises(af.UnsupportedError, match="computes no gradients"):   # the public function says it first
-        af.scaled_dot_product_attention(q, q, q)
+    (traced,) = torch.autograd.grad(compiled(q).sum(), q)
+    (public,) = torch.autograd.grad(af.scaled_dot_product_attention(q, q, q).sum(), q)
+    for got in (eager, traced, public):
+        torch.testing.assert_close(got, want_grad, atol=1e-5, rtol=1e-5)
 
 
 # ---------------------------------------------------------------- the Python guard mirrors the C guard
@@ -175,7 +176,9 @@ def test_refusals_name_the_reason():
     assert _ops.refusal((q[0], q[0], q[0]), {}) is None   # any rank from 2, as PyTorch (the broadcasting rule)
     assert "at least 2 dimensions" in _ops.refusal((q[0, 0, 0], q[0], q[0]), {})
     assert "enable_gqa" in _ops.refusal((q, randn(1, 3, 4, 8), randn(1, 3, 4, 8)), {})
-    assert "needs autograd" in _ops.refusal((q.clone().requires_grad_(), q, q), {})
+    assert _ops.refusal((q.clone().requires_grad_(), q, q), {}) is None   # attnforge's backward: on the CPU
+    assert "attn_mask requires grad" in _ops.refusal((q.clone().requires_grad_(), q, q),
+                                                     {"attn_mask": torch.zeros(4, 4, requires_grad=True)})
     with torch.no_grad():
         assert _ops.refusal((q.clone().requires_grad_(), q, q), {}) is None
 

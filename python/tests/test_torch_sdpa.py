@@ -163,8 +163,9 @@ def test_errors_from_torch_tensors():
     with pytest.raises(af.UnsupportedError, match="query: dtype float64 is not supported"):
         af.scaled_dot_product_attention(q, q, q)
     x = torch.zeros(1, 1, 2, 4, requires_grad=True)
-    with pytest.raises(af.UnsupportedError, match="computes no gradients"):
-        af.scaled_dot_product_attention(x, x, x)
+    assert af.scaled_dot_product_attention(x, x, x).requires_grad   # the operator's backward (test_backward.py)
+    with pytest.raises(af.UnsupportedError, match="records no autograd"):   # out= bypasses the operator
+        af.scaled_dot_product_attention(x, x, x, out=torch.empty(1, 1, 2, 4))
     with torch.no_grad():   # requires_grad under no_grad: exported as a view, no copy
         af.scaled_dot_product_attention(x, x, x)
     m = torch.zeros(1, 1, 2, 4, device="meta")
