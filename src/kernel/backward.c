@@ -230,6 +230,17 @@ static void transform_scores(const bwd_plan *bw, const key_item *w, int64_t h, i
     }
 }
 
+/* C[m×n] += Aᵀ·B for A[k×m]: the micro-kernel's transposed-A product, else a transpose into `at` and its gemm. */
+static void gemm_at(const af_ukernel *uk, int m, int n, int k, const float *A, int lda, const float *B, int ldb,
+                    float *C, int ldc, float *at, int ldat) {
+    if (uk->gemm_at) {
+        uk->gemm_at(m, n, k, A, lda, B, ldb, C, ldc, true);
+        return;
+    }
+    transpose(uk, k, m, A, lda, at, ldat);
+    uk->gemm(m, n, k, at, ldat, B, ldb, C, ldc, true);
+}
+
 /* One (query row block, key tile) pair of head h: the five products and the softmax's gradient. */
 static void block_pair(const bwd_plan *bw, const key_item *w, int64_t h, int64_t i0, int rows, int64_t j0, int cols,
                        char *base) {
@@ -273,8 +284,7 @@ static void block_pair(const bwd_plan *bw, const key_item *w, int64_t h, int64_t
     }
 
     if (bw->Ev > 0) {
-        transpose(uk, rows, cols, S, bw->keys_pad, PT, bw->rows_pad);   /* dV += Pᵀ·dO */
-        uk->gemm(cols, bw->Ev, rows, PT, bw->rows_pad, dob, bw->ev_pad, dv, bw->ev_pad, true);
+        gemm_at(uk, cols, bw->Ev, rows, S, bw->keys_pad, dob, bw->ev_pad, dv, bw->ev_pad, PT, bw->rows_pad);   /* dV += Pᵀ·dO */
         uk->gemm(rows, cols, bw->Ev, dob, bw->ev_pad, vt, bw->keys_pad, dP, bw->keys_pad, false);   /* dP = dO·Vᵀ */
     } else {
         for (int r = 0; r < rows; r++) memset(dP + (size_t)r * bw->keys_pad, 0, sizeof(float) * (size_t)cols);
@@ -290,8 +300,7 @@ static void block_pair(const bwd_plan *bw, const key_item *w, int64_t h, int64_t
     }
     float *dq = bw->dq_partial + (size_t)(((w->chunk * p->Hq + h) * bw->R + id0) * bw->e_pad);
     uk->gemm(rows, bw->E, cols, dP, bw->keys_pad, kr, bw->e_pad, dq, bw->e_pad, true);   /* dQ += dS·K */
-    transpose(uk, rows, cols, dP, bw->keys_pad, PT, bw->rows_pad);   /* dK += dSᵀ·Q */
-    uk->gemm(cols, bw->E, rows, PT, bw->rows_pad, qb, bw->e_pad, dk, bw->e_pad, true);
+    gemm_at(uk, cols, bw->E, rows, dP, bw->keys_pad, qb, bw->e_pad, dk, bw->e_pad, PT, bw->rows_pad);   /* dK += dSᵀ·Q */
 }
 
 /* dK (times the scale: dS is the gradient of the scaled score) and dV of the tile's keys, in their dtypes. */

@@ -69,6 +69,10 @@ typedef struct af_ukernel {
      * zero-fills them) and C's are writable scratch. A's rows are exactly k long (lda >= k). m, n, k >= 1. */
     void (*gemm)(int m, int n, int k, const float *A, int lda, const float *B, int ldb, float *C, int ldc,
                  bool accumulate);
+    /* Optional (NULL: the caller transposes A first): gemm with A stored transposed, C[m×n] (+)= Aᵀ·B for A[k×m]
+     * with rows lda apart (the backward's Pᵀ·dO and dSᵀ·Q); A's rows are exactly m long. Same contract otherwise. */
+    void (*gemm_at)(int m, int n, int k, const float *A, int lda, const float *B, int ldb, float *C, int ldc,
+                    bool accumulate);
 
     /* One online-softmax step over a block of scores, row by row, in base 2 (FA4's form).
      * In:  S[r][0..cols) raw scores (masked entries are -inf); c > 0 folds scale·log2(e) into one multiply;

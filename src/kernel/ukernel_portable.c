@@ -21,6 +21,19 @@ static void gemm_portable(int m, int n, int k, const float *A, int lda, const fl
     }
 }
 
+static void gemm_at_portable(int m, int n, int k, const float *A, int lda, const float *B, int ldb, float *C,
+                             int ldc, bool accumulate) {
+    for (int i = 0; i < m; i++) {
+        float *c = C + (size_t)i * ldc;
+        if (!accumulate) memset(c, 0, sizeof(float) * (size_t)n);
+        for (int p = 0; p < k; p++) {
+            const float ap = A[(size_t)p * lda + i];
+            const float *b = B + (size_t)p * ldb;
+            for (int j = 0; j < n; j++) c[j] += ap * b[j];
+        }
+    }
+}
+
 static inline float exp2_portable(float x, int degree) {
     if (!(x >= AF_EXP2_MIN_INPUT)) return x != x ? x : 0.0f;   /* NaN stays NaN; -inf and tiny give 0 */
     if (x > 128.0f) return INFINITY;
@@ -101,6 +114,7 @@ static void pack_kt_portable(int cols, int E, const void *k, size_t key_stride, 
 const af_ukernel af_ukernel_portable = {
     .isa = "portable",
     .gemm = gemm_portable,
+    .gemm_at = gemm_at_portable,
     .softmax_step = softmax_step_portable,
     .scale_row = scale_row_portable,
     .blocking = blocking_portable,
