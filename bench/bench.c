@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_backward.h"
 #include "bench_cuda.h"
 #include "bench_features.h"
 #include "bench_memory.h"
@@ -457,7 +458,9 @@ static void bench_usage(FILE *f) {
             "                       [--portable-max-gflop X] [--layout hnd|nhd] [--device cpu|cuda|cuda:N]\n"
             "                       [--kv-dtype float8_e4m3fn|float8_e5m2]\n"
             "       attnforge bench --features [--features-len N] [--window W] [--dtype D] [--reps N] [--quick]\n"
-            "                       [--kv-dtype float8_e4m3fn|float8_e5m2] [--page-size P] [--pair NAME] [--json]\n\n"
+            "                       [--kv-dtype float8_e4m3fn|float8_e5m2] [--page-size P] [--pair NAME] [--json]\n"
+            "       attnforge bench --backward [--shape S] [--dtype D] [--causal] [--quick] [--layout L] [--reps N]\n"
+            "                       [--threads N] [--isa NAME] [--json]\n\n"
             "Measures the FMA peak (same ISA and thread count) and the read bandwidth, then times each shape\n"
             "(median of --reps calls, default 5, after one warm-up) and prints GFLOP/s by FA4's formula\n"
             "2·B·Hq·L·S'·(E+Ev) (causal: S' = keys actually seen), the share of the peak, for decode (L <= 16)\n"
@@ -485,6 +488,11 @@ static void bench_usage(FILE *f) {
             "ratios), the work ratio (FLOPs of the keys each row sees; 1 for paged), the issue's target (window\n"
             "<= 0.10, paged <= 1.10, fp8 <= 1/1.8), and how far apart the outputs are where both compute the same\n"
             "rows (share of twice the error bound; over 1 fails). GFLOP/s count only the keys each row sees.\n\n"
+            "--backward times the training step's attention instead: per shape the forward with its lse (af_sdpa)\n"
+            "and the backward (af_sdpa_backward) alternating, each the median of --reps after one warm-up, GFLOP/s by\n"
+            "FA4's count (the backward's 2.5x the forward's) and each call's share of an FMA sample taken just before it,\n"
+            "after a spot check of the backward against the double reference. Default shapes: B=1 H=16 L=S in {2048,\n"
+            "4096}, E=Ev in {64, 128}, full and causal, float32 and bfloat16 (--quick: L=S=1024, E=64).\n\n"
             "--device cuda[:N] (default cpu) times af_sdpa on tensors in that GPU's memory instead: a spot check of\n"
             "small shapes against the double reference, then per shape the median of --reps samples, each sample\n"
             "back-to-back calls between two synchronizes (about 20 ms), as ms per call, TFLOP/s by the same formula,\n"
@@ -500,6 +508,7 @@ int cmd_bench(int argc, char **argv) {
     bench_options o = {.reps = 5, .portable_max_gflop = 6.0};
     cli_shape one = {.label = "shape", .dtype = AF_F32};
     bool have_shape = false, dtype_given = false, causal = false, isa_given = false, features = false;
+    bool backward = false;
     af_dtype kv_dtype = AF_F8E4M3;   /* the float8 decode rows' (and the --features fp8 pair's) K/V format */
     bool kv_given = false;
     const char *only_pair = NULL;
@@ -525,6 +534,8 @@ int cmd_bench(int argc, char **argv) {
             o.quick = true;
         } else if (!strcmp(a, "--features")) {
             features = true;
+        } else if (!strcmp(a, "--backward")) {
+            backward = true;
         } else if ((!strcmp(a, "--features-len") || !strcmp(a, "--window") || !strcmp(a, "--page-size")) && value) {
             char *end;
             const long long n = strtoll(value, &end, 10);
@@ -605,6 +616,18 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "attnforge bench: --features runs its own shapes on the CPU (af_flash_attn); --shape, "
                         "--causal and --device do not apply\n");
         return 2;
+    }
+    if (backward) {   /* its own machine row: the FMA peak only (no bandwidth pass) */
+        if (features || kv_given || o.long_shapes || device.type != AF_DEVICE_CPU) {
+            fprintf(stderr, "attnforge bench: --backward runs af_sdpa and af_sdpa_backward on the CPU; --features, "
+                            "--kv-dtype, --long and --device do not apply\n");
+            return 2;
+        }
+        one.causal = causal;
+        const bench_backward_options bo = {.reps = o.reps, .json = o.json, .quick = o.quick, .nhd = o.nhd,
+                                           .one = have_shape ? &one : NULL, .dtype_given = dtype_given,
+                                           .dtype = one.dtype, .causal_only = causal};
+        return bench_backward(&bo, af_get_num_threads()) ? 1 : 0;
     }
     if (device.type == AF_DEVICE_CUDA) {
         if (isa_given) {

@@ -103,12 +103,38 @@ PY
 else
     fail "bench --features exited non-zero: $(cat "$tmp/err")"
 fi
+# --backward on one tiny causal GQA shape: the forward and backward halves, FLOPs by FA4's count (backward 2.5x)
+if "$cli" bench --backward --shape 1,4,2,48,40,32,24 --dtype bfloat16 --causal --reps 2 --json >"$tmp/backward" \
+    2>"$tmp/err"; then
+    python3 - "$tmp/backward" <<'PY' || fail "backward rows: $(cat "$tmp/backward")"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+machine = [r for r in rows if r.get("machine")]
+check = [r for r in rows if r.get("spot_check")]
+shapes = [r for r in rows if "case" in r]
+assert len(machine) == 1 and machine[0]["backward"] and machine[0]["peak_gflops"] > 0, machine
+assert len(check) == 1 and check[0]["failures"] == 0 and check[0]["cases"] > 0, check
+assert len(shapes) == 1, shapes
+r = shapes[0]
+assert r["ok"] and r["dtype"] == "bfloat16" and r["causal"] and (r["Hq"], r["Hkv"], r["L"], r["S"]) == (4, 2, 48, 40), r
+seen = sum(min(i + 1, 40) for i in range(48))   # top-left causal: row i sees min(i + 1, S) keys
+assert r["forward_flops"] == 2 * 4 * seen * (32 + 24) and r["backward_flops"] == 2.5 * r["forward_flops"], r
+for half in ("forward", "backward"):
+    assert r[half + "_seconds"] > 0 and r[half + "_peak_ratio"] > 0, r
+    gflops = r[half + "_flops"] / r[half + "_seconds"] * 1e-9
+    assert abs(r[half + "_gflops"] - gflops) <= 1e-6 * gflops, (half, r)
+assert abs(r["seconds"] - r["forward_seconds"] - r["backward_seconds"]) <= 1e-9 and r["peak_gflops"] > 0, r
+PY
+else
+    fail "bench --backward exited non-zero: $(cat "$tmp/err")"
+fi
 "$cli" bench --shape 1,2,1,16,16,8,8 --reps 2 --isa portable >"$tmp/table" 2>&1 || fail "bench --isa portable: $(cat "$tmp/table")"
 grep -q 'isa portable' "$tmp/table" || fail "table does not name the portable isa: $(head -3 "$tmp/table")"
 
 for bad in "--shape 1,3,2,8,8,8,8" "--shape 1,2,1,8,8" "--dtype float64" "--threads -1" "--threads x" "--reps 0" "--isa sse9" "--layout bhsd" "--frobnicate" \
     "--features --causal" "--features --shape 1,2,1,8,8,8,8" "--features-len 64" "--features --window 0" \
-    "--kv-dtype float8" "--features --pair fp8" "--pair fp8_vs_f16"; do
+    "--kv-dtype float8" "--features --pair fp8" "--pair fp8_vs_f16" "--backward --features" \
+    "--backward --kv-dtype float8_e4m3fn" "--backward --device cuda"; do
     # shellcheck disable=SC2086
     "$cli" bench $bad --reps 1 >"$tmp/out" 2>&1
     code=$?
