@@ -13,12 +13,12 @@ _NOT_IMPLEMENTED = {
           "and the other varlen arguments by keyword)",
     "gather_kv_indices": "top-k sparse K/V gathering (gather_kv_indices, MLA only) is not implemented",
     "score_mod": "CuTe-DSL score_mod callables cannot run on attnforge (use softcap for tanh capping)",
-    "score_mod_bwd": "attnforge computes no gradients",
+    "score_mod_bwd": "CuTe-DSL score_mod callables cannot run on attnforge (softcap's backward is built in)",
     "mask_mod": "CuTe-DSL mask_mod callables cannot run on attnforge (use causal / window_size)",
     "aux_tensors": "aux_tensors only feed score_mod / mask_mod, which attnforge does not run",
     "aux_scalars": "aux_scalars only feed score_mod / mask_mod, which attnforge does not run",
     "block_sparse_tensors": "block sparsity is not implemented",
-    "block_sparse_tensors_bwd": "attnforge computes no gradients",
+    "block_sparse_tensors_bwd": "block sparsity is not implemented",
     "seqused_q": "seqused_q is not implemented (give each sequence's real length through cu_seqlens_q)",
     "scheduler_metadata": "FA4's GPU scheduler metadata has no meaning on attnforge",
 }
@@ -41,7 +41,7 @@ def _check_int(name, value, minimum=None, allow_none=True):
 
 def _check_hints(num_splits, pack_gqa, deterministic, min_seqlen_k=None, seqlen_k_per_split=None):
     """Scheduling hints: they change how FA4 splits the work on a GPU, never the result; attnforge schedules its
-    own work (one deterministic pass, no backward) and only checks their types."""
+    own work (deterministic passes, forward and backward) and only checks their types."""
     _check_int("num_splits", num_splits, allow_none=False)
     for name, value in (("pack_gqa", pack_gqa), ("deterministic", deterministic)):
         if value is not None and not isinstance(value, bool):
@@ -192,7 +192,8 @@ def flash_attn_func(q, k, v, qv=None, gather_kv_indices=None, softmax_scale=None
     log, or None unless return_lse. Rows that see no key get out = 0 and lse = -inf (lse = sink with a sink).
     num_splits, pack_gqa and deterministic are GPU scheduling hints: checked, and the result does not depend on
     them. qv, gather_kv_indices, score_mod(_bwd), mask_mod, aux_*, block_sparse_* raise UnsupportedError when set.
-    attnforge computes no gradients (a tensor that needs one raises UnsupportedError).
+    Gradients (the C backward, CPU only) flow to q, k, v and learnable_sink when they require grad; paged and
+    float8 K/V have no backward (UnsupportedError before the forward runs), and lse gets no gradient.
     """
     _refuse_unimplemented(qv=qv, gather_kv_indices=gather_kv_indices, score_mod=score_mod,
                           score_mod_bwd=score_mod_bwd, mask_mod=mask_mod, aux_tensors=aux_tensors,

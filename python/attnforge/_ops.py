@@ -111,9 +111,10 @@ class _Operator:
 
 
 def _operator(name: str, schema: str, kernel, fake, rule=None):
-    """Define attnforge::name with its CPU and CUDA kernel, its fake and, given a rule (the backward), an Autograd
-    kernel: an eager call on plain tensors runs the kernel there and then, anything else goes on down the dispatcher;
-    a call that needs a gradient goes through _Differentiable. Returns the _Operator to call."""
+    """Define attnforge::name with its CPU and CUDA kernel, its fake and an Autograd kernel: an eager call on plain
+    tensors runs the kernel there and then, anything else goes on down the dispatcher; a call that needs a gradient
+    goes through _Differentiable with `rule` (the backward), or raises for an operator of the backward (rule None).
+    Returns the _Operator to call."""
     _LIB.define(name + schema)
     for device in _DEVICES:
         _LIB.impl(name, kernel, device.upper())
@@ -128,8 +129,13 @@ def _operator(name: str, schema: str, kernel, fake, rule=None):
             forward = rule.forward_operator or operator   # provider_sdpa's forward is attnforge::sdpa's (it has lse)
             below = forward.kernel if plain else functools.partial(forward.op.redispatch, keyset & _BELOW_AUTOGRAD)
             return _Differentiable.apply(rule, below, *args)
-
-        _LIB.impl(name, autograd, "Autograd", with_keyset=True)
+    else:   # an operator of the backward: a second derivative is refused, never silently zero
+        def autograd(keyset, *args):
+            if _needs_grad(args):
+                raise _C.UnsupportedError(f"attnforge::{name}: attnforge computes no second derivatives (call "
+                                          "backward without create_graph=True)")
+            return kernel(*args) if _plain(args) else operator.op.redispatch(keyset & _BELOW_AUTOGRAD, *args)
+    _LIB.impl(name, autograd, "Autograd", with_keyset=True)
     return operator
 
 

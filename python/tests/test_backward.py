@@ -355,6 +355,16 @@ def test_compiled_backward_equals_eager():
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
 
 
+def test_second_derivative_is_refused():
+    """create_graph=True would record the backward operators for a second derivative, which they do not have: an
+    error there, never a silently zero second derivative."""
+    q = randn(1, 2, 4, 8).requires_grad_()
+    with pytest.raises(af.UnsupportedError, match="no second derivatives"):
+        torch.autograd.grad(af.scaled_dot_product_attention(q, q, q).square().sum(), q, create_graph=True)
+    with pytest.raises(af.UnsupportedError, match="no second derivatives"):
+        torch.autograd.grad(af.flash_attn_func(q, q, q)[0].sum(), q, create_graph=True)
+
+
 def test_lse_output_has_no_gradient():
     q = randn(1, 2, 4, 8).requires_grad_()
     out, lse = af.scaled_dot_product_attention(q, q, q, return_lse=True)
