@@ -101,9 +101,9 @@ af_status af_sdpa_backward_check(const af_sdpa_args *args, const af_backward_inp
     af_problem *p = &bp->f;
     if ((st = af_sdpa_check(args, in->out, in->lse, p)) != AF_OK) return st;
     const af_tensor *q = args->query, *k = args->key, *v = args->value;
-    if ((st = check_no_broadcast("query", q, 0, 1, p->B, p->Hq, "the output's")) != AF_OK ||
-        (st = check_no_broadcast("key", k, 0, 1, p->B, p->Hkv, "value's")) != AF_OK ||
-        (st = check_no_broadcast("value", v, 0, 1, p->B, p->Hkv, "key's")) != AF_OK)
+    if ((st = check_no_broadcast("query", q, 0, 1, p->B, p->Hq, "the output")) != AF_OK ||
+        (st = check_no_broadcast("key", k, 0, 1, p->B, p->Hkv, "value")) != AF_OK ||
+        (st = check_no_broadcast("value", v, 0, 1, p->B, p->Hkv, "key")) != AF_OK)
         return st;
     view dout = {"dout", in->dout, 0, 0};
     if ((st = check_dout(in, &dout)) != AF_OK) return st;
@@ -144,9 +144,9 @@ af_status af_flash_backward_check(const af_flash_args *args, const af_backward_i
     const af_tensor *q = args->query, *k = args->key, *v = args->value;
     const bool varlen_q = q->ndim == 3, varlen_k = k->ndim == 3;
     /* (B, L, H, D) or packed (rows, H, D): heads are the second-to-last dim; packed views have no batch dim */
-    if ((st = check_no_broadcast("query", q, varlen_q ? -1 : 0, q->ndim - 2, p->B, p->Hq, "the output's")) != AF_OK ||
-        (st = check_no_broadcast("key", k, varlen_k ? -1 : 0, k->ndim - 2, p->B, p->Hkv, "value's")) != AF_OK ||
-        (st = check_no_broadcast("value", v, varlen_k ? -1 : 0, v->ndim - 2, p->B, p->Hkv, "key's")) != AF_OK)
+    if ((st = check_no_broadcast("query", q, varlen_q ? -1 : 0, q->ndim - 2, p->B, p->Hq, "the output")) != AF_OK ||
+        (st = check_no_broadcast("key", k, varlen_k ? -1 : 0, k->ndim - 2, p->B, p->Hkv, "value")) != AF_OK ||
+        (st = check_no_broadcast("value", v, varlen_k ? -1 : 0, v->ndim - 2, p->B, p->Hkv, "key")) != AF_OK)
         return st;
     view dout = {"dout", in->dout, 0, 0};
     if ((st = check_dout(in, &dout)) != AF_OK) return st;
