@@ -65,7 +65,8 @@ static bool same_special(float a, float b) { return (isnan(a) && isnan(b)) || (i
 
 /* ------------------------------------------------------------------------------------------------ gemm */
 
-static void check_gemm(const af_ukernel *uk, int m, int n, int k, bool accumulate, bool specials) {
+/* transposed: uk->gemm_at on A stored transposed (k rows of m, m + 5 apart) against the portable gemm on A. */
+static void check_gemm_as(const af_ukernel *uk, int m, int n, int k, bool accumulate, bool specials, bool transposed) {
     const int lda = k + 3, ldb = round_up(n, AF_TILE_PAD) + AF_TILE_PAD, ldc = ldb, rows_c = m + 1;
     float *A = tile((size_t)m * lda), *B = tile((size_t)k * ldb);
     float *C = tile((size_t)rows_c * ldc), *Cref = tile((size_t)rows_c * ldc);
@@ -87,7 +88,17 @@ static void check_gemm(const af_ukernel *uk, int m, int n, int k, bool accumulat
             mag[i * n + j] = s;
         }
     af_ukernel_portable.gemm(m, n, k, A, lda, B, ldb, Cref, ldc, accumulate);
-    uk->gemm(m, n, k, A, lda, B, ldb, C, ldc, accumulate);
+    if (transposed) {
+        const int ldat = m + 5;
+        float *At = tile((size_t)k * ldat);
+        for (int i = 0; i < m; i++)
+            for (int p = 0; p < k; p++) At[p * ldat + i] = A[i * lda + p];
+        assert_non_null(uk->gemm_at);
+        uk->gemm_at(m, n, k, At, ldat, B, ldb, C, ldc, accumulate);
+        free(At);
+    } else {
+        uk->gemm(m, n, k, A, lda, B, ldb, C, ldc, accumulate);
+    }
     for (int i = 0; i < rows_c; i++)
         for (int j = 0; j < ldc; j++) {
             const float got = C[i * ldc + j], want = Cref[i * ldc + j];
@@ -103,6 +114,27 @@ static void check_gemm(const af_ukernel *uk, int m, int n, int k, bool accumulat
                          j, got, want);
         }
     free(A), free(B), free(C), free(Cref), free(mag);
+}
+
+static void check_gemm(const af_ukernel *uk, int m, int n, int k, bool accumulate, bool specials) {
+    check_gemm_as(uk, m, n, k, accumulate, specials, false);
+}
+
+/* gemm_at (the backward's Pᵀ·dO, dSᵀ·Q) of every kernel, the portable one included, against the portable gemm. */
+static void gemm_at_matches_gemm(void **state) {
+    (void)state;
+    const af_ukernel *kernels[4];
+    int nk = vector_kernels(kernels);
+    kernels[nk++] = &af_ukernel_portable;
+    const int ns[] = {1, 16, 17, 33, 64, 100}, ks[] = {1, 7, 48, 65};
+    for (int u = 0; u < nk; u++) {
+        for (int m = 1; m <= 13; m++)
+            for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+                for (size_t b = 0; b < sizeof ks / sizeof ks[0]; b++)
+                    check_gemm_as(kernels[u], m, ns[a], ks[b], (a + b + m) % 2 == 0, (a + b) % 3 == 0, true);
+        check_gemm_as(kernels[u], 96, 128, 48, true, false, true);
+        check_gemm_as(kernels[u], 50, 80, 96, false, true, true);
+    }
 }
 
 static void gemm_matches_portable(void **state) {
@@ -684,6 +716,7 @@ static void blocking_is_sane(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(gemm_matches_portable),
+        cmocka_unit_test(gemm_at_matches_gemm),
         cmocka_unit_test(softmax_matches_portable),
         cmocka_unit_test(softmax_threshold_exact),
         cmocka_unit_test(exp2_accuracy_per_degree),
