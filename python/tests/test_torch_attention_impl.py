@@ -103,7 +103,7 @@ CASES = {   # name: (Hq, Hkv, L, S, call's keyword arguments; "mask" is built by
     "gqa": (8, 2, 33, 47, {"enable_gqa": True}),
     "gqa_mask_scale": (8, 2, 33, 47, {"enable_gqa": True, "mask": "bool", "scale": 0.2}),
 }
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def make_mask(kind, b, l, s, dtype, g):
