@@ -69,11 +69,13 @@ def _activate() -> _Handle:
 
 def _refusal(query, key, value, attn_mask, dropout_p, is_causal, scale):
     """Why attnforge does not take this call of the flash operators (None when it does): their 4-D q/k/v with E == Ev
-    (anything else is PyTorch's error to give), then attnforge's own rule for an SDPA call (_ops.refusal), grouped
+    and no bool mask (anything else is PyTorch's error to give), then attnforge's own rule for an SDPA call (_ops.refusal), grouped
     heads as the operators read them (Hq a multiple of Hkv)."""
     from . import _ops
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4 or value.shape[-1] != query.shape[-1]:
         return "not the flash operators' 4-D call with one head dimension"
+    if attn_mask is not None and attn_mask.dtype == torch.bool:   # F.sdpa converts it first; the operator refuses it
+        return "a bool mask"
     kwargs = {"attn_mask": attn_mask, "dropout_p": dropout_p, "is_causal": is_causal, "scale": scale,
               "enable_gqa": query.shape[1] != key.shape[1]}
     with torch.no_grad():   # inside an operator's CPU kernel: autograd is PyTorch's business, not a reason to refuse

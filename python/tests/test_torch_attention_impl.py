@@ -253,6 +253,8 @@ def test_calls_attnforge_cannot_run_get_pytorchs_kernel(calls, activated):
         ((q.bfloat16(), k.bfloat16(), v.bfloat16()), {"attn_mask": float32_mask}),      # mask of another dtype
         ((q, k, v), {"attn_mask": float32_mask, "is_causal": True}),                    # mask and causal
     ]
+    with pytest.raises(RuntimeError, match="mask"):   # PyTorch's own error: F.sdpa turns a bool mask into float first
+        FORWARD(q, k, v, attn_mask=torch.ones(8, 8, dtype=torch.bool))
     for qkv, kwargs in cases:
         is_causal = kwargs.pop("is_causal", False)
         out, lse = FORWARD(*qkv, 0.0, is_causal, **kwargs)
