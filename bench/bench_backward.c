@@ -154,6 +154,7 @@ static double paired_share(double gflop, const double *seconds, const double *ce
 
 typedef struct {
     double seconds, gflops, peak_ratio, peak_gflops, cpu_share;
+    double cpu_peak_ratio;   /* FLOPs per CPU-second against the FMA sample's: robust to other processes' load */
 } phase_summary;
 
 static phase_summary summarize(const phase *p, double flops, int reps, int threads) {
@@ -162,12 +163,13 @@ static phase_summary summarize(const phase *p, double flops, int reps, int threa
     s.peak_ratio = paired_share(flops * 1e-9, p->times, p->peak, reps);
     s.peak_gflops = median_of(p->peak, reps);
     s.cpu_share = median_of(p->cpu, reps) / s.seconds / threads;
+    s.cpu_peak_ratio = paired_share(flops * 1e-9, p->cpu, p->peak_cpu, reps);
     return s;
 }
 
 static void print_header(void) {
-    printf("%-26s %-8s %-3s %3s %9s %8s %6s %9s %8s %6s %8s %4s\n", "B,Hq,Hkv,L,S,E,Ev", "dtype", "cau", "thr",
-           "fwd_ms", "GFLOP/s", "%peak", "bwd_ms", "GFLOP/s", "%peak", "peak", "cpu%");
+    printf("%-26s %-8s %-3s %3s %9s %8s %6s %9s %8s %6s %8s %4s %7s\n", "B,Hq,Hkv,L,S,E,Ev", "dtype", "cau", "thr",
+           "fwd_ms", "GFLOP/s", "%peak", "bwd_ms", "GFLOP/s", "%peak", "peak", "cpu%", "%pk_cpu");
 }
 
 static void print_row(const backward_call *c, bool ok, const phase *fwd, const phase *bwd,
@@ -196,17 +198,19 @@ static void print_row(const backward_call *c, bool ok, const phase *fwd, const p
                "\"forward_flops\":%.17g,\"backward_flops\":%.17g,"
                "\"forward_seconds\":%.17g,\"forward_gflops\":%.17g,\"forward_peak_ratio\":%.4f,"
                "\"backward_seconds\":%.17g,\"backward_gflops\":%.17g,\"backward_peak_ratio\":%.4f,"
+               "\"forward_cpu_peak_ratio\":%.4f,\"backward_cpu_peak_ratio\":%.4f,"
                "\"seconds\":%.17g,\"gflops\":%.17g,\"peak_gflops\":%.6g,\"cpu_share\":%.4f}\n",
                af_dtype_name(s->dtype), s->causal ? "true" : "false", (long long)s->B, (long long)s->Hq,
                (long long)s->Hkv, (long long)s->L, (long long)s->S, (long long)s->E, (long long)s->Ev, threads,
                af_get_isa(), o->nhd ? "nhd" : "hnd", flops, BACKWARD_FLOP_FACTOR * flops, f.seconds, f.gflops,
-               f.peak_ratio, b.seconds, b.gflops, b.peak_ratio, f.seconds + b.seconds,
+               f.peak_ratio, b.seconds, b.gflops, b.peak_ratio, f.cpu_peak_ratio, b.cpu_peak_ratio, f.seconds + b.seconds,
                (1.0 + BACKWARD_FLOP_FACTOR) * flops / (f.seconds + b.seconds) * 1e-9, b.peak_gflops, b.cpu_share);
         return;
     }
-    printf("%-26s %-8s %-3s %3d %9.2f %8.1f %5.0f%% %9.2f %8.1f %5.0f%% %8.1f %3.0f%%\n", shape,
+    printf("%-26s %-8s %-3s %3d %9.2f %8.1f %5.0f%% %9.2f %8.1f %5.0f%% %8.1f %3.0f%% %6.0f%%\n", shape,
            af_dtype_name(s->dtype), s->causal ? "yes" : "no", threads, f.seconds * 1e3, f.gflops,
-           100.0 * f.peak_ratio, b.seconds * 1e3, b.gflops, 100.0 * b.peak_ratio, b.peak_gflops, 100.0 * b.cpu_share);
+           100.0 * f.peak_ratio, b.seconds * 1e3, b.gflops, 100.0 * b.peak_ratio, b.peak_gflops, 100.0 * b.cpu_share,
+           100.0 * b.cpu_peak_ratio);
 }
 
 /* ---- the command */
@@ -249,7 +253,8 @@ int bench_backward(const bench_backward_options *o, int threads) {
     if (!o->json) {
         printf("forward (af_sdpa with lse) and backward (af_sdpa_backward) alternate, %d timed each after one "
                "warm-up (medians); GFLOP/s by FA4's count, the backward's 2.5x the forward's; %%peak: the median of "
-               "each call against an FMA sample just before it; peak: those samples' median\n", reps);
+               "each call against an FMA sample just before it; peak: those samples' median; cpu%%, %%pk_cpu: the backward's "
+               "CPU time over wall x threads, its FLOPs per CPU-second against the samples' (robust to load)\n", reps);
         print_header();
     }
     for (int i = 0; i < n; i++) {

@@ -50,14 +50,15 @@ def fa4_flops(L, S, E, causal):
 
 
 def fma_peak(cli, threads, isa):
-    """The f32 FMA peak (GFLOP/s) the CLI of the same build measures now for `threads` threads of `isa`."""
+    """The f32 FMA peak the CLI of the same build measures now for `threads` threads of `isa`: (GFLOP/s, GFLOP per
+    CPU-second)."""
     cmd = [cli, "bench", "--backward", "--shape", "1,1,1,16,16,16,16", "--reps", "1", "--json", "--threads",
            str(threads), "--isa", isa]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     for line in done.stdout.splitlines():
         row = json.loads(line)
         if row.get("machine"):
-            return row["peak_gflops"]
+            return row["peak_gflops"], row["peak_cpu_gflops"]
     raise SystemExit(f"{' '.join(cmd)} gave no machine row (exit {done.returncode}): {done.stderr.strip()}")
 
 
@@ -98,7 +99,7 @@ def bench_row(L, E, causal, dtype_name, repeats, peak_fn):
     g = torch.Generator().manual_seed(L * 1000 + E * 2 + causal)
     dtype = DTYPES[dtype_name]
     q, k, v, dout = (nhd(L, E, dtype, g) for _ in range(4))
-    times = {side: {"forward": [], "backward": []} for side in SIDES}
+    times = {side: {"forward": [], "backward": [], "forward_cpu": [], "backward_cpu": []} for side in SIDES}
     grads = {}
     with torch.no_grad():
         for side, (forward, backward) in SIDES.items():   # warm-up; the gradients must agree
@@ -106,24 +107,29 @@ def bench_row(L, E, causal, dtype_name, repeats, peak_fn):
         for r in range(repeats):
             for side in (("pytorch", "attnforge") if r % 2 == 0 else ("attnforge", "pytorch")):
                 forward, backward = SIDES[side]
-                t0 = time.perf_counter()
+                c0, t0 = time.process_time(), time.perf_counter()
                 state = forward(q, k, v, dout, causal)
-                t1 = time.perf_counter()
+                c1, t1 = time.process_time(), time.perf_counter()
                 backward(state, q, k, v, dout, causal)
-                t2 = time.perf_counter()
+                c2, t2 = time.process_time(), time.perf_counter()
                 times[side]["forward"].append(t1 - t0)
                 times[side]["backward"].append(t2 - t1)
+                times[side]["forward_cpu"].append(c1 - c0)
+                times[side]["backward_cpu"].append(c2 - c1)
                 del state
-    flops, peak = fa4_flops(L, L, E, causal), peak_fn()
+    flops, (peak, peak_cpu) = fa4_flops(L, L, E, causal), peak_fn()
     row = {"dtype": dtype_name, "causal": causal, "B": B, "H": H, "L": L, "S": L, "E": E, "repeats": repeats,
-           "peak_gflops": peak, "grad_rel_diff": relative_difference(grads["attnforge"], grads["pytorch"])}
+           "peak_gflops": peak, "peak_cpu_gflops": peak_cpu,
+           "grad_rel_diff": relative_difference(grads["attnforge"], grads["pytorch"])}
     for side, t in times.items():
         total = [f + b for f, b in zip(t["forward"], t["backward"])]
         fwd, bwd, both = statistics.median(t["forward"]), statistics.median(t["backward"]), statistics.median(total)
         row[side] = {"forward_ms": fwd * 1e3, "backward_ms": bwd * 1e3, "total_ms": both * 1e3,
                      "forward_gflops": flops / fwd * 1e-9, "backward_gflops": BACKWARD_FLOP_FACTOR * flops / bwd * 1e-9}
-        for half in ("forward", "backward"):
+        for half, work in (("forward", flops), ("backward", BACKWARD_FLOP_FACTOR * flops)):
             row[side][half + "_peak_ratio"] = row[side][half + "_gflops"] / peak
+            # FLOPs per CPU-second against the FMA loop's: robust to load (counts spinning threads as busy)
+            row[side][half + "_cpu_peak_ratio"] = work / statistics.median(t[half + "_cpu"]) * 1e-9 / peak_cpu
     row["speedup"] = row["pytorch"]["total_ms"] / row["attnforge"]["total_ms"]
     row["backward_speedup"] = row["pytorch"]["backward_ms"] / row["attnforge"]["backward_ms"]
     return row
@@ -131,14 +137,16 @@ def bench_row(L, E, causal, dtype_name, repeats, peak_fn):
 
 def markdown(results):
     lines = ["| dtype | causal | L=S | E | PyTorch fwd+bwd ms | attnforge fwd+bwd ms | **speed-up** | "
-             "attnforge bwd GFLOP/s (% peak) | PyTorch bwd GFLOP/s (% peak) | attnforge fwd GFLOP/s | peak |",
+             "attnforge bwd GFLOP/s (% peak; per CPU-s) | PyTorch bwd GFLOP/s (% peak; per CPU-s) | "
+             "attnforge fwd GFLOP/s | peak |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         a, p = r["attnforge"], r["pytorch"]
         lines.append(f"| {r['dtype']} | {'yes' if r['causal'] else 'no'} | {r['L']} | {r['E']} | {p['total_ms']:.0f} | "
                      f"{a['total_ms']:.0f} | **{r['speedup']:.2f}×** | {a['backward_gflops']:.0f} "
-                     f"({100 * a['backward_peak_ratio']:.0f}%) | {p['backward_gflops']:.0f} "
-                     f"({100 * p['backward_peak_ratio']:.0f}%) | {a['forward_gflops']:.0f} | "
+                     f"({100 * a['backward_peak_ratio']:.0f}%; {100 * a['backward_cpu_peak_ratio']:.0f}%) | "
+                     f"{p['backward_gflops']:.0f} ({100 * p['backward_peak_ratio']:.0f}%; "
+                     f"{100 * p['backward_cpu_peak_ratio']:.0f}%) | {a['forward_gflops']:.0f} | "
                      f"{r['peak_gflops']:.0f} |")
     ratios = [r["speedup"] for r in results]
     bwd = [r["backward_speedup"] for r in results]
@@ -182,7 +190,7 @@ def main(argv=None):
 
     def row_peak():   # the larger of the measurements just before and just after the row's timing
         peaks.append(fma_peak(args.cli, args.threads, isa))
-        return max(peaks[-2:])
+        return max(p[0] for p in peaks[-2:]), max(p[1] for p in peaks[-2:])
 
     for dtype_name in args.dtype or ["float32", "bfloat16"]:
         for L, E, causal in shapes(args.quick):
