@@ -160,6 +160,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     out (..., H, L, Ev) of the broadcast batch dims in query's dtype (allocated like query unless given), and with
     return_lse=True also the float32 log-sum-exp (..., H, L).
     causal_bottom_right=True is FlashAttention's alignment (row i sees keys j <= i + S - L).
+    Torch tensors that require grad get gradients (attnforge's backward, CPU only; none for the mask or lse);
+    with out= the call records no autograd.
     """
     if out is None and is_torch_tensor(query):   # an operator torch.compile and torch.export keep in their graphs
         from . import _ops
