@@ -4,7 +4,7 @@
  * empty sequences), shrunk so the double reference stays cheap, with dout and dq/dk/dv in random (strided,
  * transposed, padded) layouts; on every ISA and 1, 2 and 3 threads (bitwise equal), nothing written outside the
  * gradients, inputs unchanged. The bound is backward_case.h's. Paged K/V has no backward: those cases run varlen.
- * ATTNFORGE_TEST_CASES / _SEED as elsewhere (each suite takes the count). */
+ * ATTNFORGE_TEST_CASES / _SEED as elsewhere (the two suites share the count). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,9 +19,15 @@
 #include "case_gen.h"
 #include "flash_case.h"
 
-#define DEFAULT_CASES 36
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define DEFAULT_CASES 24
+#else
+#define DEFAULT_CASES 36   /* per suite */
+#endif
 #define DEFAULT_SEED 20261203u
-#define WORK_BUDGET 3e5   /* rows · keys · heads · (E + Ev) of a case: the reference runs twice per case */
+
+/* rows · keys · heads · (E + Ev) of a case (the reference runs twice per case); a tenth under valgrind's light runs */
+static double work_budget(void) { return getenv("ATTNFORGE_TEST_LIGHT") ? 3e4 : 3e5; }
 
 typedef struct {
     bool flash;
@@ -34,7 +40,7 @@ static double sdpa_work(const sdpa_case *c) { return (double)c->B * c->Hq * c->L
 
 static sdpa_case shrunk_sdpa(uint64_t seed, int index) {
     sdpa_case c = case_random(seed, index, 0);
-    while (sdpa_work(&c) > WORK_BUDGET) {
+    while (sdpa_work(&c) > work_budget()) {
         if (c.B > 1) c.B--;
         else if (c.L > 8) c.L = c.L * 3 / 4;
         else if (c.S > 8) c.S = c.S * 3 / 4;
@@ -53,7 +59,7 @@ static double flash_work(const flash_case *c) {
 static flash_case shrunk_flash(uint64_t seed, int index) {
     flash_case c = flash_case_random(seed, index);
     if (c.kv == KV_PAGED) c.kv = KV_VARLEN, c.shared_page = false;
-    while (flash_work(&c) > WORK_BUDGET) {
+    while (flash_work(&c) > work_budget()) {
         int64_t S_max = 0;
         for (int b = 0; b < c.B; b++) S_max = c.S_stored[b] > S_max ? c.S_stored[b] : S_max;
         for (int b = 0; b < c.B; b++) {
@@ -118,7 +124,7 @@ static void suites_cover_every_feature(void **state) {
 }
 
 int main(void) {
-    const int n_each = case_suite_count(DEFAULT_CASES), n = 2 * n_each;
+    const int n_each = (case_suite_count(2 * DEFAULT_CASES) + 1) / 2, n = 2 * n_each;
     const uint64_t seed = case_suite_seed(DEFAULT_SEED);
     random_case *cases = calloc((size_t)n, sizeof *cases);
     struct CMUnitTest *tests = calloc((size_t)n + 1, sizeof *tests);
