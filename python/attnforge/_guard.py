@@ -218,7 +218,8 @@ def refusal(call, torch):
         return why
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         if q.device.type != "cpu":
-            return f"the call needs autograd on {_device_name(q.device)} (attnforge's backward pass runs on the CPU only)"
+            return (f"the call needs autograd on {_device_name(q.device)} (attnforge's backward pass runs on the "
+                    "CPU only)")
         if call.attn_mask is not None and call.attn_mask.requires_grad:
             return "attn_mask requires grad (attnforge's backward pass computes no gradient for the mask)"
     return None
