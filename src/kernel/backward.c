@@ -40,6 +40,7 @@ typedef struct {
     int64_t R;                  /* query rows of all sequences: B·L, or total_q (varlen) */
     int64_t chunks, tiles_per_chunk;
     bool pre_scale;             /* S = S·scale (+ mask, or softcap) before the exponent, as the forward */
+    bool q_direct, do_direct;   /* f32 Q / dO rows read in place as gemm operands (f32_rows_direct) */
     size_t q_elem, kv_elem, out_elem;
     float *lse2;                /* (Hq, R): lse·log2(e) */
     float *D;                   /* (Hq, R): rowsum(dout ∘ out) */
@@ -80,6 +81,13 @@ static void store_row(char *dst, af_dtype dtype, int64_t stride, const float *sr
     }
     const size_t elem = af_dtype_size(dtype);
     for (int e = 0; e < n; e++) af_store_from_f32(dst + (size_t)(e * stride) * elem, dtype, src[e] * factor);
+}
+
+/* True when f32 rows of `n` elements with these strides already are what the gemm takes as A and B: contiguous
+ * along the head dim, whole vectors with nothing to zero, rows a whole number of vectors apart. */
+static bool f32_rows_direct(af_dtype dtype, const int64_t *stride, int n) {
+    return dtype == AF_F32 && n > 0 && n % AF_TILE_PAD == 0 && stride[3] == 1 && stride[2] % AF_TILE_PAD == 0 &&
+           stride[2] >= n && stride[2] <= INT32_MAX;
 }
 
 /* Element offset of row `row` of head h, batch b, in a view with the problem's (B, H, seq, dim) strides. */
@@ -248,28 +256,37 @@ static void block_pair(const bwd_plan *bw, const key_item *w, int64_t h, int64_t
     const af_ukernel *uk = bw->uk;
     float *kt = (float *)(base + bw->off_kt), *kr = (float *)(base + bw->off_kr), *vt = (float *)(base + bw->off_vt);
     float *dk = (float *)(base + bw->off_dk), *dv = (float *)(base + bw->off_dv);
-    float *qb = (float *)(base + bw->off_q), *dob = (float *)(base + bw->off_do);
+    float *qbuf = (float *)(base + bw->off_q), *dobuf = (float *)(base + bw->off_do);
     float *S = (float *)(base + bw->off_s), *dP = (float *)(base + bw->off_dp), *T = (float *)(base + bw->off_t);
     float *PT = (float *)(base + bw->off_pt);
     float *m = (float *)(base + bw->off_m), *l = (float *)(base + bw->off_l), *alpha = (float *)(base + bw->off_a);
     const int64_t id0 = row_id(bw, w->b, &w->seq, i0);
     const float *lse2 = bw->lse2 + h * bw->R + id0, *D = bw->D + h * bw->R + id0;
 
-    for (int r = 0; r < rows; r++) {   /* Q and dO rows as f32, zero-padded: gemm operands both as A and as B */
-        const int64_t row = w->seq.q0 + i0 + r;
-        float *q = qb + (size_t)r * bw->e_pad, *d = dob + (size_t)r * bw->ev_pad;
-        load_row(uk, q, p->q + (size_t)at(p->q_stride, w->b, h, row) * bw->q_elem, p->dtype, p->q_stride[3], bw->E,
-                 bw->q_elem);
+    /* Q and dO rows as f32 gemm operands (as A and as B: zero past E / Ev to whole vectors): in place when the
+     * caller's f32 rows already are that, else converted into the scratch blocks */
+    const int ldq = bw->q_direct ? (int)p->q_stride[2] : bw->e_pad, ldo = bw->do_direct ? (int)bw->bp->dout_stride[2]
+                                                                                          : bw->ev_pad;
+    const float *qb = bw->q_direct ? (const float *)p->q + at(p->q_stride, w->b, h, w->seq.q0 + i0) : qbuf;
+    const float *dob = bw->do_direct ? (const float *)bw->bp->dout + at(bw->bp->dout_stride, w->b, h, w->seq.q0 + i0)
+                                     : dobuf;
+    for (int r = 0; r < rows && !bw->q_direct; r++) {
+        float *q = qbuf + (size_t)r * bw->e_pad;
+        load_row(uk, q, p->q + (size_t)at(p->q_stride, w->b, h, w->seq.q0 + i0 + r) * bw->q_elem, p->dtype,
+                 p->q_stride[3], bw->E, bw->q_elem);
         memset(q + bw->E, 0, sizeof(float) * (size_t)(bw->e_pad - bw->E));
+    }
+    for (int r = 0; r < rows && !bw->do_direct; r++) {
+        float *d = dobuf + (size_t)r * bw->ev_pad;
         memset(d, 0, sizeof(float) * (size_t)bw->ev_pad);
         if (bw->Ev == 0) continue;
-        load_row(uk, d, bw->bp->dout + (size_t)at(bw->bp->dout_stride, w->b, h, row) * bw->out_elem, p->out_dtype,
-                 bw->bp->dout_stride[3], bw->Ev, bw->out_elem);
+        load_row(uk, d, bw->bp->dout + (size_t)at(bw->bp->dout_stride, w->b, h, w->seq.q0 + i0 + r) * bw->out_elem,
+                 p->out_dtype, bw->bp->dout_stride[3], bw->Ev, bw->out_elem);
     }
 
     /* P = exp2(S·c − lse2): the softmax step with the running max preset to lse2 (never exceeded by a score, so P is
      * taken against it; a row whose max still moved, an lse below its scores, is rescaled back by 1 / alpha) */
-    uk->gemm(rows, cols, bw->E, qb, bw->e_pad, kt, bw->keys_pad, S, bw->keys_pad, false);
+    uk->gemm(rows, cols, bw->E, qb, ldq, kt, bw->keys_pad, S, bw->keys_pad, false);
     transform_scores(bw, w, h, i0, rows, j0, cols, S, T);
     const float c = (float)(bw->pre_scale ? LOG2E : p->scale * LOG2E);
     for (int r = 0; r < rows; r++) {
@@ -284,8 +301,8 @@ static void block_pair(const bwd_plan *bw, const key_item *w, int64_t h, int64_t
     }
 
     if (bw->Ev > 0) {
-        gemm_at(uk, cols, bw->Ev, rows, S, bw->keys_pad, dob, bw->ev_pad, dv, bw->ev_pad, PT, bw->rows_pad);   /* dV += Pᵀ·dO */
-        uk->gemm(rows, cols, bw->Ev, dob, bw->ev_pad, vt, bw->keys_pad, dP, bw->keys_pad, false);   /* dP = dO·Vᵀ */
+        gemm_at(uk, cols, bw->Ev, rows, S, bw->keys_pad, dob, ldo, dv, bw->ev_pad, PT, bw->rows_pad);   /* dV += Pᵀ·dO */
+        uk->gemm(rows, cols, bw->Ev, dob, ldo, vt, bw->keys_pad, dP, bw->keys_pad, false);   /* dP = dO·Vᵀ */
     } else {
         for (int r = 0; r < rows; r++) memset(dP + (size_t)r * bw->keys_pad, 0, sizeof(float) * (size_t)cols);
     }
@@ -300,7 +317,7 @@ static void block_pair(const bwd_plan *bw, const key_item *w, int64_t h, int64_t
     }
     float *dq = bw->dq_partial + (size_t)(((w->chunk * p->Hq + h) * bw->R + id0) * bw->e_pad);
     uk->gemm(rows, bw->E, cols, dP, bw->keys_pad, kr, bw->e_pad, dq, bw->e_pad, true);   /* dQ += dS·K */
-    gemm_at(uk, cols, bw->E, rows, dP, bw->keys_pad, qb, bw->e_pad, dk, bw->e_pad, PT, bw->rows_pad);   /* dK += dSᵀ·Q */
+    gemm_at(uk, cols, bw->E, rows, dP, bw->keys_pad, qb, ldq, dk, bw->e_pad, PT, bw->rows_pad);   /* dK += dSᵀ·Q */
 }
 
 /* dK (times the scale: dS is the gradient of the scaled score) and dV of the tile's keys, in their dtypes. */
@@ -457,6 +474,8 @@ af_status af_flash_backward(const af_backward_problem *bp) {
     bw.keys_pad = tile_ld(BLOCK_KEYS);
     bw.rows_pad = tile_ld(BLOCK_ROWS);
     bw.R = p->cu_seqlens_q ? p->total_q : p->B * p->L;
+    bw.q_direct = f32_rows_direct(p->dtype, p->q_stride, bw.E);
+    bw.do_direct = f32_rows_direct(p->out_dtype, bp->dout_stride, bw.Ev);
     bw.pre_scale = p->mask != NULL || !(p->scale > 0.0) || p->softcap > 0.0;
 
     /* key chunks: enough items for the threads of a big machine, while all chunks' dq partials stay bounded */
