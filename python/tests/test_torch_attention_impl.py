@@ -3,7 +3,7 @@
 restore_flash_attention_impl() takes them back. Checked against math SDPA in float64 with FlashAttention-4's rule
 (error at most twice PyTorch's own flash kernel's, plus the dtype's rounding), with a count of the C calls; PyTorch's
 backward on attnforge's forward and the other way round; eager, torch.compile(fullgraph=True) and torch.export; and
-a tiny Llama (GQA) and Gemma 2 trained 20 steps against PyTorch's kernels."""
+a tiny Llama (GQA) and Gemma 2 trained 20 steps against PyTorch's kernels, and their greedy generate() with padding."""
 import copy
 
 import pytest
@@ -386,3 +386,24 @@ def test_training_matches_pytorchs_kernels(name, compile_model, calls, monkeypat
     # grown: PyTorch's own math and flash kernels end up to 1.3e-4 apart on these runs (attnforge and flash: 9e-5)
     torch.testing.assert_close(got[0], want[0], atol=0, rtol=1e-6)
     torch.testing.assert_close(got, want, atol=0, rtol=3e-4)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_generate_left_padded_matches_pytorchs_kernels(name, calls, monkeypatch):
+    """Inference too: greedy generate() with a KV cache and a left-padded batch (prefill under a mask, then one-row
+    decode steps) gives PyTorch's kernels' tokens, every layer's call on attnforge."""
+    model = build_model(name, monkeypatch).eval()
+    model.config.use_cache = True
+    ids = torch.randint(3, SMALL["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    pytorch_kernels()
+    with torch.inference_mode():
+        want = model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False)
+        attention.activate_flash_attention_impl("attnforge")
+        try:
+            got = model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False)
+        finally:
+            attention.restore_flash_attention_impl()
+    assert calls.forward == 10 * SMALL["num_hidden_layers"] and calls.backward == 0
+    assert torch.equal(got, want)
