@@ -22,6 +22,8 @@ import logging
 
 import torch
 
+from . import _backward, _ops, _sdpa
+
 NAME = "attnforge"
 _FORWARD = "_scaled_dot_product_flash_attention_for_cpu"
 _BACKWARD = "_scaled_dot_product_flash_attention_for_cpu_backward"
@@ -54,7 +56,6 @@ class _Handle:
 def _activate() -> _Handle:
     """The registry's register_fn: PyTorch's CPU kernels as they are now (restore ran first) become the fallback, then
     attnforge's kernels replace them."""
-    from . import _backward, _sdpa  # noqa: F401  (imported before any override: a failure leaves PyTorch's kernels)
     original_forward = torch.library.get_kernel(f"aten::{_FORWARD}", "CPU")
     original_backward = torch.library.get_kernel(f"aten::{_BACKWARD}", "CPU")
     library = torch.library.Library("aten", "IMPL")
@@ -69,9 +70,8 @@ def _activate() -> _Handle:
 
 def _refusal(query, key, value, attn_mask, dropout_p, is_causal, scale):
     """Why attnforge does not take this call of the flash operators (None when it does): their 4-D q/k/v with E == Ev
-    and no bool mask (anything else is PyTorch's error to give), then attnforge's own rule for an SDPA call (_ops.refusal), grouped
-    heads as the operators read them (Hq a multiple of Hkv)."""
-    from . import _ops
+    and no bool mask (anything else is PyTorch's error to give), then attnforge's own rule for an SDPA call
+    (_ops.refusal), grouped heads as the operators read them (Hq a multiple of Hkv)."""
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4 or value.shape[-1] != query.shape[-1]:
         return "not the flash operators' 4-D call with one head dimension"
     if attn_mask is not None and attn_mask.dtype == torch.bool:   # F.sdpa converts it first; the operator refuses it
@@ -89,7 +89,6 @@ def _forward_kernel(original):
             _debug("aten::%s on PyTorch's kernel: %s", _FORWARD, why)
             return original.call_boxed(keyset, query, key, value, dropout_p, is_causal, attn_mask=attn_mask,
                                        scale=scale)
-        from . import _sdpa
         with torch.no_grad():
             out, lse = _sdpa.scaled_dot_product_attention(query, key, value, attn_mask, 0.0, is_causal, scale,
                                                           query.shape[1] != key.shape[1], return_lse=True)
@@ -107,7 +106,6 @@ def _backward_kernel(original):
             _debug("aten::%s on PyTorch's kernel: %s", _BACKWARD, why)
             return original.call_boxed(keyset, grad_out, query, key, value, out, logsumexp, dropout_p, is_causal,
                                        attn_mask=attn_mask, scale=scale)
-        from . import _backward
         with torch.no_grad():
             grads = _backward.sdpa_backward(grad_out, query, key, value, out, logsumexp, attn_mask=attn_mask,
                                             is_causal=is_causal, scale=scale,
