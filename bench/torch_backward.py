@@ -16,7 +16,8 @@ measurements taken seconds apart. Backward FLOPs are 2.5x FA4's forward count (c
 
     python bench/torch_backward.py --cli build/attnforge                  # the 16 rows (~10 minutes on 2 cores)
     python bench/torch_backward.py --cli build/attnforge --quick          # L=S=1024, E=64
-    python bench/torch_backward.py --cli build/attnforge --repeats 7 --json
+    python bench/torch_backward.py --cli build/attnforge --repeats 7 --json > rows.jsonl
+    python bench/torch_backward.py --table rows.jsonl                    # their table
 """
 import argparse
 import json
@@ -181,7 +182,12 @@ def main(argv=None):
                         help="dtypes to run (repeatable; default float32 and bfloat16)")
     parser.add_argument("--causal", action="store_true", help="the causal rows only")
     parser.add_argument("--json", action="store_true", help="one JSON object per row instead of the table")
+    parser.add_argument("--table", metavar="FILE", help="print the table of the rows a --json run saved, run nothing")
     args = parser.parse_args(argv)
+    if args.table:
+        with open(args.table) as f:
+            print(markdown([json.loads(line) for line in f if line.strip()]))
+        return
     torch.set_num_threads(args.threads)
     attnforge.set_num_threads(args.threads)
     isa = attnforge.get_isa()
