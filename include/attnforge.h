@@ -171,8 +171,9 @@ AF_API af_status af_flash_attn_reference(const af_flash_args *args, af_tensor *o
  * the forward: scale, both causal alignments, bool and additive masks of any broadcast shape (no gradient for the
  * mask), grouped heads (dk, dv summed over a group's query heads), Ev != E, any strides, windows, softcap (through
  * tanh), learnable sinks, varlen. Not taken (refused, naming the argument): paged or float8 K/V (FA4 has no backward
- * for them either), dropout, CUDA tensors (the CUDA backward is not built yet), and a batch or head dim of query,
- * key or value that broadcasts (size 1 read for a larger output: expand it with stride 0 and sum the gradient).
+ * for them either), dropout, float32 and head dims above 128 on CUDA tensors (the CUDA backward runs f16/bf16 on
+ * the tensor cores: docs/CUDA.md), and a batch or head dim of query, key or value that broadcasts (size 1 read for
+ * a larger output: expand it with stride 0 and sum the gradient).
  * Rows that see no key get zero gradients; keys no row sees get zero dk, dv. */
 typedef struct {
     const af_tensor *out;      /* the forward's output */

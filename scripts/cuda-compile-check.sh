@@ -9,7 +9,8 @@
 # Environment: NVCC (default: nvcc on PATH, else /usr/local/cuda/bin/nvcc); CUOBJDUMP (default: on PATH, in the
 # toolkit, or pip's nvidia-cuda-cuobjdump; --dump-sass also needs nvdisasm: pip's nvidia-cuda-nvdisasm);
 # AF_REQUIRE_SASS_CHECK=1 fails when cuobjdump is missing (default: the SASS check is skipped with a message);
-# AF_FAST_KERNEL_REGEX: which kernels are the fast paths (Python regex; default: 'mma' and a 64 or 128 in the name);
+# AF_FAST_KERNEL_REGEX: which kernels are the fast paths (Python regex; default: af_mma_ (forward) and af_bwd_
+# (backward) with a 64 or 128 in the name);
 # AF_REUSE_KERNEL_REGEX: which must reach AF_MIN_HMMA_PER_LDSM (default 3) HMMA per LDSM (default: the 16-bit
 # head-dim 64/128 kernels with 32 rows a warp, af_mma_{f16,bf16}_hd{64,128}).
 # Exit status: 0 passed, 1 failed, 77 skipped (no nvcc).
@@ -21,7 +22,7 @@ fi
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$1
 out=$build/cuda-compile-check
-fast_regex=${AF_FAST_KERNEL_REGEX:-'^af_mma_.*(^|[^0-9])(64|128)([^0-9]|$)'}
+fast_regex=${AF_FAST_KERNEL_REGEX:-'^af_(mma|bwd)_.*(^|[^0-9])(64|128)([^0-9]|$)'}
 hopper_regex=${AF_HOPPER_KERNEL_REGEX:-'^af_wgmma_'}
 reuse_regex=${AF_REUSE_KERNEL_REGEX:-'^af_mma_(f16|bf16)_hd(64|128)$'}
 min_ratio=${AF_MIN_HMMA_PER_LDSM:-3}

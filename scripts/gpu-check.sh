@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command for a machine with an NVIDIA GPU (written for an H200 with nvcc 13 and PyTorch, no network; fits
 # 11.5 minutes, --quick 7.5): builds with the CUDA backend, runs ctest, `attnforge verify --device cuda` (the default
-# cases and random samples against the double reference, and the occupancy each tensor-core variant got),
+# cases and random samples against the double reference, and the occupancy each tensor-core variant got), the CUDA
+# backward against the double reference (tests/cuda_emu/test_cuda_backward on the real backend, twice bit for bit),
 # compute-sanitizer memcheck/racecheck on small cases and memcheck on a paged decode with a bad page index, the
 # compile checks, `python -m attnforge` and the Python GPU tests (python/tests/test_cuda_gpu.py, where pytest and
 # torch import: CUDA graphs, two streams at once, PyTorch's caching allocator), then bench/cuda_compare.py
@@ -12,7 +13,7 @@
 # Usage: scripts/gpu-check.sh [--quick]   (BUILD_DIR, default build-gpu; OUT: also writes $OUT/gpu-check.log;
 #        --quick: 450 s in all, no CPU phase, a shorter comparison)
 #        GPU_CHECK_DRY=1 scripts/gpu-check.sh   runs only the phases that need no GPU (for trying it without one)
-#        GPU_CHECK_PHASES="verify compare" scripts/gpu-check.sh   a subset of: info build verify ctest sanitizer
+#        GPU_CHECK_PHASES="verify compare" scripts/gpu-check.sh   a subset of: info build verify backward ctest sanitizer
 #        compile pytest compare cpu_isa (the later ones need the build); GPU_CHECK_BUDGET: seconds in all
 #        (default 690, --quick 450)
 # Exit status: the number of failed phases (0: all passed or skipped).
@@ -43,13 +44,14 @@ passed=()
 skipped=()
 
 # Budgets in seconds, in run order; a phase may use what earlier phases left, minus what later ones reserve.
-phases=(info build verify ctest sanitizer compile pytest compare cpu_isa)
-declare -A budget=([info]=10 [build]=140 [verify]=45 [ctest]=75 [sanitizer]=100 [compile]=0 [pytest]=110
-                   [compare]=170 [cpu_isa]=40)
+phases=(info build verify backward ctest sanitizer compile pytest compare cpu_isa)
+declare -A budget=([info]=10 [build]=140 [verify]=45 [backward]=25 [ctest]=75 [sanitizer]=100 [compile]=0
+                   [pytest]=110 [compare]=145 [cpu_isa]=40)
 if [ "$quick" = 1 ]; then
     budget[verify]=40
+    budget[backward]=20
     budget[ctest]=60
-    budget[sanitizer]=60
+    budget[sanitizer]=40
     budget[pytest]=80
     budget[compare]=60
     budget[cpu_isa]=0
@@ -279,6 +281,18 @@ phase_verify() {
         code=1
     grep -vE '^ok: ' "$build.cli_cuda.log"
     return "$code"
+}
+
+# The CUDA backward (src/cuda/attn_bwd_mma.cuh) on the GPU: tests/cuda_emu/test_cuda_backward run against the real
+# backend (its tensors through the backend's own cudaMalloc/cudaMemcpy): chosen cases of every meaning it takes and
+# a seeded random suite (f16/bf16, head dims <= 128) against the double reference under backward_case.h's bound,
+# each run twice bit for bit (determinism), nothing written outside the gradients, and the host-side refusals.
+phase_backward() {
+    has_gpu || return 77
+    local t=$build/tests/cuda_emu/test_cuda_backward
+    [ -x "$t" ] || { echo "no $t (the build has no tests)"; return 77; }
+    [ -f "$cuda_lib" ] || { echo "no libattnforge_cuda.so"; return 1; }
+    (cd "$root/tests" && ATTNFORGE_CUDA_LIBRARY=$cuda_lib bounded "$allowed" "$t")
 }
 
 phase_ctest() {

@@ -38,7 +38,13 @@ static void no_grads(call *c) { c->no_grads = true; }
 static void no_out(call *c) { c->t.in.out = NULL; }
 static void no_dout(call *c) { c->t.in.dout = NULL; }
 static void no_lse(call *c) { c->t.in.lse = NULL; }
-static void query_on_cuda(call *c) { q_of(c)->device = (af_device){AF_DEVICE_CUDA, 0}; }
+/* Every tensor of the (float32) sdpa call on cuda:0: the CUDA backward takes float16 and bfloat16 only. */
+static void all_on_cuda(call *c) {
+    af_tensor *all[] = {q_of(c), k_of(c), v_of(c), &c->t.s.out.view, &c->t.s.lse.view, &c->t.dout.view,
+                        &c->t.dq.view, &c->t.dk.view, &c->t.dv.view};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) all[i]->device = (af_device){AF_DEVICE_CUDA, 0};
+    if (c->t.s.args.attn_mask) c->t.s.mask.view.device = (af_device){AF_DEVICE_CUDA, 0};
+}
 static void dropout(call *c) { c->t.s.args.dropout_p = 0.1; }
 static void softcap_negative(call *c) { c->t.f.args.softcap = -1.0; }
 static void lse_wrong_shape(call *c) { c->t.s.lse.view.shape[2] -= 1; }
@@ -84,7 +90,7 @@ static const rule rules[] = {
     {"dout missing", true, no_dout, AF_ERR_INVALID_ARGUMENT, "dout: must not be NULL"},
     {"lse missing (sdpa)", false, no_lse, AF_ERR_INVALID_ARGUMENT, "lse: must not be NULL"},
     {"lse missing (flash)", true, no_lse, AF_ERR_INVALID_ARGUMENT, "lse: must not be NULL"},
-    {"CUDA tensors", false, query_on_cuda, AF_ERR_UNSUPPORTED, "query: on cuda:0; attnforge's backward pass runs on the CPU"},
+    {"float32 CUDA tensors", false, all_on_cuda, AF_ERR_UNSUPPORTED, "query: dtype float32 on cuda:0 has no backward pass"},
     {"a forward rule (sdpa)", false, dropout, AF_ERR_UNSUPPORTED, "dropout"},
     {"a forward rule (flash)", true, softcap_negative, AF_ERR_INVALID_ARGUMENT, "softcap"},
     {"lse of the wrong shape", false, lse_wrong_shape, AF_ERR_INVALID_ARGUMENT, "lse: expected shape"},

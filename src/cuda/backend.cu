@@ -20,6 +20,7 @@ static void note_occupancy(const char *kernel, int device, int ctas, size_t smem
 #include "cuda/attn_mma.cuh"
 #include "cuda/attn_combine.cuh"
 #include "cuda/attn_mma_launch.cuh"
+#include "cuda/attn_bwd_mma_launch.cuh"
 #include "cuda/attn_wgmma_launch.cuh"
 #include "cuda/attn_simt.cuh"
 #include "cuda/copy_4d.cuh"
@@ -593,6 +594,54 @@ static int forward(const af_problem *p, int device, void *stream, const af_cuda_
     return with_device(device, forward_on_device, &call, err, size);
 }
 
+/* ---------------------------------------------------------------- the backward */
+typedef struct {
+    const af_backward_problem *bp;
+    cudaStream_t stream;
+    const af_cuda_allocator *allocator;
+} backward_call;
+
+static int backward_on_device(int device, void *context, char *err, size_t size) {
+    const backward_call *call = (const backward_call *)context;
+    const af_backward_problem *bp = call->bp;
+    const af_problem *p = &bp->f;
+    af_cuda_device dev;
+    int status = read_device(device, &dev, err, size);
+    if (status != AF_OK) return status;
+    if ((status = check_pointers(p, device, err, size)) != AF_OK) return status;
+    const int64_t rows = p->B * p->Hq * p->L, kv = p->B * p->Hkv * p->S;
+    if ((status = check_pointer("dout", bp->dout, rows * p->Ev, device, err, size)) != AF_OK ||
+        (status = check_pointer("dq", bp->dq, rows * p->E, device, err, size)) != AF_OK ||
+        (status = check_pointer("dk", bp->dk, kv * p->E, device, err, size)) != AF_OK ||
+        (status = check_pointer("dv", bp->dv, kv * p->Ev, device, err, size)) != AF_OK ||
+        (status = check_pointer("dsink", bp->dsink, p->Hq, device, err, size)) != AF_OK)
+        return status;
+    if (dev.cc_major < 8)
+        return fail(err, size, AF_ERR_UNSUPPORTED, "cuda:%d has compute capability %d.%d; attnforge's CUDA kernels "
+                    "need 8.0 (Ampere) or newer", device, dev.cc_major, dev.cc_minor);
+    const char *refused = af_cuda_mma_backward_refusal(p, &dev);
+    if (refused) return fail(err, size, AF_ERR_UNSUPPORTED, "%s", refused);
+    const cudaError_t checked = af_cuda_validate_indices(p, call->stream);
+    if (checked != cudaSuccess) return cuda_fail(err, size, checked, "launching the index arrays' check");
+    size_t bytes = 0;
+    af_cuda_mma_backward_workspace_bytes(p, &bytes);
+    char *scratch = NULL;
+    const scratch_source from = {call->allocator, device, call->stream};
+    if (bytes > 0 && (status = scratch_acquire(&from, round_up(bytes), &scratch, err, size)) != AF_OK) return status;
+    const cudaError_t e = af_cuda_mma_backward(bp, &dev, scratch, bytes, call->stream);
+    if (scratch) scratch_release(&from, scratch, round_up(bytes));
+    return e == cudaSuccess ? AF_OK : cuda_fail(err, size, e, "launching the backward's kernels");
+}
+
+static int backward(const af_backward_problem *bp, int device, void *stream, const af_cuda_allocator *workspace,
+                    char *err, size_t size) {
+    backward_call call;
+    call.bp = bp;
+    call.stream = (cudaStream_t)stream;
+    call.allocator = workspace;
+    return with_device(device, backward_on_device, &call, err, size);
+}
+
 /* ---------------------------------------------------------------- device memory for the command line and tests */
 typedef struct {
     void *dst;
@@ -681,7 +730,8 @@ static int index_errors(int device, char *err, size_t size) {
 
 /* ---------------------------------------------------------------- the entry libattnforge looks up */
 static const af_cuda_backend_ops backend_ops = {AF_CUDA_BACKEND_ABI_VERSION, "cuda", probe, forward, set_log,
-                                                device_alloc, device_free, copy, synchronize, index_errors};
+                                                device_alloc, device_free, copy, synchronize, index_errors,
+                                                backward};
 
 AF_EXTERN_C __attribute__((visibility("default"))) const af_cuda_backend_ops *af_cuda_backend(void) {
     return &backend_ops;

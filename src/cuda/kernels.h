@@ -6,6 +6,7 @@
 #include <stddef.h>
 
 #include "cuda/device.h"
+#include "sdpa/backward.h"
 #include "sdpa/problem.h"
 
 typedef struct {
@@ -43,6 +44,14 @@ int af_cuda_wgmma_accepts(const af_problem *p, const af_cuda_device *dev);
 cudaError_t af_cuda_wgmma_workspace_bytes(const af_problem *p, const af_cuda_device *dev, size_t *bytes);
 cudaError_t af_cuda_wgmma_forward(const af_problem *p, const af_cuda_device *dev, void *workspace,
                                   size_t workspace_bytes, cudaStream_t stream);
+
+/* The backward on the tensor cores (attn_bwd_mma.cuh): NULL when it takes `p` on `dev`, else why not, naming the
+ * argument. Any strides (rows of 16-byte aligned chunks are copied with cp.async, others element by element);
+ * `workspace` holds af_cuda_mma_backward_workspace_bytes (D, one float a query row). Deterministic: no atomics. */
+const char *af_cuda_mma_backward_refusal(const af_problem *p, const af_cuda_device *dev);
+cudaError_t af_cuda_mma_backward_workspace_bytes(const af_problem *p, size_t *bytes);
+cudaError_t af_cuda_mma_backward(const af_backward_problem *bp, const af_cuda_device *dev, void *workspace,
+                                 size_t workspace_bytes, cudaStream_t stream);
 
 /* Every problem the CPU path accepts (f32 mainly; any strides, any head dims up to 1024) on the CUDA cores:
  * correct, slower. */

@@ -72,17 +72,34 @@ static af_status check_gradients(view *grads, int n_grads, const af_tensor *cons
     return AF_OK;
 }
 
-/* in, grads, out, dout and lse present; the call on the CPU. */
-static af_status check_inputs(const af_backward_inputs *in, const af_gradients *grads, const af_tensor *query) {
+/* in, grads, out, dout and lse present. */
+static af_status check_inputs(const af_backward_inputs *in, const af_gradients *grads) {
     if (!in) return af_fail(AF_ERR_INVALID_ARGUMENT, "in: must not be NULL");
     if (!grads) return af_fail(AF_ERR_INVALID_ARGUMENT, "grads: must not be NULL");
     if (!in->out) return af_fail(AF_ERR_INVALID_ARGUMENT, "out: must not be NULL (the forward's output)");
     if (!in->dout) return af_fail(AF_ERR_INVALID_ARGUMENT, "dout: must not be NULL (the gradient of out)");
     if (!in->lse)
         return af_fail(AF_ERR_INVALID_ARGUMENT, "lse: must not be NULL; the backward pass needs the forward's lse");
-    if (query && query->device.type == AF_DEVICE_CUDA)
-        return af_fail(AF_ERR_UNSUPPORTED, "query: on cuda:%d; attnforge's backward pass runs on the CPU only (the "
-                       "CUDA backward is not built yet)", query->device.index);
+    return AF_OK;
+}
+
+/* What the CUDA backward (src/cuda/attn_bwd_mma.cuh: the tensor cores) takes, checked here before the backend is
+ * loaded or anything is enqueued. */
+static af_status check_cuda(const af_problem *p, const af_tensor *query) {
+    if (query->device.type != AF_DEVICE_CUDA) return AF_OK;
+    if (p->dtype != AF_F16 && p->dtype != AF_BF16)
+        return af_fail(AF_ERR_UNSUPPORTED, "query: dtype %s on cuda:%d has no backward pass; the CUDA backward runs "
+                       "on the tensor cores and takes float16 and bfloat16 (cast q, k, v, out and dout, or run the "
+                       "backward on the CPU)", af_dtype_name(p->dtype), query->device.index);
+    if (p->E > 128)
+        return af_fail(AF_ERR_UNSUPPORTED, "query: head dim %lld on cuda:%d has no backward pass; the CUDA backward "
+                       "takes head dims up to 128", (long long)p->E, query->device.index);
+    if (p->Ev > 128)
+        return af_fail(AF_ERR_UNSUPPORTED, "value: head dim %lld on cuda:%d has no backward pass; the CUDA backward "
+                       "takes head dims up to 128", (long long)p->Ev, query->device.index);
+    if (p->B > 65535 || p->Hq > 65535)
+        return af_fail(AF_ERR_UNSUPPORTED, "query: %lld batches and %lld heads on cuda:%d; the CUDA backward takes "
+                       "at most 65535 of each", (long long)p->B, (long long)p->Hq, query->device.index);
     return AF_OK;
 }
 
@@ -96,10 +113,11 @@ static af_status check_dout(const af_backward_inputs *in, view *dout) {
 af_status af_sdpa_backward_check(const af_sdpa_args *args, const af_backward_inputs *in, const af_gradients *grads,
                                  af_backward_problem *bp) {
     memset(bp, 0, sizeof *bp);
-    af_status st = check_inputs(in, grads, args ? args->query : NULL);
+    af_status st = check_inputs(in, grads);
     if (st != AF_OK) return st;
     af_problem *p = &bp->f;
     if ((st = af_sdpa_check(args, in->out, in->lse, p)) != AF_OK) return st;
+    if ((st = check_cuda(p, args->query)) != AF_OK) return st;
     const af_tensor *q = args->query, *k = args->key, *v = args->value;
     if ((st = check_no_broadcast("query", q, 0, 1, p->B, p->Hq, "the output")) != AF_OK ||
         (st = check_no_broadcast("key", k, 0, 1, p->B, p->Hkv, "value")) != AF_OK ||
@@ -131,7 +149,7 @@ af_status af_sdpa_backward_check(const af_sdpa_args *args, const af_backward_inp
 af_status af_flash_backward_check(const af_flash_args *args, const af_backward_inputs *in, const af_gradients *grads,
                                   af_backward_problem *bp) {
     memset(bp, 0, sizeof *bp);
-    af_status st = check_inputs(in, grads, args ? args->query : NULL);
+    af_status st = check_inputs(in, grads);
     if (st != AF_OK) return st;
     af_problem *p = &bp->f;
     if ((st = af_flash_check(args, in->out, in->lse, p)) != AF_OK) return st;
@@ -141,6 +159,7 @@ af_status af_flash_backward_check(const af_flash_args *args, const af_backward_i
     if (p->kv_dtype != AF_F32 && p->kv_dtype != AF_F16 && p->kv_dtype != AF_BF16)
         return af_fail(AF_ERR_UNSUPPORTED, "key: dtype %s has no backward pass (FlashAttention-4 has none for float8 "
                        "either); expected float32, float16 or bfloat16", af_dtype_name(p->kv_dtype));
+    if ((st = check_cuda(p, args->query)) != AF_OK) return st;
     const af_tensor *q = args->query, *k = args->key, *v = args->value;
     const bool varlen_q = q->ndim == 3, varlen_k = k->ndim == 3;
     /* (B, L, H, D) or packed (rows, H, D): heads are the second-to-last dim; packed views have no batch dim */

@@ -108,7 +108,7 @@ static af_status load_library(void) {
                        AF_VERSION_STRING, AF_CUDA_BACKEND_ABI_VERSION, AF_CUDA_LIBRARY);
     }
     if (!ops->probe || !ops->forward || !ops->set_log || !ops->device_alloc || !ops->device_free || !ops->copy ||
-        !ops->synchronize || !ops->index_errors) {
+        !ops->synchronize || !ops->index_errors || !ops->backward) {
         dlclose(handle);
         return af_fail(AF_ERR_RUNTIME_UNAVAILABLE,
                        "attnforge's CUDA backend is not available: %s leaves functions of its interface NULL; "

@@ -6,13 +6,14 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "sdpa/backward.h"
 #include "sdpa/problem.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define AF_CUDA_BACKEND_ABI_VERSION 6   /* 6: window sides literal, AF_WINDOW_UNBOUNDED unbounded; 5: the caller's workspace allocator */
+#define AF_CUDA_BACKEND_ABI_VERSION 7   /* 7: backward; 6: window sides literal, AF_WINDOW_UNBOUNDED unbounded; 5: the caller's workspace allocator */
 #define AF_CUDA_LIBRARY "libattnforge_cuda.so"        /* ATTNFORGE_CUDA_LIBRARY overrides the path */
 #define AF_CUDA_ENTRY "af_cuda_backend"               /* const af_cuda_backend_ops *af_cuda_backend(void) */
 
@@ -42,6 +43,11 @@ typedef struct {
     /* The first index-array violation the device-side check found on `device` since the last call (AF_OK: none;
      * else AF_ERR_INVALID_ARGUMENT and the rule in err), then cleared. Synchronises the device: not during capture. */
     int (*index_errors)(int device, char *err, size_t err_size);
+    /* Enqueue one checked backward problem (af_*_backward_check passed; every pointer is memory of `device`) on
+     * `stream`, its scratch from `workspace` as forward's. AF_OK once enqueued; AF_ERR_UNSUPPORTED naming the argument
+     * for what the CUDA backward does not take, before any launch; nothing is written unless AF_OK. */
+    int (*backward)(const af_backward_problem *bp, int device, void *stream, const af_cuda_allocator *workspace,
+                    char *err, size_t err_size);
 } af_cuda_backend_ops;
 
 /* libattnforge side: open the backend on first need and keep it for the process; a failure is not cached.

@@ -2,19 +2,51 @@
 #include "core/status.h"
 #include "kernel/flash.h"
 #include "sdpa/backward.h"
+#include "sdpa/cuda_backend.h"
+
+/* CUDA tensors: the backend's backward (loaded on first need; the device must exist), CUDA's own text on error. */
+static af_status cuda_backward(const af_backward_problem *bp, int device, void *stream,
+                               const af_cuda_allocator *workspace) {
+    const af_cuda_backend_ops *ops;
+    af_status st = af_cuda_backend_load(&ops);
+    if (st != AF_OK) return st;
+    const int count = af_cuda_backend_device_count();
+    if (device >= count)
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "query: on cuda:%d but this machine has %d CUDA device%s (cuda:0..%d)",
+                       device, count, count == 1 ? "" : "s", count - 1);
+    char err[1024] = "";
+    const int status = ops->backward(bp, device, stream, workspace, err, sizeof err);
+    if (status != AF_OK)
+        return af_fail((af_status)status, "%s", err[0] ? err : "the CUDA backend failed without a message");
+    return AF_OK;
+}
+
+/* The reference reads host memory. */
+static af_status host_only(const af_tensor *query) {
+    if (query->device.type == AF_DEVICE_CUDA)
+        return af_fail(AF_ERR_UNSUPPORTED, "query: on cuda:%d; the reference backward reads host memory and runs on "
+                       "the CPU", query->device.index);
+    return AF_OK;
+}
 
 af_status af_sdpa_backward(const af_sdpa_args *args, const af_backward_inputs *in, const af_gradients *grads) {
     af_clear_error();
     af_backward_problem bp;
     af_status st = af_sdpa_backward_check(args, in, grads, &bp);
-    return st != AF_OK ? st : af_flash_backward(&bp);
+    if (st != AF_OK) return st;
+    if (args->query->device.type == AF_DEVICE_CUDA)
+        return cuda_backward(&bp, args->query->device.index, args->stream, args->workspace);
+    return af_flash_backward(&bp);
 }
 
 af_status af_flash_attn_backward(const af_flash_args *args, const af_backward_inputs *in, const af_gradients *grads) {
     af_clear_error();
     af_backward_problem bp;
     af_status st = af_flash_backward_check(args, in, grads, &bp);
-    return st != AF_OK ? st : af_flash_backward(&bp);
+    if (st != AF_OK) return st;
+    if (args->query->device.type == AF_DEVICE_CUDA)
+        return cuda_backward(&bp, args->query->device.index, args->stream, args->workspace);
+    return af_flash_backward(&bp);
 }
 
 af_status af_sdpa_backward_reference(const af_sdpa_args *args, const af_backward_inputs *in,
@@ -22,6 +54,7 @@ af_status af_sdpa_backward_reference(const af_sdpa_args *args, const af_backward
     af_clear_error();
     af_backward_problem bp;
     af_status st = af_sdpa_backward_check(args, in, grads, &bp);
+    if (st == AF_OK) st = host_only(args->query);
     return st != AF_OK ? st : af_reference_backward(&bp);
 }
 
@@ -30,5 +63,6 @@ af_status af_flash_attn_backward_reference(const af_flash_args *args, const af_b
     af_clear_error();
     af_backward_problem bp;
     af_status st = af_flash_backward_check(args, in, grads, &bp);
+    if (st == AF_OK) st = host_only(args->query);
     return st != AF_OK ? st : af_reference_backward(&bp);
 }
