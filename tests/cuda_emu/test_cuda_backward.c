@@ -22,7 +22,7 @@
 #include "sdpa/cuda_backend.h"
 #include "test_tensor.h"
 
-#define DEFAULT_CASES 12   /* random cases per suite (sdpa and flash): the emulation runs ~1 MFLOP/s a fiber */
+#define DEFAULT_CASES 15   /* random cases per suite (sdpa and flash; 15: every kind of case_random once) */
 #define DEFAULT_SEED 20261204u
 
 static const af_cuda_backend_ops *ops;
@@ -275,7 +275,7 @@ static sdpa_case random_sdpa(uint64_t seed, int index) {
 }
 
 static flash_case random_flash(uint64_t seed, int index) {
-    flash_case c = flash_case_random(seed, index);
+    flash_case c = flash_case_random(seed, 4 * index);   /* every 4th: the K/V forms and window kinds cycle sooner */
     if (c.kv == KV_PAGED) c.kv = KV_VARLEN, c.shared_page = false;
     c.dtype = c.kv_dtype = c.out_dtype = index % 2 ? AF_F16 : AF_BF16;
     if (c.E > 128) c.E = 128;
@@ -307,6 +307,34 @@ static void random_suite(void **state) {
         const flash_case f = random_flash(seed, i);
         flash_case_on_device(&f, seed + (uint64_t)i);
     }
+}
+
+/* The suite's default cases hold every feature the CUDA backward takes; a generator change that drops one fails. */
+static void random_suite_covers_every_feature(void **state) {
+    (void)state;
+    bool dtype[2] = {false, false}, mask[3] = {false, false, false}, top_left = false, bottom_right = false;
+    bool gqa = false, ev_differs = false, hd128 = false, window = false, softcap = false, sink = false;
+    bool varlen_q = false, varlen_k = false, seqused = false;
+    const uint64_t seed = case_suite_seed(DEFAULT_SEED);
+    for (int i = 0; i < DEFAULT_CASES; i++) {
+        const sdpa_case s = random_sdpa(seed, i);
+        const flash_case f = random_flash(seed, i);
+        dtype[s.dtype == AF_BF16] = dtype[f.dtype == AF_BF16] = mask[s.mask] = true;
+        top_left |= s.is_causal && !s.causal_bottom_right;
+        bottom_right |= s.causal_bottom_right;
+        gqa |= s.Hq > s.Hkv && f.Hq > f.Hkv;
+        ev_differs |= s.E != s.Ev;
+        hd128 |= s.E > 64 || s.Ev > 64 || f.E > 64 || f.Ev > 64;
+        window |= f.has_window;
+        softcap |= f.softcap > 0.0;
+        sink |= f.sink;
+        varlen_q |= f.varlen_q;
+        varlen_k |= f.kv == KV_VARLEN;
+        seqused |= f.seqused;
+    }
+    assert_true(dtype[0] && dtype[1] && mask[0] && mask[1] && mask[2]);
+    assert_true(top_left && bottom_right && gqa && ev_differs && hd128);
+    assert_true(window && softcap && sink && varlen_q && varlen_k && seqused);
 }
 
 /* ------------------------------------------------------------------ refusals on the host */
@@ -415,6 +443,7 @@ int main(void) {
         cmocka_unit_test(sdpa_chosen_cases),
         cmocka_unit_test(flash_chosen_cases),
         cmocka_unit_test(scratch_comes_from_the_callers_allocator),
+        cmocka_unit_test(random_suite_covers_every_feature),
         cmocka_unit_test(random_suite),
     };
     return cmocka_run_group_tests_name("cuda_backward", tests, setup, NULL);
