@@ -141,8 +141,9 @@ def _operator(name: str, schema: str, kernel, fake, rule=None):
 
 def _refuse_cuda(query: Tensor) -> None:
     if query.device.type != "cpu":
-        raise _C.UnsupportedError(f"query: on {query.device}; attnforge's backward pass runs on the CPU only (the CUDA "
-                                  "backward is not built yet): run this call under torch.no_grad(), or on PyTorch")
+        raise _C.UnsupportedError(f"query: on {query.device}; attnforge's PyTorch backward runs on the CPU only (the C "
+                                  "library's CUDA backward has not run on a GPU yet): run this call under "
+                                  "torch.no_grad(), or on PyTorch")
 
 
 def _refuse_mask_gradient(mask) -> None:

@@ -16,7 +16,7 @@ them at run time: attnforge runs there too). The outputs keep PyTorch's layouts 
 backward consumes attnforge's forward and attnforge's backward PyTorch's forward. A call attnforge cannot run (float64,
 dropout, a mask of another dtype than query's, a mask with is_causal, ...) goes to the kernel it replaced.
 
-CUDA is not overridden: attnforge has no CUDA backward yet, and PyTorch's own CUDA flash operators (or FA4 through
+CUDA is not overridden: attnforge's CUDA backward (C library) has never run on a GPU, and PyTorch's own CUDA flash operators (or FA4 through
 this same registry) keep running there (docs/PYTORCH.md)."""
 import logging
 
