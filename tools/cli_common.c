@@ -1,6 +1,7 @@
 #include "cli_common.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -163,4 +164,27 @@ static int compare_doubles(const void *a, const void *b) {
 double cli_median(double *values, int n) {
     qsort(values, (size_t)n, sizeof(double), compare_doubles);
     return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+int cli_common_option(int argc, char **argv, int *i) {
+    const char *opt = argv[*i];
+    if (strcmp(opt, "--threads") && strcmp(opt, "--isa")) return 0;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "attnforge: %s needs a value\n", opt);
+        return -1;
+    }
+    const char *value = argv[++*i];
+    if (!strcmp(opt, "--threads")) {
+        char *end;
+        long n = strtol(value, &end, 10);
+        if (*end || n < 0 || n > 1024) {
+            fprintf(stderr, "attnforge: --threads takes a whole number from 0 (all cores) to 1024, got '%s'\n", value);
+            return -1;
+        }
+        af_set_num_threads((int)n);
+    } else if (af_set_isa(value) != AF_OK) {
+        fprintf(stderr, "attnforge: --isa: %s\n", af_last_error());
+        return -1;
+    }
+    return 1;
 }

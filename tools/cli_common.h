@@ -38,5 +38,8 @@ typedef struct { double max_error, worst_ratio; } cli_compare;
 cli_compare cli_compare_to_reference(const af_sdpa_args *args, const af_tensor *out, const af_tensor *ref_f32);
 int cli_parse_dtype(const char *text, af_dtype *out);
 double cli_median(double *values, int n);
+/* Common options: returns 1 and consumes argv[*i] (and its value) when it is --threads N or --isa NAME;
+ * -1 on a bad value (message printed); 0 when not a common option. */
+int cli_common_option(int argc, char **argv, int *i);
 
 #endif

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "commands.h"
+#include "cli_common.h"
 #include "plan_cases.h"
 
 static void run_usage(FILE *f) {

@@ -4,6 +4,7 @@
 
 #include "cli_device.h"
 #include "commands.h"
+#include "cli_common.h"
 #include "plan_cases.h"
 
 static void verify_usage(FILE *f) {

@@ -17,8 +17,4 @@ int cmd_bench(int argc, char **argv);
 /* NULL-terminated table of every subcommand (main.c). */
 extern const cli_command cli_commands[];
 
-/* Common options: returns 1 and consumes argv[*i] (and its value) when it is --threads N or --isa NAME;
- * -1 on a bad value (message printed); 0 when not a common option. */
-int cli_common_option(int argc, char **argv, int *i);
-
 #endif

@@ -21,29 +21,6 @@ static void usage(FILE *f) {
                "(the CUDA backend, libattnforge_cuda.so).\n");
 }
 
-int cli_common_option(int argc, char **argv, int *i) {
-    const char *opt = argv[*i];
-    if (strcmp(opt, "--threads") && strcmp(opt, "--isa")) return 0;
-    if (*i + 1 >= argc) {
-        fprintf(stderr, "attnforge: %s needs a value\n", opt);
-        return -1;
-    }
-    const char *value = argv[++*i];
-    if (!strcmp(opt, "--threads")) {
-        char *end;
-        long n = strtol(value, &end, 10);
-        if (*end || n < 0 || n > 1024) {
-            fprintf(stderr, "attnforge: --threads takes a whole number from 0 (all cores) to 1024, got '%s'\n", value);
-            return -1;
-        }
-        af_set_num_threads((int)n);
-    } else if (af_set_isa(value) != AF_OK) {
-        fprintf(stderr, "attnforge: --isa: %s\n", af_last_error());
-        return -1;
-    }
-    return 1;
-}
-
 int main(int argc, char **argv) {
     const char *level = getenv("ATTNFORGE_LOG");
     if (level && *level) {
