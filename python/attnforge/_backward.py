@@ -14,8 +14,8 @@ import math
 
 import torch
 
-from . import _C, _flash, _masked_rows
-from ._sdpa import _merge_batch
+from . import _C, _flash_call, _masked_rows
+from ._sdpa_call import _merge_batch
 
 
 def _detached(*tensors):
@@ -114,14 +114,14 @@ def flash_backward(grad_out, q, k, v, out, lse, *, softmax_scale=None, causal=Fa
     layouts; window_size unresolved, as FA4 takes it) for dLoss/dout = grad_out: (dq, dk, dv, dsink), each in its
     input's shape and dtype (contiguous); dsink None without a learnable_sink."""
     grad_out, q, k, v, out, lse, learnable_sink = _detached(grad_out, q, k, v, out, lse, learnable_sink)
-    causal, window = _flash.resolve_window(causal, window_size)
+    causal, window = _flash_call.resolve_window(causal, window_size)
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None or seqused_k is not None
-    rows, keys = _flash._bounds(tuple(q.shape), tuple(k.shape), cu_seqlens_q is not None, cu_seqlens_k is not None,
-                                None)
+    rows, keys = _flash_call._bounds(tuple(q.shape), tuple(k.shape), cu_seqlens_q is not None,
+                                     cu_seqlens_k is not None, None)
     if max_seqlen_q is None:
-        max_seqlen_q = _flash._length_bound(cu_seqlens_q, rows) if varlen else 0
+        max_seqlen_q = _flash_call._length_bound(cu_seqlens_q, rows) if varlen else 0
     if max_seqlen_k is None:
-        max_seqlen_k = _flash._length_bound(cu_seqlens_k, keys) if varlen else 0
+        max_seqlen_k = _flash_call._length_bound(cu_seqlens_k, keys) if varlen else 0
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     dsink = None if learnable_sink is None else torch.empty(learnable_sink.shape, dtype=learnable_sink.dtype,
                                                               device=learnable_sink.device)

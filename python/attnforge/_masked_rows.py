@@ -2,7 +2,7 @@
 attnforge::masked_rows (_ops), below the operators so that they never import the Transformers integration."""
 import torch
 
-from . import _C, _flash
+from . import _C, _flash_call
 
 
 def _visible(mask, batch, L, S):
@@ -25,7 +25,7 @@ def _visible(mask, batch, L, S):
 def masked_rows(query, key, value, mask, scaling, softcap, sink):
     """Softcap or sinks under a mask: query row (b, i) is sequence b * L + i of a varlen call whose keys are pages
     of one token, the row's visible range [lo, lo + count) of batch b's keys. The kernel of attnforge::masked_rows
-    (it reads the mask's values); its flash_attn_varlen_func call runs the C library directly."""
+    (it reads the mask's values); its varlen call runs the C library directly (_flash_call)."""
     B, Hq, L, E = query.shape
     S, Hkv, Ev = key.shape[2], key.shape[1], value.shape[-1]
     visible = _visible(mask, B, L, S)
@@ -44,7 +44,7 @@ def masked_rows(query, key, value, mask, scaling, softcap, sink):
     v_pages = value.transpose(1, 2).reshape(B * S, 1, Hkv, Ev)
     q_rows = query.transpose(1, 2).reshape(B * L, Hq, E)
     cu_seqlens_q = torch.arange(B * L + 1, dtype=torch.int32, device=query.device)
-    out, _ = _flash.run(q_rows, k_pages, v_pages, scaling, False, None, softcap, sink, cu_seqlens_q=cu_seqlens_q,
-                        max_seqlen_q=1, max_seqlen_k=width, seqused_k=count.reshape(B * L).to(torch.int32),
-                        page_table=table, varlen=True)
+    out, _ = _flash_call.run(q_rows, k_pages, v_pages, scaling, False, None, softcap, sink,
+                             cu_seqlens_q=cu_seqlens_q, max_seqlen_q=1, max_seqlen_k=width,
+                             seqused_k=count.reshape(B * L).to(torch.int32), page_table=table, varlen=True)
     return out.reshape(B, L, Hq, Ev)

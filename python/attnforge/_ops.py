@@ -23,7 +23,8 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _C, _backward, _flash, _masked_rows, _sdpa
+from . import _C, _backward, _flash_call, _masked_rows, _sdpa_call
+from ._provider_call import runner_from_json
 from ._tensors import new_lse, new_output
 from ._guard import Call, PlanView, bind
 from ._guard import refusal as _refusal
@@ -39,9 +40,9 @@ def _empty_lse(query: Tensor) -> Tensor:
 
 def _broadcast_outputs(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor], enable_gqa: bool,
                        return_lse: bool) -> Tuple[Tensor, Tensor]:
-    """out (..., H, L, Ev) and lse as the kernels allocate them (_sdpa.run): the broadcast shape of PyTorch's rule, an
-    HND view of NHD-contiguous memory in 4-D, viewed back to the call's rank."""
-    call = _sdpa.layout(query, key, value, attn_mask, enable_gqa)
+    """out (..., H, L, Ev) and lse as the kernels allocate them (_sdpa_call.run): the broadcast shape of PyTorch's
+    rule, an HND view of NHD-contiguous memory in 4-D, viewed back to the call's rank."""
+    call = _sdpa_call.layout(query, key, value, attn_mask, enable_gqa)
     out = call.from_4d(new_output(query, call.shape4))
     lse = call.lse_from_4d(new_lse(query, call.shape4[:3])) if return_lse else _empty_lse(query)
     return out, lse
@@ -155,8 +156,8 @@ def _refuse_mask_gradient(mask) -> None:
 # ---------------------------------------------------------------- attnforge::sdpa
 def _sdpa_kernel(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, causal_bottom_right,
                  return_lse):
-    result = _sdpa.run(False, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                       causal_bottom_right, None, return_lse)
+    result = _sdpa_call.run(False, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                            causal_bottom_right, None, return_lse)
     return result if return_lse else (result, _empty_lse(query))
 
 
@@ -225,8 +226,9 @@ _live_providers = weakref.WeakValueDictionary()   # plan JSON -> the provider pl
 
 @functools.lru_cache(maxsize=64)
 def _provider_from_json(plan_json: str):
-    from .provider import FlashAttention4KernelProvider
-    return FlashAttention4KernelProvider.from_json(plan_json)
+    """A plan known by its JSON alone, run as a FlashAttention4KernelProvider of that plan runs it: a call an fa4 plan
+    does not cover goes to attnforge.scaled_dot_product_attention, which for these torch tensors is sdpa below."""
+    return runner_from_json(plan_json, sdpa)
 
 
 def _provider_for(plan_json: str):
@@ -334,9 +336,9 @@ def _flash_kernel(q, k, v, softmax_scale, causal, windowed, window_left, window_
                   cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, page_table, q_descale, k_descale,
                   v_descale, return_lse, varlen):
     window = (window_left, window_right) if windowed else None
-    out, lse = _flash.run(q, k, v, softmax_scale, causal, window, softcap, learnable_sink, cu_seqlens_q,
-                          cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, page_table, q_descale, k_descale,
-                          v_descale, return_lse, varlen)
+    out, lse = _flash_call.run(q, k, v, softmax_scale, causal, window, softcap, learnable_sink, cu_seqlens_q,
+                               cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, page_table, q_descale,
+                               k_descale, v_descale, return_lse, varlen)
     return out, lse if lse is not None else _empty_lse(q)
 
 
@@ -350,7 +352,7 @@ def _flash_fake(q, k, v, softmax_scale, causal, windowed, window_left, window_ri
     if not return_lse:
         return out, _empty_lse(q)
     lse_shape = (q.shape[1], q.shape[0]) if packed_q else (q.shape[0], q.shape[2], q.shape[1])
-    return out, q.new_empty(lse_shape, dtype=torch.float32)   # (Hq, total_q) or (B, Hq, Lq), as _flash._outputs
+    return out, q.new_empty(lse_shape, dtype=torch.float32)   # (Hq, total_q) or (B, Hq, Lq), as _flash_call._outputs
 
 
 def _flash_backward_kernel(grad_out, q, k, v, out, lse, softmax_scale, causal, windowed, window_left, window_right,

@@ -49,9 +49,9 @@ def call_workspace(query):
 
 
 def new_output(query, shape):
-    """shape (B, H, L, Ev), the call's broadcast output (_sdpa.layout), in query's dtype: an HND view of NHD-contiguous
-    memory, as PyTorch's CPU flash kernel and FlashAttention-4 return it (so out.transpose(1, 2).reshape(B, L, H * Ev)
-    costs nothing)."""
+    """shape (B, H, L, Ev), the call's broadcast output (_sdpa_call.layout), in query's dtype: an HND view of
+    NHD-contiguous memory, as PyTorch's CPU flash kernel and FlashAttention-4 return it (so
+    out.transpose(1, 2).reshape(B, L, H * Ev) costs nothing)."""
     b, h, l, ev = shape
     nhd = _empty_like(query, (b, l, h, ev))
     return nhd.transpose(1, 2) if is_torch_tensor(nhd) else nhd.transpose(0, 2, 1, 3)

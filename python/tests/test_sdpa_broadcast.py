@@ -75,7 +75,7 @@ def test_heads_2_of_4_without_enable_gqa_is_refused_as_by_pytorch():
 def test_no_copy_for_broadcast_4d_and_views_for_other_ranks():
     """A broadcast 4-D call reads the caller's memory (the C library takes stride 0); 2-D/3-D/5-D calls are views."""
     q, k = torch.randn(2, 4, 8, 16), torch.randn(2, 1, 8, 16)
-    from attnforge._sdpa import layout
+    from attnforge._sdpa_call import layout
     call = layout(q, k, k)
     assert call.key is k and call.shape4 == (2, 4, 8, 16)
     q5, k5 = torch.randn(3, 2, 4, 8, 16), torch.randn(3, 2, 1, 8, 16)

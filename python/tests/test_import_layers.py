@@ -1,0 +1,123 @@
+"""attnforge's Python package walks one way down (issue 38, docs DESIGN.md's front-end row): public function →
+operator (_ops) → the modules that allocate outputs and call the C extension. Read from the sources with ast, every
+import counted, those inside functions too: no import cycle, and nothing below the operators imports an operator,
+a public module or an integration. Needs neither the built extension nor torch."""
+import ast
+import pathlib
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "attnforge"
+
+# above the operators: the framework integrations and the package's entry points
+INTEGRATIONS = {"__init__", "__main__", "torch", "torch_attention", "transformers", "aitune", "_register",
+                "_host_threads", "_diagnostics"}
+# the public functions and classes (route torch tensors to the operators)
+PUBLIC = {"_sdpa", "_flash", "provider"}
+OPERATORS = {"_ops"}
+# what the operators' kernels call: outputs allocated, C called
+BELOW = {"_sdpa_call", "_flash_call", "_provider_call", "_backward", "_masked_rows", "_tensors", "_guard", "_fa4",
+         "_samples"}
+
+
+def _modules():
+    return {path.stem: path for path in sorted(PACKAGE.glob("*.py"))}
+
+
+def _target(name, modules):
+    """The package module an import of attnforge.<name> (or attnforge itself: "") loads; None for _C."""
+    head = name.split(".")[0] if name else ""
+    if head == "":
+        return "__init__"
+    if head in modules:
+        return head
+    return None if head == "_C" else "__init__"   # an attribute of the package: its __init__
+
+
+def imports(path, modules):
+    """The package modules `path` imports, anywhere in it (module level, functions, classes)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level == 0 and not (node.module == "attnforge" or (node.module or "").startswith("attnforge.")):
+                continue
+            base = (node.module or "") if node.level else (node.module or "")[len("attnforge") + 1:]
+            if node.level > 1:
+                raise AssertionError(f"{path.name}: an import above the package ({'.' * node.level}{base})")
+            if base:
+                found.add(_target(base, modules))
+            else:   # from . import a, b  /  from attnforge import a, b
+                found.update(_target(alias.name, modules) for alias in node.names)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "attnforge" or alias.name.startswith("attnforge."):
+                    found.add(_target(alias.name[len("attnforge") + 1:], modules))
+    found.discard(None)
+    found.discard(path.stem)
+    return found
+
+
+def graph():
+    modules = _modules()
+    return {name: imports(path, modules) for name, path in modules.items()}
+
+
+def cycles(edges):
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_graph_reads_function_level_imports():
+    edges = graph()
+    assert "_ops" in edges["_sdpa"]       # scaled_dot_product_attention's import inside the function
+    assert "torch_attention" in edges["_register"]
+
+
+def test_every_module_has_a_layer():
+    assert set(_modules()) == INTEGRATIONS | PUBLIC | OPERATORS | BELOW
+
+
+def test_no_import_cycle():
+    assert cycles(graph()) == []
+
+
+def test_the_operators_import_only_what_is_below_them():
+    edges = graph()
+    for name in OPERATORS:
+        assert edges[name] <= BELOW, f"{name} imports {sorted(edges[name] - BELOW)}"
+
+
+def test_below_the_operators_nothing_imports_upward():
+    edges = graph()
+    for name in sorted(BELOW & set(edges)):
+        assert edges[name] <= BELOW, f"{name} imports {sorted(edges[name] - BELOW)}"
+
+
+def test_the_public_modules_import_no_integration():
+    edges = graph()
+    for name in PUBLIC:
+        assert not edges[name] & INTEGRATIONS, f"{name} imports {sorted(edges[name] & INTEGRATIONS)}"
