@@ -3,7 +3,7 @@ BUILD ?= build
 BUILD_SAN ?= build-san
 JOBS ?= $(shell nproc)
 
-.PHONY: deps build run test test-fast test-sanitize test-tsan fuzz fuzz-long valgrind test-python install clean
+.PHONY: deps build configure cuda run test test-fast test-sanitize test-tsan fuzz fuzz-long valgrind test-python install clean
 BUILD_FUZZ ?= build-fuzz
 FUZZ_SECONDS ?= 60
 BUILD_TSAN ?= build-tsan
@@ -20,8 +20,21 @@ build: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
 	cmake --build $(BUILD) -j $(JOBS)
 
-run: build
+configure: deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+
+# The main job builds what it needs first: the command and the library. The CUDA backend (minutes of nvcc for five
+# GPU architectures) only where it can run (an NVIDIA driver is loaded), or with `make cuda` / `make build`.
+GPU_PRESENT := $(shell test -e /proc/driver/nvidia/version && echo yes)
+run: configure
+	cmake --build $(BUILD) -j $(JOBS) --target attnforge_cli
+	$(if $(GPU_PRESENT),if grep -q 'AF_CUDA_BACKEND:INTERNAL=ON' $(BUILD)/CMakeCache.txt; then \
+	  cmake --build $(BUILD) -j $(JOBS) --target attnforge_cuda; fi)
 	./$(BUILD)/attnforge run
+
+# libattnforge_cuda.so alone (CMake must have found nvcc)
+cuda: configure
+	cmake --build $(BUILD) -j $(JOBS) --target attnforge_cuda
 
 test-fast: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
