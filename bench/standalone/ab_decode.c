@@ -1,7 +1,7 @@
 /* Two builds of libattnforge.so in one process, their decode calls alternating (A B, B A, ...), so that the guest's
  * drift hits both alike: per build the median time and GB/s of K+V, and the median and quartiles of the
  * per-iteration ratio t(B) / t(A). The only comparison of two builds this machine's noise allows
- * (docs/BENCHMARKS.md, "Issue 13, closing"): run it over every dtype, layout and group a change can reach.
+ * (docs/BENCHMARKS-HISTORY.md, "Issue 13, closing"): run it over every dtype, layout and group a change can reach.
  *
  *   ab_decode OLD/libattnforge.so NEW/libattnforge.so [--threads T] [--hq N] [--hkv N] [--seq S]
  *             [--dtype float32|float16|bfloat16] [--layout hnd|nhd] [--calls N]

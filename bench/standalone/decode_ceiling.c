@@ -25,7 +25,7 @@
  *     timed against the same read pass over the same buffers; also with the bytes read as bf16, and with the cache
  *     viewed as (B,S,H,E) (the same bytes, heads interleaved key by key) in f16 and bf16.
  * and, with the buffers hot in L2 (S = 256), the compute time per key and kv head alone.
- * Not part of the library or the tests (docs/BENCHMARKS.md, "Decode, fourth look" to "eighth look"). It includes
+ * Not part of the library or the tests (docs/BENCHMARKS-HISTORY.md, "Decode, fourth look" to "eighth look"). It includes
  * the library's internal micro-kernel header, so it links the static library. The CMake build makes it
  * (build-rel/standalone/decode_ceiling); by hand, after the library (build-rel):
  *   gcc -O3 -std=gnu11 -Iinclude -Isrc -o /tmp/decode_ceiling bench/standalone/decode_ceiling.c \

@@ -14,7 +14,7 @@
  * fast enough), or the share of the compute time that must be hidden under the memory time.
  * It also times the instruction mixes the kernels are made of (AVX2 loops: 8 independent FMAs alone; with the two
  * conversions and four loads of a 4-row × 2-key scores step; with the two conversions and four broadcasts of a
- * 4-row × 2-vector values step), to show what bounds the kernels in L1 (docs/BENCHMARKS.md, "Decode, seventh look");
+ * 4-row × 2-vector values step), to show what bounds the kernels in L1 (docs/BENCHMARKS-HISTORY.md, "Decode, seventh look");
  * and it splits the kernels' time into scores, softmax step and values, each with and without its prefetches
  * ("eighth look").
  *

@@ -5,7 +5,7 @@
  * the tile's rows (A[k][row], one stream; the driver would have to pack Q once per row block and P once per key
  * tile). Each candidate runs right after the 6 × 16 tile, 41 times; it prints the median (and quartiles) of the
  * per-pair speed ratios, and the 6 × 16 tile's share of an FMA loop's peak sampled before each pair. One thread.
- * Not part of the library or the tests (docs/BENCHMARKS.md, "Prefill, fourth look"). Build and run:
+ * Not part of the library or the tests (docs/BENCHMARKS-HISTORY.md, "Prefill, fourth look"). Build and run:
  *   gcc -O3 -mavx2 -mfma -std=gnu11 -o /tmp/gemm_tiles bench/standalone/gemm_tiles.c && /tmp/gemm_tiles */
 #include <immintrin.h>
 #include <stdio.h>

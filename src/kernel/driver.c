@@ -25,7 +25,7 @@
 
 #define MIN_FLOPS_PER_THREAD 4e6   /* ~40 us of one core: a worker's wake-up and hand-off cost far less */
 #define SPLIT_KEYS 512          /* fewest keys per split-KV chunk; chunks are fixed by shape: results never depend on threads */
-#define SPLIT_KEYS_MAX 2048     /* most: each chunk starts on a tile nothing prefetched (docs/BENCHMARKS.md, third round) */
+#define SPLIT_KEYS_MAX 2048     /* most: each chunk starts on a tile nothing prefetched (docs/BENCHMARKS-HISTORY.md, third round) */
 #define SPLIT_ITEMS 128         /* chunks as long as leaves this many work items: two for each of 64 threads */
 #define SPLIT_MAX_ROWS 64       /* split the keys only when one (batch, kv head) has at most this many rows */
 #define DIRECT_MAX_ROWS 16      /* blocks this small read K/V in place (scores_direct/values_direct): nothing to
@@ -513,7 +513,7 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
                 if (fp->prefetch_v_now) {
                     /* One head over contiguous rows: the hardware streams K's rows but not V's column strips, so this
                      * tile's V during the scores, and the first half of the next tile's K during the values
-                     * (docs/BENCHMARKS.md, "Decode, third round"). */
+                     * (docs/BENCHMARKS-HISTORY.md, "Decode, third round"). */
                     pf_scores = next_prefetch(fp, &this_v, SIZE_MAX);
                     pf_values = next_prefetch(fp, &next_k, pf_lines / 2);
                 } else {   /* the next tile's K/V, all heads of the item, in shares over this tile's heads */
@@ -670,7 +670,7 @@ af_status af_flash_forward(const af_problem *p) {
                         p->v_stride[2] == p->Ev;
     /* Interleaved heads: all heads' scores, then all heads' values (the phased order) for f32, and for 16- and 8-bit
      * K/V at one or two query rows per kv head, where the kernels are memory-bound: 0.87-0.97 of the time there, 1.00
-     * at G 4 (docs/BENCHMARKS.md, "Decode, the whole matrix"). */
+     * at G 4 (docs/BENCHMARKS-HISTORY.md, "Decode, the whole matrix"). */
     fp.prefetch_phased = fp.prefetch && fp.heads_per_item > 1 && (fp.elem >= 4 || rows_total <= 2);
     /* A multi-head direct item keeps its tile and the next one (being prefetched) in L2: fewer keys per tile when
      * all heads' rows are wide (many heads, f32), so that the prefetch does not evict what this tile still reads. */
