@@ -18,27 +18,7 @@
 enum { Q, K, V, OUT, DOUT, LSE, MASK, SINK, CU_Q, CU_K, USED, PAGES, DQ, DK, DV, DSINK, N_VIEWS };
 
 static void *make_view(byte_reader *r, af_tensor *t, int want_ndim, bool index_array) {
-    memset(t, 0, sizeof *t);
-    const uint8_t kind = next_byte(r);
-    t->dtype = index_array && (kind & 0x30) ? AF_I32 : (af_dtype)(kind % 8);   /* float8 included; 7 is not a dtype */
-    t->ndim = (kind & 0x80) == 0 ? want_ndim : (int)(next_byte(r) % 10);
-    if (t->ndim > AF_MAX_DIMS) t->ndim = AF_MAX_DIMS + 1;
-    for (int d = 0; d < t->ndim && d < AF_MAX_DIMS; d++) t->shape[d] = next_extent(r);
-    for (int d = 0; d < t->ndim && d < AF_MAX_DIMS; d++) t->strides[d] = next_extent(r);
-    if (kind & 0x08) t->device.type = AF_DEVICE_CUDA;   /* must be refused before anything is read */
-    const int64_t bytes = reach_bytes(t, MAX_VIEW_ELEMENTS);
-    const size_t misaligned = ((kind >> 4) & 3) == 3;   /* data one byte off the allocation: refused */
-    const size_t alloc = (bytes > 0 ? (size_t)bytes : 4) + misaligned;
-    uint8_t *mem = malloc(alloc);
-    if (t->dtype == AF_I32)
-        for (size_t i = misaligned; i + 4 <= alloc; i += 4) {
-            const int32_t v = (int8_t)next_byte(r) / 4;
-            memcpy(mem + i, &v, 4);
-        }
-    else
-        for (size_t i = 0; i < alloc; i++) mem[i] = next_byte(r);   /* anything, NaN and Inf included */
-    t->data = ((kind & 0x40) && bytes <= 0) || bytes == TOO_BIG ? NULL : mem + misaligned;
-    return mem;
+    return make_flash_view(r, t, want_ndim, index_array, MAX_VIEW_ELEMENTS);
 }
 
 /* A window side from a byte: a literal -127..127, or -128 for AF_WINDOW_UNBOUNDED. */
