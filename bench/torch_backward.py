@@ -22,7 +22,6 @@ measurements taken seconds apart. Backward FLOPs are 2.5x FA4's forward count (c
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,7 @@ import torch
 
 import attnforge
 from attnforge import _backward
+from torch_compare import fa4_flops, machine_line   # bench/ is on the path: the forward's count, the machine
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 BACKWARD_FLOP_FACTOR = 2.5   # FA4's convention
@@ -42,12 +42,6 @@ def shapes(quick):
     """(L, E, causal) rows, L = S; the same set as `attnforge bench --backward`."""
     return [(L, E, causal) for L in ([1024] if quick else [2048, 4096]) for E in ([64] if quick else [64, 128])
             for causal in (False, True)]
-
-
-def fa4_flops(L, S, E, causal):
-    """FA4's forward count: 2·B·H·L·S'·(E+Ev), S' = keys seen per row on average (top-left causal)."""
-    seen = sum(min(i + 1, S) for i in range(L)) / L if causal else S
-    return 2.0 * B * H * L * seen * (E + E)
 
 
 def fma_peak(cli, threads, isa):
@@ -118,7 +112,7 @@ def bench_row(L, E, causal, dtype_name, repeats, peak_fn):
                 times[side]["forward_cpu"].append(c1 - c0)
                 times[side]["backward_cpu"].append(c2 - c1)
                 del state
-    flops, (peak, peak_cpu) = fa4_flops(L, L, E, causal), peak_fn()
+    flops, (peak, peak_cpu) = fa4_flops(B, H, L, L, E, causal), peak_fn()
     row = {"dtype": dtype_name, "causal": causal, "B": B, "H": H, "L": L, "S": L, "E": E, "repeats": repeats,
            "peak_gflops": peak, "peak_cpu_gflops": peak_cpu,
            "grad_rel_diff": relative_difference(grads["attnforge"], grads["pytorch"])}
@@ -156,18 +150,6 @@ def markdown(results):
                  f"rows (min {min(ratios):.2f}×, max {max(ratios):.2f}×); backward alone "
                  f"{statistics.geometric_mean(bwd):.2f}× (min {min(bwd):.2f}×).")
     return "\n".join(lines)
-
-
-def machine_line(threads):
-    cpu = platform.processor() or "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return (f"{cpu}; {threads} threads; PyTorch {torch.__version__} (CPU capability "
-            f"{torch.backends.cpu.get_cpu_capability()}); attnforge {attnforge.__version__} (ISA {attnforge.get_isa()}); "
-            f"Python {platform.python_version()}")
 
 
 def main(argv=None):
