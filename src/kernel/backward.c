@@ -22,13 +22,13 @@
 #include "core/threadpool.h"
 #include "kernel/flash.h"
 #include "kernel/softcap.h"
+#include "kernel/tiling.h"
 #include "kernel/ukernel.h"
 
 #define BLOCK_ROWS 48              /* query rows per block: whole register tiles of 12 (AVX-512) and 6 (AVX2) rows */
 #define BLOCK_KEYS 96              /* keys per stationary tile: the same for the dK, dV products' rows, and 6 vectors */
 #define MIN_ITEMS 32               /* key chunks until (batch, kv head, chunk) items reach this many ... */
 #define DQ_PARTIAL_BYTES ((size_t)64 << 20)   /* ... while the dq partials of all chunks stay below this */
-#define MIN_FLOPS_PER_THREAD 4e6   /* as the forward: a worker's wake-up must pay for itself */
 #define LOG2E 1.4426950408889634
 
 typedef struct {
@@ -50,27 +50,9 @@ typedef struct {
         off_l, off_a;
 } bwd_plan;
 
-static size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
-static int64_t ceil_div(int64_t n, int64_t d) { return n / d + (n % d != 0); }
-
-/* Leading dims of whole 64-byte lines, an odd number of them (the forward's tile_ld: strips spread over L1 sets). */
-static int tile_ld(size_t floats) {
-    const size_t lines = round_up(floats ? floats : 1, AF_TILE_PAD) / AF_TILE_PAD;
-    return (int)((lines | 1) * AF_TILE_PAD);
-}
-
 /* Row id of sequence b's query row i among all R rows (the index of lse2, D and the dq partials). */
 static int64_t row_id(const bwd_plan *bw, int64_t b, const af_sequence *seq, int64_t i) {
     return bw->p->cu_seqlens_q ? seq->q0 + i : b * bw->p->L + i;
-}
-
-/* `n` elements of `dtype`, `stride` apart, as f32 (the micro-kernel's converter where contiguous). */
-static void load_row(const af_ukernel *uk, float *dst, const char *src, af_dtype dtype, int64_t stride, int n,
-                     size_t elem) {
-    if (stride == 1 && uk->convert) uk->convert(dst, src, dtype, n);
-    else if (stride == 1 && dtype == AF_F32) memcpy(dst, src, sizeof(float) * (size_t)n);
-    else
-        for (int e = 0; e < n; e++) dst[e] = af_load_as_f32(src + (size_t)(e * stride) * elem, dtype);
 }
 
 static void store_row(char *dst, af_dtype dtype, int64_t stride, const float *src, int n, float factor) {
@@ -102,7 +84,7 @@ static void transpose(const af_ukernel *uk, int rows, int cols, const float *src
         uk->pack_kt(rows, cols, src, sizeof(float) * (size_t)lds, AF_F32, dst, ldd);
         return;
     }
-    const int padded = (int)round_up((size_t)rows, AF_TILE_PAD);
+    const int padded = (int)af_round_up((size_t)rows, AF_TILE_PAD);
     for (int c = 0; c < cols; c++) {
         for (int r = 0; r < rows; r++) dst[(size_t)c * ldd + r] = src[(size_t)r * lds + c];
         for (int r = rows; r < padded; r++) dst[(size_t)c * ldd + r] = 0.0f;
@@ -126,9 +108,9 @@ static void rows_item(void *ctx, int64_t t, void *scratch) {
         const int64_t row = seq.q0 + i, id = row_id(bw, b, &seq, i);
         double dot = 0.0;
         if (bw->Ev > 0) {   /* Ev = 0: out and dout have no elements (and may be NULL) */
-            load_row(bw->uk, o, p->out + (size_t)at(p->out_stride, b, h, row) * bw->out_elem, p->out_dtype,
+            af_load_f32(bw->uk, o, p->out + (size_t)at(p->out_stride, b, h, row) * bw->out_elem, p->out_dtype,
                      p->out_stride[3], bw->Ev, bw->out_elem);
-            load_row(bw->uk, d, bp->dout + (size_t)at(bp->dout_stride, b, h, row) * bw->out_elem, p->out_dtype,
+            af_load_f32(bw->uk, d, bp->dout + (size_t)at(bp->dout_stride, b, h, row) * bw->out_elem, p->out_dtype,
                      bp->dout_stride[3], bw->Ev, bw->out_elem);
         }
         for (int e = 0; e < bw->Ev; e++) dot += (double)o[e] * (double)d[e];
@@ -159,7 +141,7 @@ static void pack_tile(const bwd_plan *bw, const key_item *w, int64_t j0, int col
     for (int j = 0; j < cols; j++) {
         const char *k = p->k + (size_t)at(p->k_stride, w->b, w->hk, key0 + j) * bw->kv_elem;
         float *kj = kr + (size_t)j * bw->e_pad;
-        load_row(bw->uk, kj, k, p->kv_dtype, p->k_stride[3], bw->E, bw->kv_elem);
+        af_load_f32(bw->uk, kj, k, p->kv_dtype, p->k_stride[3], bw->E, bw->kv_elem);
         memset(kj + bw->E, 0, sizeof(float) * (size_t)(bw->e_pad - bw->E));
     }
     transpose(bw->uk, cols, bw->E, kr, bw->e_pad, kt, bw->keys_pad);   /* Kᵀ from the f32 rows just made */
@@ -170,11 +152,11 @@ static void pack_tile(const bwd_plan *bw, const key_item *w, int64_t j0, int col
         return;
     }
     for (int j = 0; j < cols; j++) {   /* a strided head dim: row by row */
-        load_row(bw->uk, row, v + (size_t)(j * p->v_stride[2]) * bw->kv_elem, p->kv_dtype, p->v_stride[3], bw->Ev,
+        af_load_f32(bw->uk, row, v + (size_t)(j * p->v_stride[2]) * bw->kv_elem, p->kv_dtype, p->v_stride[3], bw->Ev,
                  bw->kv_elem);
         for (int e = 0; e < bw->Ev; e++) vt[(size_t)e * bw->keys_pad + j] = row[e];
     }
-    const int padded = (int)round_up((size_t)cols, AF_TILE_PAD);
+    const int padded = (int)af_round_up((size_t)cols, AF_TILE_PAD);
     for (int e = 0; e < bw->Ev; e++) memset(vt + (size_t)e * bw->keys_pad + cols, 0, sizeof(float) * (size_t)(padded - cols));
 }
 
@@ -272,7 +254,7 @@ static void block_pair(const bwd_plan *bw, const key_item *w, int64_t h, int64_t
                                      : dobuf;
     for (int r = 0; r < rows && !bw->q_direct; r++) {
         float *q = qbuf + (size_t)r * bw->e_pad;
-        load_row(uk, q, p->q + (size_t)at(p->q_stride, w->b, h, w->seq.q0 + i0 + r) * bw->q_elem, p->dtype,
+        af_load_f32(uk, q, p->q + (size_t)at(p->q_stride, w->b, h, w->seq.q0 + i0 + r) * bw->q_elem, p->dtype,
                  p->q_stride[3], bw->E, bw->q_elem);
         memset(q + bw->E, 0, sizeof(float) * (size_t)(bw->e_pad - bw->E));
     }
@@ -280,7 +262,7 @@ static void block_pair(const bwd_plan *bw, const key_item *w, int64_t h, int64_t
         float *d = dobuf + (size_t)r * bw->ev_pad;
         memset(d, 0, sizeof(float) * (size_t)bw->ev_pad);
         if (bw->Ev == 0) continue;
-        load_row(uk, d, bw->bp->dout + (size_t)at(bw->bp->dout_stride, w->b, h, w->seq.q0 + i0 + r) * bw->out_elem,
+        af_load_f32(uk, d, bw->bp->dout + (size_t)at(bw->bp->dout_stride, w->b, h, w->seq.q0 + i0 + r) * bw->out_elem,
                  p->out_dtype, bw->bp->dout_stride[3], bw->Ev, bw->out_elem);
     }
 
@@ -346,7 +328,7 @@ static void keys_item(void *ctx, int64_t t, void *scratch) {
     w.seq = af_sequence_of(p, w.b);
     char *base = scratch;
     float *dk = (float *)(base + bw->off_dk), *dv = (float *)(base + bw->off_dv);
-    const int64_t tiles = ceil_div(w.seq.S, BLOCK_KEYS);
+    const int64_t tiles = af_ceil_div(w.seq.S, BLOCK_KEYS);
     const int64_t first = w.chunk * bw->tiles_per_chunk;
     const int64_t last = first + bw->tiles_per_chunk < tiles ? first + bw->tiles_per_chunk : tiles;
     for (int64_t tile = first; tile < last; tile++) {
@@ -413,21 +395,12 @@ static void zero_uncovered(const af_backward_problem *bp) {
     if (bp->dv) zero_view(bp->dv, bp->dv_stride, p->kv_dtype, n0, p->Hkv, rows, p->Ev);
 }
 
-static int threads_worth_waking(const af_problem *p) {
-    const char *env = getenv("ATTNFORGE_MIN_FLOPS_PER_THREAD");
-    const double min_flops = env && *env ? atof(env) : MIN_FLOPS_PER_THREAD;
-    if (!(min_flops > 0.0)) return 1024;
-    const double flops = 5.0 * (double)p->B * (double)p->Hq * (double)p->L * (double)p->S * (double)(p->E + p->Ev);
-    const double threads = flops / min_flops;
-    return threads < 1.0 ? 1 : threads > 1024.0 ? 1024 : (int)threads;
-}
-
 /* Scratch of one thread in the key pass: the stationary tile (Kᵀ, K rows, Vᵀ, dK, dV), one row block's operands
  * (Q, dO, S/P, dP/dS, softcap's T, Pᵀ/dSᵀ) and the softmax step's row vectors. */
 static size_t plan_scratch(bwd_plan *bw) {
     const size_t kp = (size_t)bw->keys_pad, bk = BLOCK_KEYS, br = BLOCK_ROWS;
     size_t at = 64;
-#define TAKE(off, floats) (bw->off = at, at += round_up(sizeof(float) * (floats), 64))
+#define TAKE(off, floats) (bw->off = at, at += af_round_up(sizeof(float) * (floats), 64))
     TAKE(off_kt, (size_t)bw->E * kp);
     TAKE(off_kr, bk * (size_t)bw->e_pad);
     TAKE(off_vt, (size_t)(bw->Ev > 0 ? bw->Ev : 1) * kp);
@@ -469,23 +442,23 @@ af_status af_flash_backward(const af_backward_problem *bp) {
     bw.q_elem = af_dtype_size(p->dtype);
     bw.kv_elem = af_dtype_size(p->kv_dtype);
     bw.out_elem = af_dtype_size(p->out_dtype);
-    bw.e_pad = tile_ld((size_t)bw.E);
-    bw.ev_pad = tile_ld((size_t)bw.Ev);
-    bw.keys_pad = tile_ld(BLOCK_KEYS);
-    bw.rows_pad = tile_ld(BLOCK_ROWS);
+    bw.e_pad = af_tile_ld((size_t)bw.E);
+    bw.ev_pad = af_tile_ld((size_t)bw.Ev);
+    bw.keys_pad = af_tile_ld(BLOCK_KEYS);
+    bw.rows_pad = af_tile_ld(BLOCK_ROWS);
     bw.R = p->cu_seqlens_q ? p->total_q : p->B * p->L;
     bw.q_direct = f32_rows_direct(p->dtype, p->q_stride, bw.E);
     bw.do_direct = f32_rows_direct(p->out_dtype, bp->dout_stride, bw.Ev);
     bw.pre_scale = p->mask != NULL || !(p->scale > 0.0) || p->softcap > 0.0;
 
     /* key chunks: enough items for the threads of a big machine, while all chunks' dq partials stay bounded */
-    const int64_t tiles = ceil_div(p->S, BLOCK_KEYS);
+    const int64_t tiles = af_ceil_div(p->S, BLOCK_KEYS);
     const size_t partial_bytes = sizeof(float) * (size_t)p->Hq * (size_t)bw.R * (size_t)bw.e_pad;
-    int64_t chunks = ceil_div(MIN_ITEMS, p->B * p->Hkv);
+    int64_t chunks = af_ceil_div(MIN_ITEMS, p->B * p->Hkv);
     if (chunks > tiles) chunks = tiles;
     while (chunks > 1 && partial_bytes * (size_t)chunks > DQ_PARTIAL_BYTES) chunks--;
     bw.chunks = chunks < 1 ? 1 : chunks;
-    bw.tiles_per_chunk = tiles > 0 ? ceil_div(tiles, bw.chunks) : 1;
+    bw.tiles_per_chunk = tiles > 0 ? af_ceil_div(tiles, bw.chunks) : 1;
 
     const size_t rows_bytes = sizeof(float) * (size_t)p->Hq * (size_t)bw.R;
     bw.lse2 = af_alloc(rows_bytes + 64);
@@ -500,7 +473,8 @@ af_status af_flash_backward(const af_backward_problem *bp) {
     }
     zero_uncovered(bp);
     const size_t scratch = plan_scratch(&bw);
-    const int max_threads = threads_worth_waking(p);
+    const int max_threads = af_threads_worth_waking(5.0 * (double)p->B * (double)p->Hq * (double)p->L * (double)p->S *
+                                                    (double)(p->E + p->Ev));   /* the backward: 2.5x the forward */
     af_log(AF_LOG_DEBUG, "flash backward: isa %s, %lld key chunks of %lld tiles of %d keys, row blocks of %d",
            bw.uk->isa, (long long)bw.chunks, (long long)bw.tiles_per_chunk, BLOCK_KEYS, BLOCK_ROWS);
     st = af_parallel_for_at_most(p->B * p->Hq, max_threads, rows_item, &bw, sizeof(float) * 2 * (size_t)bw.ev_pad);

@@ -21,9 +21,9 @@
 #include "core/threadpool.h"
 #include "kernel/flash.h"
 #include "kernel/softcap.h"
+#include "kernel/tiling.h"
 #include "kernel/ukernel.h"
 
-#define MIN_FLOPS_PER_THREAD 4e6   /* ~40 us of one core: a worker's wake-up and hand-off cost far less */
 #define SPLIT_KEYS 512          /* fewest keys per split-KV chunk; chunks are fixed by shape: results never depend on threads */
 #define SPLIT_KEYS_MAX 2048     /* most: each chunk starts on a tile nothing prefetched (docs/BENCHMARKS-HISTORY.md, third round) */
 #define SPLIT_ITEMS 128         /* chunks as long as leaves this many work items: two for each of 64 threads */
@@ -75,19 +75,6 @@ typedef struct {
     size_t off_q, off_s, off_o, off_m, off_l, off_a, state_bytes;   /* row_state slot 0; slot h is state_bytes·h on */
 } flash_plan;
 
-static size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
-
-/* ceil(n / d) for n >= 0, d > 0, without forming n + d - 1: a broadcast (stride-0) key may have S near 2^63. */
-static int64_t ceil_div(int64_t n, int64_t d) { return n / d + (n % d != 0); }
-
-/* Leading dimension of a tile: `floats` rounded up to whole 64-byte lines, then to an odd number of lines, so
- * that a column strip's consecutive rows fall in different L1 sets (a 256- or 512-byte row stride puts a 64-row
- * strip into 8 or 16 of the 64 sets, where it evicts itself; measured: Q·K^T 79-89 -> 93 GFLOP/s on one core). */
-static int tile_ld(size_t floats) {
-    const size_t lines = round_up(floats, AF_TILE_PAD) / AF_TILE_PAD;
-    return (int)((lines | 1) * AF_TILE_PAD);
-}
-
 typedef struct {
     int64_t b, hk, rb, split;
     af_sequence seq;   /* batch b's query rows and keys */
@@ -106,7 +93,7 @@ static work_item decode_item(const flash_plan *fp, int64_t t, int heads) {
         p->causal != AF_CAUSAL_NONE || (p->has_window && p->window_right != AF_WINDOW_UNBOUNDED);
     w.rb = longest_first ? fp->row_blocks - 1 - t % fp->row_blocks : t % fp->row_blocks;
     t /= fp->row_blocks;
-    const int64_t chunks = ceil_div(p->Hkv, heads);
+    const int64_t chunks = af_ceil_div(p->Hkv, heads);
     w.hk = t % chunks * heads;
     w.b = t / chunks;
     w.seq = af_sequence_of(p, w.b);
@@ -138,20 +125,6 @@ static int run_length(const flash_plan *fp, int64_t j, int left) {
     return in_page < left ? (int)in_page : left;
 }
 
-/* Copy `n` elements of `dtype` with element stride `stride` into f32 `dst`. */
-static void load_f32(const af_ukernel *uk, float *dst, const char *src, af_dtype dtype, int64_t stride, int n,
-                     size_t elem) {
-    if (stride == 1 && uk->convert) {   /* contiguous: the micro-kernel's converter (F16C, ...) */
-        uk->convert(dst, src, dtype, n);
-    } else if (dtype == AF_F32 && stride == 1) {
-        memcpy(dst, src, sizeof(float) * (size_t)n);
-    } else if (dtype == AF_F32) {
-        for (int i = 0; i < n; i++) dst[i] = *(const float *)(src + (size_t)(i * stride) * elem);
-    } else {
-        for (int i = 0; i < n; i++) dst[i] = af_load_as_f32(src + (size_t)(i * stride) * elem, dtype);
-    }
-}
-
 static const char *qrow_ptr(const flash_plan *fp, const work_item *w, int64_t r, int64_t *h_out, int64_t *i_out) {
     const af_problem *p = fp->p;
     const int64_t i = r / p->group, h = w->hk * p->group + r % p->group;
@@ -179,10 +152,10 @@ static void pack_key_tile(const flash_plan *fp, const work_item *w, int64_t j0, 
         fp->uk->pack_kt(cols, fp->E, src, (size_t)p->k_stride[2] * fp->elem, p->kv_dtype, kt, fp->keys_pad);
         return;
     }
-    const int padded = (int)round_up((size_t)cols, AF_TILE_PAD);
+    const int padded = (int)af_round_up((size_t)cols, AF_TILE_PAD);
     for (int j = 0; j < cols; j++) {
         const char *src = key_row(fp, w, j0 + j);
-        load_f32(fp->uk, row, src, p->kv_dtype, p->k_stride[3], fp->E, fp->elem);
+        af_load_f32(fp->uk, row, src, p->kv_dtype, p->k_stride[3], fp->E, fp->elem);
         for (int e = 0; e < fp->E; e++) kt[(size_t)e * fp->keys_pad + j] = row[e];
     }
     if (padded > cols)
@@ -211,7 +184,7 @@ static void pack_value_tile(const flash_plan *fp, const work_item *w, int64_t j0
         float *dst = vt + (size_t)j * fp->ev_pad;
         const char *src = value_row(fp, w, j0 + j);
         prefetch_next_row(fp, w, next, next_end, j);
-        load_f32(fp->uk, dst, src, p->kv_dtype, p->v_stride[3], fp->Ev, fp->elem);
+        af_load_f32(fp->uk, dst, src, p->kv_dtype, p->v_stride[3], fp->Ev, fp->elem);
         memset(dst + fp->Ev, 0, sizeof(float) * (size_t)(fp->ev_pad - fp->Ev));
     }
 }
@@ -306,7 +279,7 @@ static void begin_rows(const flash_plan *fp, const work_item *w, const row_state
     for (int r = 0; r < rows; r++) {
         int64_t h, i;
         const char *src = qrow_ptr(fp, w, r0 + r, &h, &i);
-        load_f32(fp->uk, rs->qb + (size_t)r * fp->E, src, p->dtype, p->q_stride[3], fp->E, fp->q_elem);
+        af_load_f32(fp->uk, rs->qb + (size_t)r * fp->E, src, p->dtype, p->q_stride[3], fp->E, fp->q_elem);
         rs->m[r] = -INFINITY;
         rs->l[r] = 0.0f;
     }
@@ -628,18 +601,6 @@ static const af_products *products_for(const af_problem *p, const af_ukernel *uk
     return px;
 }
 
-/* Threads a call's work pays for: each must get MIN_FLOPS_PER_THREAD of it, else waking it costs more than it
- * saves (a decode step of a small model called from PyTorch, whose OpenMP threads spin between ops, ran 3x slower on
- * two threads than on one). Results never depend on the thread count. */
-static int threads_worth_waking(const af_problem *p) {
-    const char *env = getenv("ATTNFORGE_MIN_FLOPS_PER_THREAD");   /* the tests set 0: every call on all threads */
-    const double min_flops = env && *env ? atof(env) : MIN_FLOPS_PER_THREAD;
-    if (!(min_flops > 0.0)) return 1024;
-    const double flops = 2.0 * (double)p->B * (double)p->Hq * (double)p->L * (double)p->S * (double)(p->E + p->Ev);
-    const double threads = flops / min_flops;
-    return threads < 1.0 ? 1 : threads > 1024.0 ? 1024 : (int)threads;
-}
-
 af_status af_flash_forward(const af_problem *p) {
     if (p->B == 0 || p->Hkv == 0 || p->L == 0 || p->group == 0) return AF_OK;   /* nothing to write */
     const int64_t rows_total = p->L * p->group;   /* <= q's element count once B >= 1: cannot overflow */
@@ -680,18 +641,18 @@ af_status af_flash_forward(const af_problem *p) {
         while (keys > 16 && 2 * (size_t)keys * key_bytes > DIRECT_L2_BYTES) keys /= 2;
         fp.block_keys = keys;
     }
-    fp.keys_pad = tile_ld((size_t)fp.block_keys);
-    fp.ev_pad = tile_ld((size_t)(fp.Ev > 0 ? fp.Ev : 1));
+    fp.keys_pad = af_tile_ld((size_t)fp.block_keys);
+    fp.ev_pad = af_tile_ld((size_t)(fp.Ev > 0 ? fp.Ev : 1));
     fp.rows_total = rows_total;
     fp.row_blocks = (rows_total + fp.block_rows - 1) / fp.block_rows;
     fp.splits = 1;
     fp.split_keys = p->S > 0 ? p->S : 1;
     if (rows_total <= SPLIT_MAX_ROWS && p->S > 2 * SPLIT_KEYS) {   /* decode: spread the keys over the threads */
-        const int64_t per_chunk = p->B * ceil_div(p->Hkv, fp.heads_per_item) * fp.row_blocks;   /* items per chunk */
-        int64_t keys = ceil_div(p->S, ceil_div(SPLIT_ITEMS, per_chunk > 0 ? per_chunk : 1));
+        const int64_t per_chunk = p->B * af_ceil_div(p->Hkv, fp.heads_per_item) * fp.row_blocks;   /* items per chunk */
+        int64_t keys = af_ceil_div(p->S, af_ceil_div(SPLIT_ITEMS, per_chunk > 0 ? per_chunk : 1));
         keys = keys < SPLIT_KEYS ? SPLIT_KEYS : keys > SPLIT_KEYS_MAX ? SPLIT_KEYS_MAX : keys;
-        fp.split_keys = round_up((size_t)keys, (size_t)fp.block_keys);
-        fp.splits = ceil_div(p->S, fp.split_keys);
+        fp.split_keys = af_round_up((size_t)keys, (size_t)fp.block_keys);
+        fp.splits = af_ceil_div(p->S, fp.split_keys);
     }
     fp.pre_scale = p->mask != NULL || !(p->scale > 0.0) || p->softcap > 0.0;
     fp.exp2_degree = p->out_dtype == AF_BF16 ? 3 : p->out_dtype == AF_F16 ? 4 : 5;   /* what out's precision needs */
@@ -704,28 +665,28 @@ af_status af_flash_forward(const af_problem *p) {
                   fp.Ev % AF_TILE_PAD == 0 &&
                   p->v_stride[2] % AF_TILE_PAD == 0 && p->v_stride[1] % AF_TILE_PAD == 0 &&
                   p->v_stride[0] % AF_TILE_PAD == 0 && (uintptr_t)p->v % 64 == 0 && p->v_stride[2] <= INT32_MAX &&
-                  tile_ld((size_t)p->v_stride[2]) == p->v_stride[2];
+                  af_tile_ld((size_t)p->v_stride[2]) == p->v_stride[2];
 
     const size_t br = (size_t)fp.block_rows, keys_pad = (size_t)fp.keys_pad, ev_pad = (size_t)fp.ev_pad;
-    const size_t e_pad = round_up((size_t)fp.E, AF_TILE_PAD);
+    const size_t e_pad = af_round_up((size_t)fp.E, AF_TILE_PAD);
     size_t at = 64;   /* the tile_cache header */
     fp.off_qp = at;
     if (fp.px) {   /* the products' own packed Q block, K tile and V tile */
-        at += round_up(fp.px->q_bytes(fp.block_rows, fp.E), 64);
-        fp.off_kt = at; at += round_up(fp.px->k_bytes(fp.block_keys, fp.E), 64);
-        fp.off_v = at;  at += round_up(fp.px->v_bytes(fp.block_keys, fp.Ev), 64);
+        at += af_round_up(fp.px->q_bytes(fp.block_rows, fp.E), 64);
+        fp.off_kt = at; at += af_round_up(fp.px->k_bytes(fp.block_keys, fp.E), 64);
+        fp.off_v = at;  at += af_round_up(fp.px->v_bytes(fp.block_keys, fp.Ev), 64);
     } else {
-        fp.off_kt = at; at += round_up(sizeof(float) * e_pad * keys_pad, 64);
-        fp.off_v = at;  at += round_up(sizeof(float) * keys_pad * (ev_pad > e_pad ? ev_pad : e_pad), 64);
+        fp.off_kt = at; at += af_round_up(sizeof(float) * e_pad * keys_pad, 64);
+        fp.off_v = at;  at += af_round_up(sizeof(float) * keys_pad * (ev_pad > e_pad ? ev_pad : e_pad), 64);
     }
-    fp.off_rows = at; at += round_up(2 * sizeof(char *) * (size_t)fp.block_keys, 64);   /* direct: tile_rows */
+    fp.off_rows = at; at += af_round_up(2 * sizeof(char *) * (size_t)fp.block_keys, 64);   /* direct: tile_rows */
     const size_t state0 = at;   /* row_state slots, one per kv head of an item */
-    fp.off_q = at;  at += round_up(sizeof(float) * br * (size_t)fp.E, 64);
-    fp.off_s = at;  at += round_up(sizeof(float) * br * keys_pad, 64);
-    fp.off_o = at;  at += round_up(sizeof(float) * br * ev_pad, 64);
-    fp.off_m = at;  at += round_up(sizeof(float) * br, 64);
-    fp.off_l = at;  at += round_up(sizeof(float) * br, 64);
-    fp.off_a = at;  at += round_up(sizeof(float) * br, 64);
+    fp.off_q = at;  at += af_round_up(sizeof(float) * br * (size_t)fp.E, 64);
+    fp.off_s = at;  at += af_round_up(sizeof(float) * br * keys_pad, 64);
+    fp.off_o = at;  at += af_round_up(sizeof(float) * br * ev_pad, 64);
+    fp.off_m = at;  at += af_round_up(sizeof(float) * br, 64);
+    fp.off_l = at;  at += af_round_up(sizeof(float) * br, 64);
+    fp.off_a = at;  at += af_round_up(sizeof(float) * br, 64);
     fp.state_bytes = at - state0;
     at += fp.state_bytes * (size_t)(fp.heads_per_item - 1);
 
@@ -733,7 +694,7 @@ af_status af_flash_forward(const af_problem *p) {
      * TILE_CACHE_BYTES together (L=S=4096, E=Ev=128: 4.8 MiB per thread; at 8192 two threads no longer fit). */
     fp.cache_kt_floats = (size_t)fp.E * keys_pad;
     fp.cache_tile_floats = fp.cache_kt_floats + (size_t)fp.block_keys * ev_pad;
-    const int64_t tiles = ceil_div(p->S, fp.block_keys);
+    const int64_t tiles = af_ceil_div(p->S, fp.block_keys);
     const size_t threads = (size_t)af_get_num_threads();
     const double cache_bytes = (double)tiles * (double)fp.cache_tile_floats * sizeof(float) * (double)threads;
     fp.tile_cache = !fp.px && !fp.direct && fp.splits == 1 && fp.row_blocks > 1 && fp.Ev > 0 &&
@@ -753,7 +714,7 @@ af_status af_flash_forward(const af_problem *p) {
            fp.tile_cache ? ", tile cache on" : "", fp.heads_per_item, fp.prefetch ? ", next tiles prefetched" : "");
     /* run_item's items: (batch, head chunk, row block, split). A broadcast (stride-0) key can make S, hence the
      * splits, the items and partials, huge. */
-    int64_t items = p->B * ceil_div(p->Hkv, fp.heads_per_item) * fp.row_blocks;
+    int64_t items = p->B * af_ceil_div(p->Hkv, fp.heads_per_item) * fp.row_blocks;
     if (fp.splits > 1) {
         size_t count, parts;
         if (__builtin_mul_overflow(items, fp.splits, &items) || __builtin_mul_overflow(groups, fp.splits, &parts) ||
@@ -766,7 +727,8 @@ af_status af_flash_forward(const af_problem *p) {
         if (!(fp.partials = af_alloc(sizeof(float) * count)))
             return af_fail(AF_ERR_NO_MEMORY, "out of memory: %zu bytes of split-KV partial results", sizeof(float) * count);
     }
-    const int max_threads = threads_worth_waking(p);
+    const int max_threads = af_threads_worth_waking(2.0 * (double)p->B * (double)p->Hq * (double)p->L * (double)p->S *
+                                                    (double)(p->E + p->Ev));
     af_status st = af_parallel_for_at_most(items, max_threads, run_item, &fp, at);
     if (st == AF_OK && fp.splits > 1)
         st = af_parallel_for_at_most(groups, max_threads, combine_item, &fp, sizeof(float) * ev_pad);
