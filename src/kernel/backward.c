@@ -283,7 +283,8 @@ static void block_pair(const bwd_plan *bw, const key_item *w, int64_t h, int64_t
     }
 
     if (bw->Ev > 0) {
-        gemm_at(uk, cols, bw->Ev, rows, S, bw->keys_pad, dob, ldo, dv, bw->ev_pad, PT, bw->rows_pad);   /* dV += Pᵀ·dO */
+        if (bw->bp->dv)   /* a gradient not asked for costs no product */
+            gemm_at(uk, cols, bw->Ev, rows, S, bw->keys_pad, dob, ldo, dv, bw->ev_pad, PT, bw->rows_pad);   /* dV += Pᵀ·dO */
         uk->gemm(rows, cols, bw->Ev, dob, ldo, vt, bw->keys_pad, dP, bw->keys_pad, false);   /* dP = dO·Vᵀ */
     } else {
         for (int r = 0; r < rows; r++) memset(dP + (size_t)r * bw->keys_pad, 0, sizeof(float) * (size_t)cols);
@@ -298,8 +299,8 @@ static void block_pair(const bwd_plan *bw, const key_item *w, int64_t h, int64_t
             for (int j = 0; j < cols; j++) ds[j] = P[j] * (ds[j] - Dr);
     }
     float *dq = bw->dq_partial + (size_t)(((w->chunk * p->Hq + h) * bw->R + id0) * bw->e_pad);
-    uk->gemm(rows, bw->E, cols, dP, bw->keys_pad, kr, bw->e_pad, dq, bw->e_pad, true);   /* dQ += dS·K */
-    gemm_at(uk, cols, bw->E, rows, dP, bw->keys_pad, qb, ldq, dk, bw->e_pad, PT, bw->rows_pad);   /* dK += dSᵀ·Q */
+    if (bw->bp->dq) uk->gemm(rows, bw->E, cols, dP, bw->keys_pad, kr, bw->e_pad, dq, bw->e_pad, true);   /* dQ += dS·K */
+    if (bw->bp->dk) gemm_at(uk, cols, bw->E, rows, dP, bw->keys_pad, qb, ldq, dk, bw->e_pad, PT, bw->rows_pad);   /* dK += dSᵀ·Q */
 }
 
 /* dK (times the scale: dS is the gradient of the scaled score) and dV of the tile's keys, in their dtypes. */
