@@ -44,11 +44,15 @@
 #define AF_WG_BLOCK_BYTES(rows) ((rows) * 128) /* one column block of `rows` rows */
 #define AF_WG_TURN_BAR 1                       /* named barriers 1 and 2: consumer 0's and consumer 1's turn */
 #define AF_WG_PRODUCER_BAR 3                   /* named barrier 3: the producer's warp, a tail tile's V rows cleared */
+#define AF_WG_PATTERN 1024                     /* the 128-byte swizzle's pattern: tiles start on a multiple of it */
+#define AF_WG_ALIGN_SLACK (AF_WG_PATTERN - 128) /* the most af_wgmma_tiles_base may skip (af_shared_memory() is
+                                                  128-byte aligned at least) */
 
 typedef struct {
     af_mma_params m;                           /* everything attn_mma.cuh's kernel takes (double_buffer unused) */
     CUtensorMap k_map, v_map;                  /* K / V as {E or Ev, keys, Hkv, B}, boxes {64, box_keys, 1, 1} */
-    int k_blocks, v_blocks;                    /* column blocks of K (ceil(E / 64)) and V (hd / 64: P·V reads all) */
+    int k_blocks, v_blocks;                    /* column blocks of K and V: hd / 64 each (Q·Kᵀ and P·V read all;
+                                                  TMA and the gather zero-fill the columns past E / Ev) */
     int varlen_k;                              /* K/V packed by cu_seqlens_k: the box's batch coordinate is 0 */
     int box_keys;                              /* keys per box: the tile's, or a paged cache's page size below it */
     int gather;                                /* paged K/V that TMA cannot box: warpgroup 0 gathers with cp.async
@@ -56,15 +60,27 @@ typedef struct {
 } af_wgmma_params;
 
 /* Shared memory: Q (hd/64 column blocks of 128 rows), then the stages' K and V (hd/64 column blocks of a tile's
- * keys each), then the 2·AF_WG_STAGES + 1 mbarriers and a flag; every tile starts on a multiple of 1024 bytes. */
+ * keys each), then the 2·AF_WG_STAGES + 1 mbarriers and a flag; every tile starts on a window address that is a
+ * multiple of 1024 bytes (af_wgmma_tiles_base), which may cost up to AF_WG_ALIGN_SLACK bytes at the front. */
 static inline size_t af_wgmma_smem_bytes(int hd) {
     const size_t blocks = (size_t)hd / AF_WG_ATOM;
-    return blocks * AF_WG_BLOCK_BYTES(AF_WG_ROWS) + 2 * AF_WG_STAGES * blocks * AF_WG_BLOCK_BYTES(AF_WG_BC_OF(hd)) +
+    return AF_WG_ALIGN_SLACK + blocks * AF_WG_BLOCK_BYTES(AF_WG_ROWS) +
+           2 * AF_WG_STAGES * blocks * AF_WG_BLOCK_BYTES(AF_WG_BC_OF(hd)) +
            (2 * AF_WG_STAGES + 1) * sizeof(uint64_t) + sizeof(uint64_t);   /* and the tail's, and a flag */
 }
 
+/* The first byte of the dynamic shared memory whose window address is a multiple of AF_WG_PATTERN: TMA and wgmma
+ * swizzle by window-address bits, while af_wgmma_offset counts from the tile, so the two agree only when every tile
+ * starts on the pattern. The buffer is declared 1024-aligned; this holds even where that declaration is not kept
+ * (a static __shared__ variable placed before it), at the cost of AF_WG_ALIGN_SLACK bytes of the budget. */
+AF_DEVICE char *af_wgmma_tiles_base(void) {
+    char *base = af_shared_memory();
+    return base + ((AF_WG_PATTERN - af_shared_address(base) % AF_WG_PATTERN) % AF_WG_PATTERN);
+}
+
 /* Byte offset of 16-byte chunk `chunk` (8 elements) of row `row` in a tile of column blocks of `rows` rows laid out
- * as TMA's and wgmma's 128-byte swizzle: chunk c of a 128-byte row r at (c ^ (r % 8)) · 16. */
+ * as TMA's and wgmma's 128-byte swizzle: chunk c of a 128-byte row r at (c ^ (r % 8)) · 16 (the tile on the
+ * pattern). */
 AF_DEVICE int af_wgmma_offset(int row, int chunk, int rows) {
     return (chunk / 8) * AF_WG_BLOCK_BYTES(rows) + row * 128 + (((chunk % 8) ^ (row % 8)) << 4);
 }
@@ -90,15 +106,16 @@ AF_DEVICE void af_wgmma_load_q(char *dst, const af_mma_params *p, int64_t b, int
     }
 }
 
-/* Issues S(64 x bc) = Q(this warpgroup's 64 rows) · Kᵀ(bc keys) as one wgmma group (no wait), k-steps of 16 over E:
- * A and B both K-major, 128-byte swizzle (stride 1024 bytes between groups of 8 rows; a k-step moves the start 32
- * bytes inside a column block). Follows the caller's wgmma fence. */
+/* Issues S(64 x bc) = Q(this warpgroup's 64 rows) · Kᵀ(bc keys) as one wgmma group (no wait), k-steps of 16 over
+ * the whole padded head dim: A and B both K-major, 128-byte swizzle (stride 1024 bytes between groups of 8 rows; a
+ * k-step moves the start 32 bytes inside a column block). Q and K are zero past E, so the steps past it add zeros;
+ * skipping them on the run-time E made ptxas split the chain, one WARPGROUP.ARRIVE a step (C7519). Follows the
+ * caller's wgmma fence. */
 AF_DEVICE void af_wgmma_issue_scores(float s[AF_WG_BC / 2], const char *q_tile, const char *k_tile, int consumer,
-                                     int E, const int hd, const int bf16) {
+                                     const int hd, const int bf16) {
     const int bc = AF_WG_BC_OF(hd);
     AF_MMA_UNROLL
     for (int kk = 0; kk < hd / 16; kk++) {
-        if (16 * kk >= E) continue;   /* zero columns of the padded head dim */
         const int block = kk / 4, step = (kk % 4) * 32;
         const uint64_t a = af_wgmma_desc(q_tile + block * AF_WG_BLOCK_BYTES(AF_WG_ROWS) + consumer * 8 * 1024 + step,
                                          AF_SWIZZLE_128B, 16, 1024);
@@ -256,7 +273,7 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
     if (t_begin < t_first) t_begin = t_first;
     if (bad) t_end = t_begin;   /* no key read; l = NaN below makes its rows (or its partials) NaN */
 
-    char *base = af_shared_memory();   /* the swizzle patterns count from here (device_hopper.h) */
+    char *base = af_wgmma_tiles_base();   /* the swizzle patterns count from here */
     const int blocks = hd / AF_WG_ATOM;
     char *q_tile = base, *k_stages = q_tile + blocks * AF_WG_BLOCK_BYTES(AF_WG_ROWS);
     char *v_stages = k_stages + AF_WG_STAGES * blocks * AF_WG_BLOCK_BYTES(bc);
@@ -327,7 +344,7 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
         af_wgmma_zero(s, bc);
         af_wgmma_fence();
         if (ping_pong) af_named_bar_sync(AF_WG_TURN_BAR + consumer, 256);
-        af_wgmma_issue_scores(s, q_tile, k_stages, consumer, p->E, hd, bf16);
+        af_wgmma_issue_scores(s, q_tile, k_stages, consumer, hd, bf16);
         if (ping_pong) af_wgmma_pass_turn(consumer);
         af_wgmma_wait_0();
         af_wgmma_fence_regs(s, bc / 2);
@@ -345,7 +362,7 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
         af_wgmma_fence_regs(o, hd / 2);
         af_wgmma_fence();
         if (ping_pong) af_named_bar_sync(AF_WG_TURN_BAR + consumer, 256);
-        af_wgmma_issue_scores(s, q_tile, k_stages + stage * stage_bytes, consumer, p->E, hd, bf16);
+        af_wgmma_issue_scores(s, q_tile, k_stages + stage * stage_bytes, consumer, hd, bf16);
         af_wgmma_issue_values(o, pa, v_stages + last * stage_bytes, hd, bf16);
         if (ping_pong) af_wgmma_pass_turn(consumer);
         af_wgmma_wait_1();   /* S (the older group) has landed; P·V runs on */

@@ -184,7 +184,7 @@ cudaError_t af_cuda_wgmma_forward(const af_problem *p, const af_cuda_device *dev
     prm.m.tiles_per_split = plan.tiles_per_split;
     prm.m.part_lse = plan.splits > 1 ? (float *)workspace : NULL;
     prm.m.part_o = plan.splits > 1 ? (float *)((char *)workspace + plan.lse_bytes) : NULL;
-    prm.k_blocks = (int)((p->E + AF_WG_ATOM - 1) / AF_WG_ATOM);
+    prm.k_blocks = plan.hd / AF_WG_ATOM;   /* all of them: a block past E lands as zeros, never stale */
     prm.v_blocks = plan.hd / AF_WG_ATOM;
     prm.varlen_k = p->cu_seqlens_k != NULL;
     prm.box_keys = p->page_table && p->page_size < plan.bc ? (int)p->page_size : plan.bc;

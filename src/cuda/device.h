@@ -25,8 +25,9 @@
  *   AF_THREAD_IDX, AF_BLOCK_DIM, AF_BLOCK_IDX_X/_Y/_Z, AF_GRID_DIM_X/_Y/_Z    (int)
  *   af_lane() = AF_THREAD_IDX % 32, af_warp() = AF_THREAD_IDX / 32
  * Memory
- *   af_shared_memory()             char * to the block's dynamic shared memory (128-byte aligned); kernels
- *                                  declare no static __shared__ arrays
+ *   af_shared_memory()             char * to the block's dynamic shared memory (128-byte aligned at least; declared
+ *                                  1024-aligned, which a static __shared__ array could undo); kernels declare no
+ *                                  static __shared__ arrays
  *   af_syncthreads()               __syncthreads()
  * Warp (all 32 lanes converged, full mask)
  *   float af_shfl_xor(float v, int lane_mask)                         __shfl_xor_sync(0xffffffff, v, lane_mask)

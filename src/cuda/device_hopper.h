@@ -33,8 +33,8 @@
  *   uint64_t af_wgmma_desc(const void *smem, int swizzle, uint32_t lbo_bytes, uint32_t sbo_bytes)
  *                 the 64-bit shared-memory matrix descriptor: bits 0-13 start address >> 4, 16-29 leading-dimension
  *                 byte offset >> 4, 32-45 stride-dimension byte offset >> 4, 49-51 base offset 0, 62-63 swizzle
- *                 (AF_SWIZZLE_NONE 0, _128B 1, _64B 2, _32B 3). Swizzled tiles start on their pattern (1024 bytes
- *                 for 128B) counted from af_shared_memory(); a k-step inside one moves `smem` by 32 bytes.
+ *                 (AF_SWIZZLE_NONE 0, _128B 1, _64B 2, _32B 3). Swizzled tiles start on their pattern (window
+ *                 addresses a multiple of 1024 for 128B); a k-step inside one moves `smem` by 32 bytes.
  *                 Canonical layouts, 16-bit elements, S the swizzle width in bytes (16 for NONE), byte address of
  *                 element (mn, k) before the swizzle (bits 4.. of an address XORed with bits 7..):
  *                   K-major,  NONE:    start + (mn/8)·SBO + (k/8)·LBO + (mn%8)·16 + (k%8)·2
@@ -84,6 +84,11 @@
  *                                        threads have arrived at barrier `id` (1..15) in this phase, itself included
  *   void af_named_bar_arrive(int id, int threads)   bar.arrive id, threads: counts this thread's arrival, no wait
  *                 Whole warps arrive together; every arrival of one phase names the same thread count.
+ * Shared-window addresses
+ *   uint32_t af_shared_address(const void *p)
+ *                 the shared-window address of p (cvta.to.shared), which descriptors, TMA and the swizzles see: the
+ *                 128-byte swizzle XORs bits 4-6 of the window address with bits 7-9, so a swizzled tile's pattern
+ *                 follows window addresses, not offsets from af_shared_memory()
  * Proxies and registers
  *   void af_fence_proxy_async(void)      fence.proxy.async.shared::cta: shared memory written by ordinary stores
  *                                        (or cp.async) is seen by wgmma and TMA only after this fence in the

@@ -51,7 +51,7 @@ AF_DEVICE int af_warp(void) { return (int)(threadIdx.x >> 5); }
 /* Memory */
 AF_DEVICE char *af_shared_memory(void)
 {
-    extern __shared__ __align__(128) char af_dynamic_shared_memory[];
+    extern __shared__ __align__(1024) char af_dynamic_shared_memory[];   /* on the 128-byte swizzle's pattern */
     return af_dynamic_shared_memory;
 }
 

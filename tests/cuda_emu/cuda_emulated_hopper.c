@@ -3,6 +3,11 @@
  * warpgroup or the completing phase wakes it. State lives per block, from the first thread's af_emu_hopper_begin to
  * the last one's af_emu_hopper_end, on the launching host thread.
  *
+ * Shared-window addresses: the block's dynamic shared memory starts at window address af_emu_shared_window_base
+ * (0x400 as on the GPU with no static __shared__, or whatever a test sets); descriptors hold window addresses, and
+ * the swizzles of wgmma and TMA XOR the bits of the window address, not of the offset into the block's memory, as
+ * the hardware does, so a kernel that swizzles relative to a base off the pattern's alignment reads wrong data.
+ *
  * The async proxy's view of shared memory is a shadow copy: TMA writes both, fence.proxy.async copies shared memory
  * into it; a wgmma reading, or a TMA overwriting, a 16-byte chunk where the two differ met ordinary stores with no
  * proxy fence since. */
@@ -79,6 +84,7 @@ typedef struct {
 
 typedef struct {
     int threads, started, ended, parked;
+    size_t window;   /* the window address of the block's dynamic shared memory */
     named_state named[NAMED_BARRIERS];
     char *smem;
     size_t smem_bytes;
@@ -97,6 +103,8 @@ typedef struct {
 } hopper_block;
 
 static __thread hopper_block *hb;
+static size_t shared_window_base = 0x400;   /* dynamic shared memory's window address in blocks launched from now */
+
 
 static void report(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 
@@ -113,6 +121,14 @@ static void report(const char *fmt, ...)
     fputc('\n', stderr);
     fflush(stderr);
     abort();
+}
+
+void af_emu_set_shared_window_base(size_t address)
+{
+    if (address % 16 || address >= (1u << 18) - 16)
+        report("af_emu_set_shared_window_base: window address 0x%zx is not a 16-byte aligned address below 256 KiB",
+               address);
+    shared_window_base = address;
 }
 
 static void *grow(void *p, size_t count, size_t size)
@@ -141,6 +157,7 @@ void af_emu_hopper_begin(void)
         b->threads = af_emu_self->block_dim;
         b->smem = af_shared_memory();
         b->smem_bytes = af_emu_shared_memory_bytes();
+        b->window = shared_window_base;
         b->t = (thread_state *)calloc((size_t)b->threads, sizeof *b->t);
         b->wg = (warpgroup_state *)calloc((size_t)(b->threads + WG - 1) / WG, sizeof *b->wg);
         b->shadow = (unsigned char *)malloc(b->smem_bytes + 1);
@@ -264,8 +281,9 @@ static size_t smem_offset(hopper_block *b, const void *p, size_t bytes, size_t a
         report("%s: address %p is not %zu bytes inside the block's %zu bytes of dynamic shared memory", what, p,
                bytes, b->smem_bytes);
     size_t off = (size_t)(c - b->smem);
-    if (off % align)
-        report("%s: shared-memory offset %zu is not %zu-byte aligned", what, off, align);
+    if ((b->window + off) % align)
+        report("%s: shared-window address 0x%zx (offset %zu) is not %zu-byte aligned", what, b->window + off, off,
+               align);
     return off;
 }
 
@@ -285,6 +303,12 @@ static void check_async_read(hopper_block *b, size_t chunk, const char *what)
                "af_fence_proxy_async (fence.proxy.async.shared::cta) since", what, chunk * 16, chunk * 16 + 16);
 }
 
+uint32_t af_shared_address(const void *p)
+{
+    hopper_block *b = block("af_shared_address");
+    return (uint32_t)(b->window + smem_offset(b, p, 0, 1, "af_shared_address"));
+}
+
 void af_fence_proxy_async(void)
 {
     hopper_block *b = block("af_fence_proxy_async");
@@ -297,10 +321,10 @@ static const int swizzle_bytes[4] = {16, 128, 64, 32};
 uint64_t af_wgmma_desc(const void *smem, int swizzle, uint32_t lbo_bytes, uint32_t sbo_bytes)
 {
     hopper_block *b = block("af_wgmma_desc");
-    size_t off = smem_offset(b, smem, 0, 16, "af_wgmma_desc");
+    size_t addr = b->window + smem_offset(b, smem, 0, 16, "af_wgmma_desc");
     if (swizzle < 0 || swizzle > 3)
         report("af_wgmma_desc: swizzle %d is not one of AF_SWIZZLE_*", swizzle);
-    return (uint64_t)((off & 0x3ffff) >> 4) | ((uint64_t)((lbo_bytes & 0x3ffffu) >> 4) << 16) |
+    return (uint64_t)((addr & 0x3ffff) >> 4) | ((uint64_t)((lbo_bytes & 0x3ffffu) >> 4) << 16) |
            ((uint64_t)((sbo_bytes & 0x3ffffu) >> 4) << 32) | ((uint64_t)swizzle << 62);
 }
 
@@ -311,7 +335,7 @@ static size_t swizzle_address(size_t addr, int layout)
     return addr ^ (((addr >> 7) & mask[layout]) << 4);
 }
 
-/* Byte offset of element (mn, k) of a 16-bit operand by the canonical layouts (device_hopper.h). */
+/* Window address of element (mn, k) of a 16-bit operand by the canonical layouts (device_hopper.h). */
 static size_t operand_address(uint64_t desc, int mn, int k, int mn_major)
 {
     size_t start = (size_t)(desc & 0x3fff) << 4, lbo = (size_t)((desc >> 16) & 0x3fff) << 4;
@@ -341,8 +365,8 @@ static void read_operand(hopper_block *b, uint64_t desc, int rows, int mn_major,
                (unsigned long long)desc);
     for (int r = 0; r < rows; r++)
         for (int k = 0; k < 16; k++) {
-            size_t a = operand_address(desc, r, k, mn_major);
-            if (a + 2 > b->smem_bytes)
+            size_t addr = operand_address(desc, r, k, mn_major), a = addr - b->window;
+            if (addr < b->window || a + 2 > b->smem_bytes)
                 report("%s: descriptor 0x%016llx puts element (%d, %d) at shared offset %zu, outside the block's %zu "
                        "bytes", what, (unsigned long long)desc, r, k, a, b->smem_bytes);
             size_t chunk = a / 16;
@@ -768,7 +792,7 @@ void af_emu_tma_load(void *smem, const CUtensorMap *map, uint64_t *bar, int rank
     for (int i = 1; i < rank; i++)
         bytes *= m.box[i];
     size_t align = m.swizzle ? (size_t)swizzle_bytes[m.swizzle] * 8 : 128;   /* swizzled: on the pattern */
-    size_t dst = smem_offset(b, smem, bytes, align, what);
+    size_t dst = smem_offset(b, smem, bytes, align, what), window_dst = b->window + dst;
     tma_copy c;
     c.bar = bi;
     c.dst = dst;
@@ -796,7 +820,7 @@ void af_emu_tma_load(void *smem, const CUtensorMap *map, uint64_t *bar, int rank
                     }
                     if (inside)
                         memcpy(&v, m.base + src, 2);
-                    memcpy(c.data + (swizzle_address(dst + lin, m.swizzle) - dst), &v, 2);
+                    memcpy(c.data + (swizzle_address(window_dst + lin, m.swizzle) - window_dst), &v, 2);
                 }
     for (size_t ch = dst / 16; ch < (dst + bytes) / 16; ch++) {
         if (b->chunk_tma[ch])

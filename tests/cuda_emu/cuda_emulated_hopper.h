@@ -41,6 +41,13 @@ void af_emu_hopper_end(void);
     }                                                                                                           \
     static void name(const Params p)
 
+/* The window address of p, inside the block's dynamic shared memory (the emulated block's starts at the address
+ * af_emu_set_shared_window_base names: 0x400 unless a test moves it). */
+uint32_t af_shared_address(const void *p);
+/* Test hook: where the dynamic shared memory of blocks launched from now starts in the shared window (16-byte
+ * aligned), e.g. 0x480 to check that a kernel's swizzles follow window addresses, not its base. */
+void af_emu_set_shared_window_base(size_t address);
+
 /* ---- Warpgroup MMA ---- */
 uint64_t af_wgmma_desc(const void *smem, int swizzle, uint32_t lbo_bytes, uint32_t sbo_bytes);
 /* One wgmma of the warpgroup: a == NULL for SS (A by desc_a), else RS (A from the 4 registers). */

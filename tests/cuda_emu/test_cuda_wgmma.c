@@ -229,6 +229,23 @@ static void head_dim_256(void **state) {
     }
 }
 
+/* Dynamic shared memory at a window address off the 128-byte swizzle's 1024-byte pattern (0x480: 128-aligned, as a
+ * static __shared__ variable of 128 bytes would leave it): TMA and wgmma swizzle by window-address bits (the
+ * emulation too), so the kernel must start its tiles on the pattern (af_wgmma_tiles_base) or read Q and K with
+ * the wrong chunks. Both head-dim variants of every size, causal and not. */
+static void shared_window_off_pattern(void **state) {
+    (void)state;
+    static const int64_t dims[][2] = {{64, 64}, {128, 100}, {200, 256}, {40, 64}};
+    af_emu_set_shared_window_base(0x480);
+    for (int d = 0; d < 4; d++) {
+        sdpa_case c = small_case(170 + (uint64_t)d, half_dtype(d), 2, 1, 70, d % 2 ? 300 : 190, dims[d][0],
+                                 dims[d][1]);
+        c.is_causal = d == 1;
+        check_case(&c, (aligned_layout)(d % ALIGNED_COUNT), &one_sm, SPLIT_NONE, NULL);
+    }
+    af_emu_set_shared_window_base(0x400);
+}
+
 /* Pack-GQA: groups 1, 2, 4 and 8 whose packed rows wrap from one head to the next inside a 128-row block (L 97 with
  * group 2: block 0 holds head 0's rows and 31 of head 1's, block 1 the rest), a last block partly empty, two kv heads
  * and two batches (the CTA's (batch, kv head) from grid y); causal top-left and bottom-right, where the block's key
@@ -796,6 +813,7 @@ int main(void) {
     static const struct CMUnitTest fixed[] = {
         cmocka_unit_test(accepts_and_refusals), cmocka_unit_test(workspace_sizes),
         cmocka_unit_test(head_dims),            cmocka_unit_test(head_dim_256),
+        cmocka_unit_test(shared_window_off_pattern),
         cmocka_unit_test(gqa_row_wrapping),
         cmocka_unit_test(causal_alignments),    cmocka_unit_test(masks),
         cmocka_unit_test(kv_ring),              cmocka_unit_test(split_kv),
