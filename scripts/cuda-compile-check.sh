@@ -4,7 +4,9 @@
 # the SASS of those kernels (of BUILD_DIR/libattnforge_cuda.so when it is built, else of the cubins compiled here)
 # holds no HMMA (tensor-core) instruction for sm_80 and sm_90, or when a 32-rows-a-warp kernel issues fewer than 3
 # HMMA per LDSM (ldmatrix) in its SASS, or when a Hopper kernel (af_wgmma_*) has spills or a stack frame for sm_90a or
-# holds no HGMMA (wgmma) or UTMALDG (TMA) there. Prints a table: kernel x registers/stack/spills/smem/HMMA/LDSM.
+# holds no HGMMA (wgmma) or UTMALDG (TMA) there, or when ptxas split a Hopper kernel's S = Q·Kᵀ chain (a
+# WARPGROUP.ARRIVE inside it, a dummy HGMMA.64x8x16 closing a group, or warning C7519 "warpgroup.arrive is injected").
+# Prints a table: kernel x registers/stack/spills/smem/HMMA/LDSM.
 # Usage: scripts/cuda-compile-check.sh BUILD_DIR
 # Environment: NVCC (default: nvcc on PATH, else /usr/local/cuda/bin/nvcc); CUOBJDUMP (default: on PATH, in the
 # toolkit, or pip's nvidia-cuda-cuobjdump; --dump-sass also needs nvdisasm: pip's nvidia-cuda-nvdisasm);
@@ -145,6 +147,44 @@ def ptxas_report(path):
             kernels[current]["smem"] = int(s.group(1)) if s else 0
     return kernels
 
+def s_chain_splits(path):
+    """{(arch, kernel): WARPGROUP.ARRIVE placed right before an SS HGMMA (A by descriptor: S = Q·Kᵀ) that accumulates
+    (its C operand is not RZ: a chain's later k-step), i.e. ptxas split the chain; and the dummy HGMMA.64x8x16 it
+    closes split groups with} from cuobjdump --dump-sass."""
+    splits, dummies, arch, kernel, arrived = {}, {}, None, None, False
+    for line in open(path, errors="replace"):
+        m = re.match(r"\s*arch = (sm_\w+)", line)
+        if m:
+            arch, kernel = m.group(1), None
+            continue
+        m = re.search(r"Function : (\S+)", line)
+        if m:
+            kernel, arrived = m.group(1), False
+            splits.setdefault((arch, kernel), 0)
+            dummies.setdefault((arch, kernel), 0)
+            continue
+        if not kernel:
+            continue
+        if re.search(r"\bWARPGROUP\.ARRIVE\b", line):
+            arrived = True
+        elif re.search(r"\bHGMMA\.", line):
+            if "HGMMA.64x8x16" in line:
+                dummies[(arch, kernel)] += 1
+            ss = re.search(r"HGMMA\.\S+ R\d+, gdesc\[", line)
+            if arrived and ss and not re.search(r", RZ\b", line.split("gdesc", 2)[-1]):
+                splits[(arch, kernel)] += 1
+            arrived = False
+    return splits, dummies
+
+def c7519(path):
+    """{kernel: ptxas C7519 notes (warpgroup.arrive injected)} from a ptxas -v log."""
+    found = {}
+    for line in open(path, errors="replace"):
+        m = re.search(r"\(C7519\).*in function '([^']+)'", line)
+        if m:
+            found[m.group(1)] = found.get(m.group(1), 0) + 1
+    return found
+
 def sass_counts(path, opcode, pattern=None):
     """{(arch, kernel): number of `opcode` instructions (or lines matching `pattern`)} from cuobjdump --dump-sass."""
     pattern = re.compile(pattern or (r"\b" + opcode + r"\."))
@@ -170,6 +210,9 @@ hgmma = sass_counts(os.path.join(out, "sass.txt"), "HGMMA") if sass_count else {
 utmaldg = sass_counts(os.path.join(out, "sass.txt"), "UTMALDG") if sass_count else {}
 bar_arv = sass_counts(os.path.join(out, "sass.txt"), "", r"\bBAR\.ARV\b") if sass_count else {}
 depbar = sass_counts(os.path.join(out, "sass.txt"), "", r"\bWARPGROUP\.DEPBAR\b") if sass_count else {}
+arrive = sass_counts(os.path.join(out, "sass.txt"), "", r"\bWARPGROUP\.ARRIVE\b") if sass_count else {}
+splits, dummies = s_chain_splits(os.path.join(out, "sass.txt")) if sass_count else ({}, {})
+injected = c7519(os.path.join(out, "ptxas_sm90a.log"))
 print(f"\nfast paths: kernels matching /{fast_regex.pattern}/ (*); static smem only (dynamic smem is set at launch)")
 print(f"SASS from: {sass_source}")
 print(f"HMMA/LDSM >= {min_ratio:g} for kernels matching /{reuse_regex.pattern}/ (+)")
@@ -197,8 +240,16 @@ for arch in ("80", "90a"):
         if hopper_regex.search(name) and arch == "90a":
             wg, tma = hgmma.get((f"sm_{arch}", name)), utmaldg.get((f"sm_{arch}", name))
             arv, dep = bar_arv.get((f"sm_{arch}", name)), depbar.get((f"sm_{arch}", name))
-            print(f"|   | (sm_90a Hopper kernel: {wg} HGMMA, {tma} UTMALDG, {dep} WARPGROUP.DEPBAR, {arv} BAR.ARV) "
-                  f"| | | | | | | | |")
+            print(f"|   | (sm_90a Hopper kernel: {wg} HGMMA, {tma} UTMALDG, {dep} WARPGROUP.DEPBAR, "
+                  f"{arrive.get((f'sm_{arch}', name))} WARPGROUP.ARRIVE, {arv} BAR.ARV) | | | | | | | | |")
+            if injected.get(name):
+                failures.append(f"sm_90a {name}: ptxas injected warpgroup.arrive {injected[name]} times (C7519): a "
+                                f"wgmma chain is split by a branch or a register access between its k-steps")
+            key = (f"sm_{arch}", name)
+            if sass_count and (splits.get(key) or dummies.get(key)):
+                failures.append(f"sm_90a {name}: {splits.get(key)} WARPGROUP.ARRIVE inside an S = Q·Kᵀ chain and "
+                                f"{dummies.get(key)} dummy HGMMA.64x8x16 in its SASS (want one ARRIVE before each "
+                                f"chain, none inside)")
             if k["stack"] or k["spill_st"] or k["spill_ld"]:
                 failures.append(f"sm_90a {name}: {k['stack']} bytes stack frame, {k['spill_st']} bytes spill stores, "
                                 f"{k['spill_ld']} bytes spill loads (the Hopper kernels must have none)")

@@ -59,12 +59,6 @@ static cudaError_t af_wgmma_ctas_per_sm(const af_cuda_device *dev, int hd, int b
     return cudaSuccess;
 }
 
-/* K or V in place for TMA: the last dim contiguous, the other strides multiples of 16 bytes, 16-byte aligned. */
-static int af_wgmma_tma_ready(const char *base, const int64_t *stride) {
-    return stride[3] == 1 && stride[0] % 8 == 0 && stride[1] % 8 == 0 && stride[2] % 8 == 0 &&
-           (uintptr_t)base % 16 == 0;
-}
-
 /* Pages TMA can box for tiles of bc keys: whole pages of bc keys or more (tiles inside one), or pages of 8 keys or
  * more that tile bc (a box a page; 8-row multiples keep each box on the swizzle's 1024-byte pattern). */
 static int af_wgmma_tma_pages(int64_t page_size, int64_t bc) {
@@ -135,19 +129,58 @@ static uint64_t af_wgmma_stride(int64_t elements, uint64_t size, uint64_t inner_
     return size > 1 ? (uint64_t)elements * 2 : (inner_bytes + 15) / 16 * 16;
 }
 
-/* K or V (cols E or Ev) as {cols, keys, Hkv, B or 1}, or paged as {cols, page rows, Hkv, pages}; boxes of 64
- * columns x box_keys keys, 128-byte swizzle. */
+/* TMA's view of K or V (cols E or Ev): {cols, keys, Hkv, B or 1}, or paged {cols, page rows, Hkv, pages}. */
+static void af_wgmma_map_dims(const af_problem *p, int64_t cols, uint64_t dims[4]) {
+    dims[0] = (uint64_t)cols;
+    dims[1] = (uint64_t)(p->page_table ? p->page_size : p->cu_seqlens_k ? p->total_k : p->S);
+    dims[2] = (uint64_t)p->Hkv;
+    dims[3] = (uint64_t)(p->page_table ? p->num_pages : p->cu_seqlens_k ? 1 : p->B);
+}
+
+/* What a tensor map can name: rows contiguous (or one column wide: its stride is never used), every dimension the
+ * map walks (size above 1) at a positive stride of whole 16 bytes, a 16-byte aligned base. Size-1 dimensions take
+ * any stride (af_wgmma_stride replaces it); a broadcast dimension (stride 0) is not one TMA can box, and mma.sync
+ * reads it in place. */
+static int af_wgmma_view_fits(const af_problem *p, const char *data, const int64_t *stride, int64_t cols) {
+    uint64_t dims[4];
+    af_wgmma_map_dims(p, cols, dims);
+    if ((dims[0] > 1 && stride[3] != 1) || (uintptr_t)data % 16 != 0) return 0;
+    for (int d = 1; d < 4; d++) {
+        const int64_t s = stride[3 - d];   /* dims {cols, keys, Hkv, outer} are the strides' 3, 2, 1, 0 */
+        if (dims[d] > 1 && (s <= 0 || s % 8 != 0)) return 0;
+    }
+    return 1;
+}
+
+/* K or V as TMA's view (af_wgmma_map_dims); boxes of 64 columns x box_keys keys, 128-byte swizzle. */
 static cudaError_t af_wgmma_encode(CUtensorMap *map, const af_problem *p, const char *data, const int64_t *stride,
                                    int64_t cols, int box_keys, int bf16) {
-    const uint64_t keys = (uint64_t)(p->page_table ? p->page_size : p->cu_seqlens_k ? p->total_k : p->S);
-    const uint64_t outer = (uint64_t)(p->page_table ? p->num_pages : p->cu_seqlens_k ? 1 : p->B);
-    const uint64_t dims[4] = {(uint64_t)cols, keys, (uint64_t)p->Hkv, outer};
+    if (!af_wgmma_view_fits(p, data, stride, cols)) return cudaErrorInvalidValue;
+    uint64_t dims[4];
+    af_wgmma_map_dims(p, cols, dims);
     uint64_t strides[3];
     strides[0] = af_wgmma_stride(stride[2], dims[1], dims[0] * 2);
     strides[1] = af_wgmma_stride(stride[1], dims[2], strides[0] * dims[1]);
     strides[2] = af_wgmma_stride(stride[0], dims[3], strides[1] * dims[2]);
     const uint32_t box[4] = {AF_WG_ATOM, (uint32_t)box_keys, 1, 1};
     return af_tma_encode_tiled(map, bf16 ? AF_TMA_BF16 : AF_TMA_F16, 4, data, dims, strides, box, AF_SWIZZLE_128B);
+}
+
+/* Keys a box: the tile's, or a paged cache's page size below it (a box a page). */
+static int af_wgmma_box_keys(const af_problem *p, int bc) {
+    return p->page_table && p->page_size < bc ? (int)p->page_size : bc;
+}
+
+/* The maps are encoded here, as for the launch (the driver's word on the strides, dims and alignment), and thrown
+ * away; the gathered path reads in place with cp.async and encodes none. */
+int af_cuda_wgmma_views_fit(const af_problem *p) {
+    if (af_wgmma_gathered(p)) return 1;
+    const int hd = af_mma_head_dim(p), bf16 = p->dtype == AF_BF16;
+    CUtensorMap k_map, v_map;
+    return af_wgmma_encode(&k_map, p, p->k, p->k_stride, p->E, af_wgmma_box_keys(p, AF_WG_BC_OF(hd)), bf16) ==
+               cudaSuccess &&
+           af_wgmma_encode(&v_map, p, p->v, p->v_stride, p->Ev, af_wgmma_box_keys(p, AF_WG_BC_OF(hd)), bf16) ==
+               cudaSuccess;
 }
 
 #define AF_WGMMA_LAUNCH_VARIANT(name)                                                                        \
@@ -166,9 +199,7 @@ static cudaError_t af_wgmma_launch(const af_wgmma_plan *plan, int bf16, const af
 cudaError_t af_cuda_wgmma_forward(const af_problem *p, const af_cuda_device *dev, void *workspace,
                                   size_t workspace_bytes, cudaStream_t stream) {
     if (p->B == 0 || p->Hq == 0 || p->L == 0) return cudaSuccess;   /* no query row */
-    if (!af_cuda_wgmma_accepts(p, dev) || !af_wgmma_tma_ready(p->k, p->k_stride) ||
-        !af_wgmma_tma_ready(p->v, p->v_stride))
-        return cudaErrorInvalidValue;
+    if (!af_cuda_wgmma_accepts(p, dev) || !af_cuda_wgmma_views_fit(p)) return cudaErrorInvalidValue;
     af_wgmma_plan plan;
     cudaError_t e = af_wgmma_make_plan(p, dev, &plan);
     if (e != cudaSuccess) return e;
@@ -187,7 +218,7 @@ cudaError_t af_cuda_wgmma_forward(const af_problem *p, const af_cuda_device *dev
     prm.k_blocks = plan.hd / AF_WG_ATOM;   /* all of them: a block past E lands as zeros, never stale */
     prm.v_blocks = plan.hd / AF_WG_ATOM;
     prm.varlen_k = p->cu_seqlens_k != NULL;
-    prm.box_keys = p->page_table && p->page_size < plan.bc ? (int)p->page_size : plan.bc;
+    prm.box_keys = af_wgmma_box_keys(p, plan.bc);
     prm.gather = af_wgmma_gathered(p);
     if (!prm.gather &&   /* the gathered path reads no tensor map: none is encoded */
         ((e = af_wgmma_encode(&prm.k_map, p, p->k, p->k_stride, p->E, prm.box_keys, bf16)) != cudaSuccess ||

@@ -294,6 +294,37 @@ static void plan_copy(mma_operand *o) {
     o->tight_bytes = o->row == o->shape[3] ? 0 : round_up((rows * (size_t)o->shape[3]) * (size_t)o->elem + 16);
 }
 
+/* The Hopper kernel (attn_wgmma.cuh) runs what it accepts and TMA can read on compute capability 9.0 unless ATTNFORGE_CUDA_WGMMA=0
+ * (read at each call): the way back to the mma.sync kernels, which run everything else. */
+static bool hopper_kernel_enabled(void) {
+    const char *on = getenv("ATTNFORGE_CUDA_WGMMA");
+    return !(on && strcmp(on, "0") == 0);
+}
+
+/* The strides of the copy the kernels read: contiguous rows of o->row elements. */
+static void copy_strides(const mma_operand *o, int64_t stride[4]) {
+    stride[3] = 1;
+    stride[2] = o->row;
+    stride[1] = o->shape[2] * o->row;
+    stride[0] = o->shape[1] * o->shape[2] * o->row;
+}
+
+/* Whether the Hopper kernel takes the problem as the kernels will see it, K and V copied where planned: the copies
+ * are not made yet, so a copied operand is shown to the tensor-map encoder at a stand-in address with the scratch's
+ * alignment (the encoder checks an address's alignment and never reads it; the map is thrown away). */
+static bool hopper_kernel_takes(const af_problem *run, const mma_operand operands[3], const af_cuda_device *dev) {
+    if (!hopper_kernel_enabled() || !af_cuda_wgmma_accepts(run, dev)) return false;
+    af_problem seen = *run;
+    const char **bases[2] = {&seen.k, &seen.v};
+    int64_t *strides[2] = {seen.k_stride, seen.v_stride};
+    for (int i = 0; i < 2; i++)
+        if (operands[i + 1].rule[0]) {
+            *bases[i] = (const char *)(uintptr_t)AF_SCRATCH_ALIGN;
+            copy_strides(&operands[i + 1], strides[i]);
+        }
+    return af_cuda_wgmma_views_fit(&seen);
+}
+
 static cudaError_t make_copy(mma_operand *o, char *tight, char *padded, cudaStream_t stream) {
     const int elem_size = o->elem;
     cudaError_t e;
@@ -307,10 +338,7 @@ static cudaError_t make_copy(mma_operand *o, char *tight, char *padded, cudaStre
         if (e == cudaSuccess) e = af_cuda_copy_4d(padded, tight, padded_shape, tight_stride, elem_size, stream);
     }
     *o->base = padded;
-    o->stride[3] = 1;
-    o->stride[2] = o->row;
-    o->stride[1] = o->shape[2] * o->row;
-    o->stride[0] = o->shape[1] * o->shape[2] * o->row;
+    copy_strides(o, o->stride);
     return e;
 }
 
@@ -442,13 +470,6 @@ static void scratch_release(const scratch_source *from, char *ptr, size_t bytes)
                 "%s: %s)", from->device, cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
-/* The Hopper kernel (attn_wgmma.cuh) runs what it accepts on compute capability 9.0 unless ATTNFORGE_CUDA_WGMMA=0
- * (read at each call): the way back to the mma.sync kernels, which run everything else. */
-static bool hopper_kernel_enabled(void) {
-    const char *on = getenv("ATTNFORGE_CUDA_WGMMA");
-    return !(on && strcmp(on, "0") == 0);
-}
-
 static int mma_forward(const af_problem *p, const af_cuda_device *dev, int device, cudaStream_t stream,
                        const af_cuda_allocator *allocator, char *err, size_t size) {
     af_problem run = *p;
@@ -477,7 +498,7 @@ static int mma_forward(const af_problem *p, const af_cuda_device *dev, int devic
     }
     const size_t workspace_offset = scratch_bytes;
     size_t workspace_bytes = 0;
-    const bool wgmma = hopper_kernel_enabled() && af_cuda_wgmma_accepts(&run, dev);   /* copies meet its strides */
+    const bool wgmma = hopper_kernel_takes(&run, operands, dev);   /* TMA's maps decided before the sizes */
     cudaError_t e = wgmma ? af_cuda_wgmma_workspace_bytes(&run, dev, &workspace_bytes)
                           : af_cuda_mma_workspace_bytes(&run, dev, &workspace_bytes);
     if (e != cudaSuccess) return cuda_fail(err, size, e, "planning the tensor-core kernels (occupancy)");

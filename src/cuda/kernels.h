@@ -35,12 +35,14 @@ int af_cuda_mma_fits_int32(const af_problem *p);
 int af_cuda_mma_accepts_float8(const af_problem *p, const af_cuda_device *dev);
 
 /* The Hopper kernel (attn_wgmma.cuh: wgmma, TMA, a producer warpgroup and two consumer warpgroups) for compute
- * capability 9.0: f16/bf16 q/k/v of one dtype, E and Ev <= 128, more than 64 packed rows (group·L), fixed-length
- * or varlen/seqused_k/paged K/V (paged: gathered, not by TMA), no float8; the same preconditions on strides and
- * alignment as
- * af_cuda_mma_forward, and every other feature of it (masks, causal, windows, softcap, sinks, LSE, split-KV).
- * af_cuda_wgmma_accepts says whether a problem is one of those on `dev`; the others use af_cuda_mma_forward. */
+ * capability 9.0: f16/bf16 q/k/v of one dtype, E and Ev <= 256, more than 64 packed rows (group·L), fixed-length
+ * or varlen/seqused_k/paged K/V (paged: by TMA boxes, or gathered with cp.async), no float8; every other feature of
+ * af_cuda_mma_forward (masks, causal, windows, softcap, sinks, LSE, split-KV).
+ * af_cuda_wgmma_accepts says whether a problem is one of those on `dev`, whatever its strides;
+ * af_cuda_wgmma_views_fit whether TMA can read its K and V as laid out (the tensor maps are encoded to find out): a
+ * caller that gets 0 runs af_cuda_mma_forward, which reads any view af_cuda_mma_forward's preconditions allow. */
 int af_cuda_wgmma_accepts(const af_problem *p, const af_cuda_device *dev);
+int af_cuda_wgmma_views_fit(const af_problem *p);
 cudaError_t af_cuda_wgmma_workspace_bytes(const af_problem *p, const af_cuda_device *dev, size_t *bytes);
 cudaError_t af_cuda_wgmma_forward(const af_problem *p, const af_cuda_device *dev, void *workspace,
                                   size_t workspace_bytes, cudaStream_t stream);

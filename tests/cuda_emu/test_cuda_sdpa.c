@@ -522,6 +522,65 @@ static void flash_chosen_cases_match_the_reference(void **state) {
     expect_flash_case(&steps);
 }
 
+/* K/V views the copy rule takes in place but TMA cannot box as they are, or only with the strides of size-1 dims
+ * ignored: the Hopper kernel decides its tensor maps before anything is sized and leaves to mma.sync what TMA
+ * cannot read (issue 37). E = 1 (q/k/v rows 16 bytes apart) with a last stride of 3 (one column: the stride is
+ * never used); B = 1 and Hkv = 1
+ * with odd strides on those size-1 dims (as_strided); K and V broadcast over the batch (stride 0, as expand()
+ * makes). Each must run and match the reference, with no copy and no warning. */
+/* t's values in a fresh buffer whose rows (dim 3) are 8 elements apart: a one-column K/V the copy rule reads in
+ * place. */
+static void spread_rows_8_apart(test_tensor *t) {
+    test_tensor spread;
+    const int order[4] = {0, 1, 2, 3};
+    const int64_t pad[4] = {0, 0, 0, 8 - t->view.shape[3]};
+    assert_true(tt_alloc_ordered(&spread, t->view.dtype, 4, t->view.shape, order, pad, 1, 0));
+    int64_t idx[4] = {0, 0, 0, 0};
+    do tt_set(&spread, idx, tt_get(t, idx));
+    while (tt_next_index(4, t->view.shape, idx));
+    tt_free(t);
+    *t = spread;
+}
+
+static void views_tma_cannot_box_run_in_place(void **state) {
+    (void)state;
+    for (int n = 0; n < 4; n++) {
+        sdpa_case c = case_default(n == 3 ? 2 : 1, 4, n == 2 ? 1 : 2, 72, 152, n == 0 ? 1 : 64, n == 0 ? 1 : 64);
+        c.dtype = n % 2 ? AF_BF16 : AF_F16;
+        c.is_causal = n == 1;
+        case_tensors t;
+        assert_true(case_build(&c, &t));
+        if (n == 0) {
+            spread_rows_8_apart(&t.q);
+            spread_rows_8_apart(&t.k);
+            spread_rows_8_apart(&t.v);
+        }
+        if (n == 3) {   /* batch 1 reads batch 0's keys and values */
+            t.k.view.strides[0] = t.v.view.strides[0] = 0;
+            assert_true(case_rerun_reference(&t));
+        }
+        device_call d;
+        device_call_build(&d, &t);
+        af_tensor *kv[2] = {&d.k.view, &d.v.view};
+        for (int i = 0; i < 2; i++) {
+            if (n == 0) kv[i]->strides[3] = 3;
+            if (n == 1) kv[i]->strides[0] = 7;
+            if (n == 2) kv[i]->strides[1] = 5;
+            if (n == 3) kv[i]->strides[0] = 0;
+        }
+        log_reset();
+        char why[1024] = "";
+        af_tensor *lse = c.with_lse ? &d.lse.view : NULL;
+        const bool ok = call_finished(af_sdpa(&d.args, &d.out.view, lse), "af_sdpa", d.args.stream, &t.out, &d.out,
+                                      c.with_lse ? &t.lse : NULL, &d.lse, why, sizeof why) &&
+                        case_matches_reference(&t, NULL, why, sizeof why);
+        device_call_free(&d);
+        case_free(&t);
+        if (!ok) fail_msg("view %d: %s", n, why);
+        if (warnings != 0) fail_msg("view %d: want no warning, got: %s", n, log_text);
+    }
+}
+
 static void strided_inputs_are_copied_with_a_warning(void **state) {
     sdpa_case c = case_default(1, 2, 2, 24, 40, 64, 64);
     c.dtype = AF_F16;
@@ -743,6 +802,7 @@ int main(void) {
         cmocka_unit_test(chosen_cases_match_the_reference),
         cmocka_unit_test(random_suite_matches_the_reference),
         cmocka_unit_test(strided_inputs_are_copied_with_a_warning),
+        cmocka_unit_test(views_tma_cannot_box_run_in_place),
         cmocka_unit_test(flash_chosen_cases_match_the_reference),
         cmocka_unit_test(flash_random_suite_matches_the_reference),
         cmocka_unit_test(float8_under_a_half_query_runs_on_the_tensor_cores),

@@ -659,6 +659,39 @@ static af_problem hopper_problem(void) {
     return p;
 }
 
+/* af_cuda_wgmma_views_fit: what TMA can box in place. Size-1 dims and a one-column head dim take any stride; a
+ * broadcast (stride 0), a non-contiguous row, a stride off 16 bytes or a misaligned base on a dim that is walked go
+ * to mma.sync; the gathered paged path reads in place and needs no map. */
+static void views_fit(void **state) {
+    (void)state;
+    af_problem p = hopper_problem();
+    p.B = 2, p.Hq = 4, p.Hkv = 2, p.S = 150, p.E = p.Ev = 64;
+    const int64_t contiguous[4] = {2 * 150 * 64, 150 * 64, 64, 1};
+    memcpy(p.k_stride, contiguous, sizeof contiguous);
+    memcpy(p.v_stride, contiguous, sizeof contiguous);
+    assert_true(af_cuda_wgmma_views_fit(&p));
+    p.k_stride[0] = 0;   /* K broadcast over B = 2 */
+    assert_false(af_cuda_wgmma_views_fit(&p));
+    p.B = 1;             /* ... a size-1 dim: never walked */
+    assert_true(af_cuda_wgmma_views_fit(&p));
+    p.k_stride[0] = 7;
+    assert_true(af_cuda_wgmma_views_fit(&p));
+    p.v_stride[1] = 0;   /* V broadcast over Hkv = 2 */
+    assert_false(af_cuda_wgmma_views_fit(&p));
+    p.Hkv = 1, p.Hq = 2;
+    p.v_stride[1] = 5;
+    assert_true(af_cuda_wgmma_views_fit(&p));
+    p.k_stride[3] = 3;   /* rows not contiguous */
+    assert_false(af_cuda_wgmma_views_fit(&p));
+    p.E = 1;             /* ... one column: its stride is never used */
+    assert_true(af_cuda_wgmma_views_fit(&p));
+    p.v_stride[2] = 68;  /* keys 136 bytes apart: not whole 16 bytes */
+    assert_false(af_cuda_wgmma_views_fit(&p));
+    p.v_stride[2] = 64;
+    p.k = fake_tensor + 2;   /* a misaligned base */
+    assert_false(af_cuda_wgmma_views_fit(&p));
+}
+
 /* af_cuda_wgmma_accepts: yes for f16/bf16, E and Ev up to 256, more than 64 packed rows, fixed or varlen K/V and
  * seqused_k, paged K/V of any page size (TMA boxes or the gathered path), on compute capability 9.0 with the shared
  * memory for the variant; no on 8.0, 8.9 or 10.0 (sm_90a code runs on 9.0 only), for head dims past 256, float8
@@ -813,7 +846,7 @@ int main(void) {
     static const struct CMUnitTest fixed[] = {
         cmocka_unit_test(accepts_and_refusals), cmocka_unit_test(workspace_sizes),
         cmocka_unit_test(head_dims),            cmocka_unit_test(head_dim_256),
-        cmocka_unit_test(shared_window_off_pattern),
+        cmocka_unit_test(shared_window_off_pattern), cmocka_unit_test(views_fit),
         cmocka_unit_test(gqa_row_wrapping),
         cmocka_unit_test(causal_alignments),    cmocka_unit_test(masks),
         cmocka_unit_test(kv_ring),              cmocka_unit_test(split_kv),
