@@ -180,7 +180,7 @@ AF_DEVICE void af_wgmma_weights(float s[AF_WG_BC / 2], const af_mma_params *p, i
                                 float correction[2], const int bc, const int bf16) {
     AF_MMA_UNROLL
     for (int i = 0; i < bc / 2; i++)
-        s[i] = p->softcap_on ? p->softcap_log2 * tanhf(s[i] * p->scale_over_cap) : s[i] * p->scale_log2;
+        s[i] = p->softcap_on ? p->softcap_log2 * af_tanh_approx(s[i] * p->scale_over_cap) : s[i] * p->scale_log2;
     AF_MMA_UNROLL
     for (int half = 0; half < bc / AF_MMA_BC; half++) {
         const int64_t key0 = tile * bc + half * AF_MMA_BC;

@@ -52,6 +52,8 @@
  *   unsigned af_atomic_cas(unsigned *address, unsigned compare, unsigned value)    atomicCAS: the old value
  * Numbers
  *   float af_ex2(float x)          ex2.approx.ftz.f32
+ *   float af_tanh_approx(float x)  tanh.approx.f32 (sm_75 on): one MUFU.TANH, maximum relative error 2^-10.987
+ *                                  (PTX ISA); tanhf costs an EX2 and an RCP and more
  *   uint32_t af_pack_f16x2(float lo, float hi), af_pack_bf16x2(float lo, float hi)
  *                                  cvt.rn.{f16x2,bf16x2}.f32: lo in bits 0-15
  *   float af_f16_to_float(uint16_t), af_bf16_to_float(uint16_t)

@@ -135,6 +135,13 @@ AF_DEVICE float af_ex2(float x)
     return y;
 }
 
+AF_DEVICE float af_tanh_approx(float x)
+{
+    float y;
+    asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 /* cvt.rn.f16x2.f32 d, a, b puts a in the upper half: hi goes first. */
 AF_DEVICE uint32_t af_pack_f16x2(float lo, float hi)
 {

@@ -12,6 +12,6 @@ double af_error_bound(af_dtype out_dtype, double ref, const af_error_scale *s) {
      * the unrounded weights, so |dO| = |sum_j P_j·d_j·v_j| / l <= u·value_max·(sum_j P_j / l) = u·value_max. */
     const double p_round = out_dtype == AF_BF16 || out_dtype == AF_F16 ? u_out : 0.0;
     const double internal = 4.0 * poly + p_round + 8.0 * u32 * sqrt((double)s->E) * (1.0 + s->logit_max) +
-                            4.0 * u32 * sqrt((double)s->S) + 64.0 * u32;
+                            4.0 * u32 * sqrt((double)s->S) + 64.0 * u32 + 2.0 * s->logit_error;
     return 2.0 * u_out * fabs(ref) + s->value_max * internal;
 }

@@ -278,6 +278,7 @@ void af_cp_async_wait_2(void);
 
 /* ---- Numbers ---- */
 float af_ex2(float x);
+float af_tanh_approx(float x);
 uint32_t af_pack_f16x2(float lo, float hi);
 uint32_t af_pack_bf16x2(float lo, float hi);
 float af_f16_to_float(uint16_t h);

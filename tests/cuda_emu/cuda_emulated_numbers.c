@@ -1,5 +1,6 @@
-/* The number primitives of src/cuda/device.h as the PTX instructions define them: ex2.approx.ftz.f32 and the
- * round-to-nearest-even conversions between f32 and f16/bf16 (cvt.rn). */
+/* The number primitives of src/cuda/device.h as the PTX instructions define them: ex2.approx.ftz.f32,
+ * tanh.approx.f32 at its documented worst error, and the round-to-nearest-even conversions between f32 and f16/bf16
+ * (cvt.rn). */
 #include <math.h>
 #include <string.h>
 
@@ -26,6 +27,17 @@ float af_ex2(float x)
         x = 0.0f;
     float y = (float)exp2((double)x);
     return (y < 0x1p-126f) ? 0.0f : y;
+}
+
+/* tanh.approx.f32 promises a relative error below 2^-10.987 and no more: every result here is off by that much
+ * (less a hair), up or down as a hash of x's bits says, so a kernel's tolerance is tested against the worst the
+ * hardware may do, not against its typical error. |tanh| stays at most 1; NaN stays NaN, and tanh(+-0) = +-0. */
+float af_tanh_approx(float x)
+{
+    const double worst = exp2(-10.987) * 0.999, t = tanh((double)x);
+    const int up = (int)((float_bits(x) * 0x9e3779b1u) >> 31);
+    const double y = t * (up ? 1.0 + worst : 1.0 - worst);
+    return (float)(y > 1.0 ? 1.0 : y < -1.0 ? -1.0 : y);
 }
 
 uint16_t af_float_to_f16(float x)

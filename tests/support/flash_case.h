@@ -70,6 +70,9 @@ void flash_case_free(flash_tensors *t);
 
 /* af_flash_attn on `isa` and `threads` (out/lse first filled with the sentinel). */
 af_status flash_case_run(flash_tensors *t, const char *isa, int threads);
+/* From now on this process's kernels may compute a softcap's tanh with tanh.approx.f32 (the CUDA Hopper kernel):
+ * flash_case_matches allows each logit its documented error, cap·AF_TANH_APPROX_ERROR. */
+void flash_case_allow_approximate_tanh(void);
 /* out/lse against the reference with af_error_bound (softcap: logits bounded by the cap). */
 bool flash_case_matches(const flash_tensors *t, char *why, size_t size);
 /* Every ISA, 1 and 2 threads (bitwise equal), nothing written outside out/lse, inputs unchanged. */
