@@ -673,7 +673,7 @@ class BackendProcess:
             return {"error": f"no {self.label} process: {self.dead}"}
         if self.proc is None:
             self.start()
-            self.wait_ready(180)
+            self.wait_ready(min(180.0, max(30.0, timeout)))
             if self.dead:
                 return {"error": f"no {self.label} process: {self.dead}"}
         try:
@@ -868,7 +868,8 @@ def before_after_markdown(data):
             if m.get("missing"):
                 print(f"{label}: none ({m['missing']})")
             elif m.get("status") or m.get("library"):
-                print(f"{label}: {m.get('loaded') or m.get('library')}: {m.get('status', '?')}; {m.get('how', '')}")
+                print(f"{label}: {m.get('loaded') or m.get('library')}" + (f": {m['status']}" if m.get("status") else "")
+                      + (f"; {m['how']}" if m.get("how") else ""))
         errors = sorted({f"{c}: {r[c + '_error']}" for r in rows for c in BA_COLUMNS if r.get(c + "_error")} |
                         {f"{c} reference: {r[c + '_reference_error']}" for r in rows for c in ("baseline", "current")
                          if r.get(c + "_reference_error")})

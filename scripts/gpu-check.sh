@@ -579,12 +579,13 @@ phase_before_after() {
         args+=(--current-lib "$cuda_lib" --attnforge-cli "$cli")
     fi
     local current_label="working tree"
-    [ -f "$baseline_dir/CURRENT" ] && current_label=$(head -c 120 "$baseline_dir/CURRENT" | tr '\n' ' ')
+    [ -f "$baseline_dir/CURRENT" ] &&
+        current_label="$(head -c 120 "$baseline_dir/CURRENT" | tr '\n' ' ')(the checkout at --prepare-baseline)"
     git -C "$root" rev-parse HEAD >/dev/null 2>&1 && current_label=$(git -C "$root" log -1 --format='%h %s' | cut -c1-80)
     args+=(--current-name "$current_label")
     if [ -n "$baseline_lib" ] && [ -f "$baseline_lib" ]; then
-        args+=(--baseline-lib "$baseline_lib" --baseline-name "$(cut -c1-80 "$baseline_dir/COMMIT" 2>/dev/null ||
-            echo "$baseline_lib")")
+        args+=(--baseline-lib "$baseline_lib" --baseline-name "$(sed -E 's/^([0-9a-f]{7})[0-9a-f]* /\1 /' \
+            "$baseline_dir/COMMIT" 2>/dev/null | cut -c1-80 || echo "$baseline_lib")")
     else
         args+=(--baseline-missing "${baseline_why:-phase baseline did not run}")
     fi
