@@ -413,6 +413,7 @@ BA_LENGTHS = (8192, 16384, 4096, 2048, 1024, 512)   # the issue's target (8k) fi
 BA_TOKENS, BA_HIDDEN = 16384, 2048                   # FA3's grid: B·L = 16k tokens, H·E = 2048
 BA_COLUMNS = ("baseline", "current", "flash", "cudnn")
 BA_TORCH = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
+DEVICE = "cuda"   # where ba_inputs makes the tensors (the offline test makes them on the CPU)
 BA_FILES = ("before_after.csv", "before_after.json", "before_after.md")
 BA_CSV_FIELDS = ("key", "kind", "B", "Hq", "Hkv", "L", "S", "E", "dtype", "causal", "page_size", "flops", "kv_bytes",
                  "baseline_tflops", "current_tflops", "flash_tflops", "cudnn_tflops", "current_over_baseline",
@@ -499,20 +500,20 @@ def ba_inputs(s):
     and q as (B, 1, Hq, E), k and v being the dense copy of the pages' keys."""
     dtype = getattr(torch, s["dtype"])
     seed = zlib.crc32(shape_key(s).encode())
-    g = torch.Generator(device="cuda")
+    g = torch.Generator(device=DEVICE)
     g.manual_seed(seed)
     B, Hq, Hkv, L, S, E = (s[n] for n in ("B", "Hq", "Hkv", "L", "S", "E"))
-    q = torch.randn(B, Hq, L, E, generator=g, device="cuda", dtype=dtype)
+    q = torch.randn(B, Hq, L, E, generator=g, device=DEVICE, dtype=dtype)
     if not s["page_size"]:
-        k, v = (torch.randn(B, Hkv, S, E, generator=g, device="cuda", dtype=dtype) for _ in range(2))
+        k, v = (torch.randn(B, Hkv, S, E, generator=g, device=DEVICE, dtype=dtype) for _ in range(2))
         return {"q": q, "k": k, "v": v}
     P = s["page_size"]
     per = -(-S // P)
-    kp, vp = (torch.randn(B * per, P, Hkv, E, generator=g, device="cuda", dtype=dtype) for _ in range(2))
+    kp, vp = (torch.randn(B * per, P, Hkv, E, generator=g, device=DEVICE, dtype=dtype) for _ in range(2))
     table = torch.randperm(B * per, generator=torch.Generator().manual_seed(seed)).to(torch.int32).view(B, per)
-    table = table.cuda()
+    table = table.to(DEVICE)
     dense = [p[table.long()].reshape(B, per * P, Hkv, E)[:, :S].transpose(1, 2).contiguous() for p in (kp, vp)]
-    used = torch.full((B,), S, dtype=torch.int32, device="cuda")
+    used = torch.full((B,), S, dtype=torch.int32, device=DEVICE)
     return {"q": q, "k": dense[0], "v": dense[1], "q_nhd": q.transpose(1, 2).contiguous(), "kp": kp, "vp": vp,
             "table": table, "used": used}
 
@@ -544,16 +545,16 @@ def ba_attnforge_output(af, s, t, call_only=False):
                                           enable_gqa=s["Hq"] != s["Hkv"])
 
 
-def reference_errors(q, k, v, out, causal):
+def reference_errors(q, k, v, out, causal, chunk_scores=1 << 27):
     """(max |out − ref|, ‖out − ref‖ / ‖ref‖) against softmax(q·kᵀ/√E)·v in float64 (top-left causal, k/v heads
-    shared by Hq/Hkv query heads), in chunks of query rows over all of one batch's heads (at most 2^27 scores at a
-    time). A NaN anywhere in out gives NaN."""
+    shared by Hq/Hkv query heads), in chunks of query rows over all of one batch's heads (at most chunk_scores scores
+    at a time: 1 GiB). A NaN anywhere in out gives NaN."""
     B, Hq, L, E = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(E)
     worst = torch.zeros((), dtype=torch.float64, device=q.device)
     num, den = worst.clone(), worst.clone()
-    rows = max(1, (1 << 27) // (Hq * S))
+    rows = max(1, chunk_scores // (Hq * S))
     for b in range(B):
         kb, vb = (x[b].double().repeat_interleave(Hq // Hkv, dim=0) for x in (k, v))
         for r0 in range(0, L, rows):

@@ -29,7 +29,7 @@ def run(*args):
 
 
 def test_dry_run_lists_the_grid_and_fits_gpu_checks_budget():
-    got = run("--before-after", "--dry-run", "--budget", "285", "--baseline-missing", "no sources")
+    got = run("--before-after", "--dry-run", "--budget", "205", "--baseline-missing", "no sources")   # 220 - 15
     assert got.returncode == 0, got.stderr
     assert "74 rows" in got.stdout and ": fits" in got.stdout
     assert HEADER in got.stdout
@@ -108,3 +108,46 @@ def test_a_backend_process_that_cannot_start_or_hangs_is_reported_not_waited_for
     reply = slow.ask({"shape": {}}, 1)
     assert "TimeoutError" in reply["error"] and slow.dead                             # no restart left
     assert "no current process" in slow.ask({"shape": {}}, 1)["error"]
+
+
+def test_the_rows_inputs_and_the_float64_reference_on_the_cpu(cc, monkeypatch):
+    """What the GPU run relies on, checked with CPU tensors: every process draws the same inputs for a row, the paged
+    row's dense K/V are its pages in the table's order, and reference_errors measures against softmax(q·kᵀ)·v in
+    float64 with GQA and top-left causal masking, across chunks of rows, NaN included."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(cc, "DEVICE", "cpu")
+    paged = dict(kind="paged decode", dtype="bfloat16", B=3, Hq=4, Hkv=2, L=1, S=40, E=16, causal=False,
+                 page_size=16)
+    t, again = cc.ba_inputs(paged), cc.ba_inputs(paged)
+    assert all(torch.equal(t[n], again[n]) for n in t)
+    assert t["table"].dtype == torch.int32 and t["table"].shape == (3, 3)
+    assert sorted(t["table"].flatten().tolist()) == list(range(9)) and t["used"].tolist() == [40] * 3
+    for b in range(3):
+        for j in (0, 15, 16, 39):
+            page, row = t["table"][b, j // 16].item(), j % 16
+            assert torch.equal(t["k"][b, :, j], t["kp"][page, row]) and torch.equal(t["v"][b, :, j], t["vp"][page, row])
+    assert t["q_nhd"].shape == (3, 1, 4, 16) and torch.equal(t["q_nhd"][:, 0], t["q"][:, :, 0])
+
+    gqa = dict(kind="gqa", dtype="float16", B=2, Hq=4, Hkv=2, L=33, S=33, E=16, causal=True, page_size=0)
+    t = cc.ba_inputs(gqa)
+    assert t["k"].shape == (2, 2, 33, 16) and not torch.equal(cc.ba_inputs(dict(gqa, causal=False))["q"], t["q"])
+    q, k, v = t["q"], t["k"], t["v"]
+    ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True,
+                                                           enable_gqa=True)
+    for chunk in (1 << 27, 4 * 33 * 5):   # one chunk a batch; chunks of 5 rows
+        worst, rel = cc.reference_errors(q, k, v, ref, True, chunk_scores=chunk)
+        assert worst < 1e-12 and rel < 1e-12
+        off = ref.clone()
+        off[1, 3, 32, 5] += 0.5
+        assert cc.reference_errors(q, k, v, off, True, chunk_scores=chunk)[0] == pytest.approx(0.5)
+    full = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), enable_gqa=True)
+    assert cc.reference_errors(q, k, v, full, True)[0] > 1e-3      # the causal mask matters
+    assert cc.reference_errors(q, k, v, full, False)[0] < 1e-12
+    wrong_heads = torch.nn.functional.scaled_dot_product_attention(
+        q.double(), k.double().repeat(1, 2, 1, 1), v.double().repeat(1, 2, 1, 1), is_causal=True)
+    assert cc.reference_errors(q, k, v, wrong_heads, True)[0] > 1e-3   # query head h reads kv head h // 2
+    nan = ref.clone()
+    nan[0, 0, 0, 0] = float("nan")
+    assert math.isnan(cc.reference_errors(q, k, v, nan, True)[0])
+    # the float16 output of a correct kernel sits at float16's rounding from the reference
+    assert cc.reference_errors(q, k, v, ref.half(), True)[0] < 2e-3
