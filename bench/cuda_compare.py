@@ -869,8 +869,8 @@ def before_after_markdown(data):
             if m.get("missing"):
                 print(f"{label}: none ({m['missing']})")
             elif m.get("status") or m.get("library"):
-                print(f"{label}: {m.get('loaded') or m.get('library')}" + (f": {m['status']}" if m.get("status") else "")
-                      + (f"; {m['how']}" if m.get("how") else ""))
+                status = f": {m['status']}" if m.get("status") else ""
+                print(f"{label}: {m.get('loaded') or m.get('library')}{status}" + (f"; {m['how']}" if m.get("how") else ""))
         errors = sorted({f"{c}: {r[c + '_error']}" for r in rows for c in BA_COLUMNS if r.get(c + "_error")} |
                         {f"{c} reference: {r[c + '_reference_error']}" for r in rows for c in ("baseline", "current")
                          if r.get(c + "_reference_error")})

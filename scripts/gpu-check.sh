@@ -22,9 +22,9 @@
 #        cuDNN; CSV/JSON/markdown in $OUT), then the correctness phases; 570 s in all (one device call: 600 s at
 #        most). Where this checkout has no git history (the device machine gets a copy of the working tree without
 #        .git), run `scripts/gpu-check.sh --prepare-baseline` first on a machine that has it (no GPU needed: it
-#        exports the baseline's src/ and include/ to build-baseline/) and carry build-baseline. AF_BASELINE_LIB=PATH: take that
-#        backend as the baseline instead of building one. A baseline that cannot be built is reported and the
-#        comparison runs with the current build alone.
+#        exports the baseline's src/ and include/ to build-baseline/) and carry build-baseline.
+#        AF_BASELINE_LIB=PATH: take that backend as the baseline instead of building one. A baseline that cannot be
+#        built is reported and the comparison runs with the current build alone.
 # Exit status: the number of failed phases (0: all passed or skipped).
 # shellcheck disable=SC2317  # the phase_* functions are called indirectly, by run_phase
 set -u
@@ -583,7 +583,8 @@ phase_before_after() {
     local current_label="working tree"
     [ -f "$baseline_dir/CURRENT" ] &&
         current_label="$(head -c 120 "$baseline_dir/CURRENT" | tr '\n' ' ')(the checkout at --prepare-baseline)"
-    git -C "$root" rev-parse HEAD >/dev/null 2>&1 && current_label=$(git -C "$root" log -1 --format='%h %s' | cut -c1-80)
+    git -C "$root" rev-parse HEAD >/dev/null 2>&1 &&
+        current_label=$(git -C "$root" log -1 --format='%h %s' | cut -c1-80)
     args+=(--current-name "$current_label")
     if [ -n "$baseline_lib" ] && [ -f "$baseline_lib" ]; then
         args+=(--baseline-lib "$baseline_lib" --baseline-name "$(sed -E 's/^([0-9a-f]{7})[0-9a-f]* /\1 /' \
