@@ -16,6 +16,15 @@
 #        GPU_CHECK_PHASES="verify compare" scripts/gpu-check.sh   a subset of: info build verify backward ctest sanitizer
 #        compile pytest compare cpu_isa (the later ones need the build); GPU_CHECK_BUDGET: seconds in all
 #        (default 690, --quick 450)
+#        --before-after: the Hopper kernel before and after (issue 37): the backend of a baseline commit
+#        (AF_BASELINE_COMMIT, default 19c44b2) built for this GPU's architecture alone (sm_90a on an H200) beside the
+#        current build, then bench/cuda_compare.py --before-after (the same shapes on both backends, torch's flash and
+#        cuDNN; CSV/JSON/markdown in $OUT), then the correctness phases; 570 s in all (one device call: 600 s at
+#        most). Where this checkout has no git history (the device machine gets a copy of the working tree without
+#        .git), run `scripts/gpu-check.sh --prepare-baseline` first on a machine that has it (no GPU needed: it
+#        exports the baseline's src/ and include/ to build-baseline/) and carry build-baseline.
+#        AF_BASELINE_LIB=PATH: take that backend as the baseline instead of building one. A baseline that cannot be
+#        built is reported and the comparison runs with the current build alone.
 # Exit status: the number of failed phases (0: all passed or skipped).
 # shellcheck disable=SC2317  # the phase_* functions are called indirectly, by run_phase
 set -u
@@ -24,12 +33,30 @@ cd "$root" || exit 1
 build=${BUILD_DIR:-$root/build-gpu}
 dry=${GPU_CHECK_DRY:-0}
 quick=0
-[ "${1:-}" = --quick ] && quick=1
+before_after=0
+prepare_only=0
+for arg in "$@"; do
+    case $arg in
+        --quick) quick=1 ;;
+        --before-after) before_after=1 ;;
+        --prepare-baseline) prepare_only=1 ;;
+        *) echo "gpu-check: unknown argument $arg (--quick, --before-after, --prepare-baseline)" >&2; exit 2 ;;
+    esac
+done
+# the baseline of --before-after: its sources (exported from git, here or by --prepare-baseline) and its backend
+baseline_commit=${AF_BASELINE_COMMIT:-19c44b2}
+baseline_dir=${AF_BASELINE_DIR:-$root/build-baseline}   # build*/ is ignored by git: name it in the device's carry
+baseline_src=$baseline_dir/src
+baseline_lib=""          # set by baseline_start: the backend that phase baseline waits for
+baseline_pid=""
+baseline_why=""          # why there is no baseline backend, when there is none
 if [ "$quick" = 1 ]; then
     total_budget=${GPU_CHECK_BUDGET:-450}   # seconds: 7.5 minutes
 else
     total_budget=${GPU_CHECK_BUDGET:-690}   # 11.5 minutes: 15 minutes of device time less the machine's start
 fi
+# --before-after: one call of the device tool, whose commands stop at 600 s: 570 s, the table written as it goes
+[ "$before_after" = 1 ] && [ "$quick" = 0 ] && total_budget=${GPU_CHECK_BUDGET:-570}
 if [ -n "${OUT:-}" ]; then
     mkdir -p "$OUT"
     exec > >(tee "$OUT/gpu-check.log") 2>&1
@@ -46,7 +73,20 @@ skipped=()
 # Budgets in seconds, in run order; a phase may use what earlier phases left, minus what later ones reserve.
 phases=(info build verify backward ctest sanitizer compile pytest compare cpu_isa)
 declare -A budget=([info]=10 [build]=140 [verify]=45 [backward]=25 [ctest]=75 [sanitizer]=100 [compile]=0
-                   [pytest]=110 [compare]=145 [cpu_isa]=40)
+                   [pytest]=110 [compare]=145 [cpu_isa]=40 [baseline]=0 [before_after]=0)
+if [ "$before_after" = 1 ]; then
+    # the table first (its rows carry both builds' errors against a float64 reference), then the correctness
+    # phases that exercise the reworked kernel; the baseline compiles beside the current build (phase build starts
+    # it in the background: one nvcc target on a 16-core machine), so phase baseline mostly waits
+    phases=(info build baseline before_after verify sanitizer backward pytest)
+    budget[build]=150
+    budget[baseline]=15
+    budget[before_after]=220
+    budget[verify]=45
+    budget[sanitizer]=50
+    budget[backward]=25
+    budget[pytest]=55
+fi
 if [ "$quick" = 1 ]; then
     budget[verify]=40
     budget[backward]=20
@@ -55,6 +95,7 @@ if [ "$quick" = 1 ]; then
     budget[pytest]=80
     budget[compare]=60
     budget[cpu_isa]=0
+    budget[before_after]=160   # with --before-after: no pytest (below); 435 s of the 450
 fi
 
 elapsed() { echo $(($(date +%s) - start)); }
@@ -141,6 +182,8 @@ configure() {   # configure TESTS(ON|OFF) PYTHON(ON|OFF)
 
 phase_build() {
     mkdir -p "$build"
+    # --before-after: the baseline's one-target nvcc beside this build (phase baseline waits for it)
+    [[ "$only" == *" baseline "* ]] && baseline_start
     # the C tests need cmocka and the extension Python's headers: without them, build what can be built
     local tests python ok=0
     for tests in ON OFF; do
@@ -392,6 +435,167 @@ phase_compare() {
         --json "$build/cuda_compare.json"
 }
 
+# ---- before/after (--before-after): the backend of a baseline commit beside the current one
+
+# The baseline's sources in $baseline_src, exported from git at $baseline_commit; COMMIT says which commit they are,
+# CURRENT which commit (and whether modified) the checkout that exported them was at.
+prepare_baseline() {
+    local full
+    if ! full=$(git -C "$root" rev-parse --verify --quiet "$baseline_commit^{commit}" 2>/dev/null); then
+        baseline_why="no git commit $baseline_commit here (this checkout has no git history?)"
+        return 1
+    fi
+    rm -rf "$baseline_src" && mkdir -p "$baseline_src" || return 1
+    if ! git -C "$root" archive "$full" src include | tar -x -C "$baseline_src"; then
+        baseline_why="git archive $full failed"
+        return 1
+    fi
+    git -C "$root" log -1 --format='%H %s' "$full" >"$baseline_dir/COMMIT"
+    { git -C "$root" log -1 --format='%H %s' HEAD
+      git -C "$root" status --porcelain --untracked-files=no | grep -q . && echo "(with uncommitted changes)"
+    } >"$baseline_dir/CURRENT" 2>/dev/null
+    echo "baseline sources: $(cut -c1-60 "$baseline_dir/COMMIT") -> $baseline_src ($(du -sh "$baseline_src" | cut -f1))"
+}
+
+# Are the sources in $baseline_src those of $baseline_commit? (the COMMIT file's hash starts with it)
+baseline_sources_ready() {
+    [ -f "$baseline_src/src/cuda/backend.cu" ] && [ -f "$baseline_dir/COMMIT" ] &&
+        case $(cut -d' ' -f1 "$baseline_dir/COMMIT") in "$baseline_commit"*) true ;; *) false ;; esac
+}
+
+# The GPU's architecture as nvcc spells it (compute capability 9.0 -> 90a, the Hopper kernel's target); 90a without
+# a GPU (GPU_CHECK_DRY)
+baseline_arch() {
+    local cap
+    cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+    case $cap in
+        '' | *[!0-9]*) echo 90a ;;
+        90) echo 90a ;;
+        *) echo "$cap" ;;
+    esac
+}
+
+# build_baseline SECONDS: the baseline backend alone, one nvcc command with the flags CMake gives attnforge_cuda in a
+# Release build (CMakeLists.txt: -O3 -DNDEBUG, C++17, PIC, hidden visibility, -lineinfo, cudart static), for one
+# architecture (CMake's list is fixed in CMakeLists.txt, CMAKE_CUDA_ARCHITECTURES OFF: no option restricts it, and
+# the baseline's CMakeLists.txt is the old one). Each target is compiled on its own by nvcc, so the sm_90a code is
+# what the full build would give. Writes $baseline_lib, its ptxas report and the seconds it took.
+build_baseline() {
+    local seconds=$1 nvcc arch t0 code
+    nvcc=$(find_nvcc) || true
+    [ -n "$nvcc" ] || { echo "baseline: nvcc not found"; return 1; }
+    arch=$(baseline_arch)
+    t0=$(date +%s)
+    echo "baseline: $nvcc for sm_$arch alone, at most $seconds s"
+    bounded "$seconds" "$nvcc" -O3 -DNDEBUG -std=c++17 -Xcompiler=-fPIC,-fvisibility=hidden -lineinfo -Xptxas=-v \
+        --threads 0 "-gencode=arch=compute_$arch,code=sm_$arch" -I"$baseline_src/include" -I"$baseline_src/src" \
+        -shared -cudart static -o "$baseline_lib.tmp" "$baseline_src/src/cuda/backend.cu" 2>"$baseline_dir/ptxas.log"
+    code=$?
+    if [ "$code" -ne 0 ]; then
+        [ "$code" -eq 124 ] && echo "baseline: nvcc stopped after $seconds s"
+        grep -m10 -E 'error' "$baseline_dir/ptxas.log"
+        rm -f "$baseline_lib.tmp"
+        return 1
+    fi
+    mv -f "$baseline_lib.tmp" "$baseline_lib"
+    echo "$(hostname) $("$nvcc" --version | tail -1)" >"$baseline_lib.stamp"
+    echo "baseline: built in $(($(date +%s) - t0)) s: $baseline_lib ($(du -h "$baseline_lib" | cut -f1))"
+}
+
+# Starts the baseline's build in the background (phase build calls it first; phase baseline waits), or finds why
+# there can be none (recorded in $baseline_why; phase baseline reports it).
+baseline_start() {
+    [ -n "$baseline_lib$baseline_why" ] && return 0   # started already (or refused)
+    if [ -n "${AF_BASELINE_LIB:-}" ]; then
+        baseline_lib=$AF_BASELINE_LIB
+        [ -f "$baseline_lib" ] || baseline_why="AF_BASELINE_LIB=$baseline_lib is not a file"
+        return 0
+    fi
+    mkdir -p "$baseline_dir"
+    if ! baseline_sources_ready && ! prepare_baseline; then
+        baseline_why="no sources of $baseline_commit: $baseline_why; run scripts/gpu-check.sh --prepare-baseline \
+where git has the commit and carry $(basename "$baseline_dir")"
+        return 0
+    fi
+    local arch
+    arch=$(baseline_arch)
+    baseline_lib=$baseline_dir/libattnforge_cuda-$(cut -c1-10 "$baseline_dir/COMMIT")-sm_$arch.so
+    # a backend built on this machine by this nvcc already (a second run on the same machine): kept
+    if [ -f "$baseline_lib" ] && [ "$(cat "$baseline_lib.stamp" 2>/dev/null)" = \
+        "$(hostname) $("$(find_nvcc)" --version 2>/dev/null | tail -1)" ]; then
+        echo "baseline: $baseline_lib was built here already"
+        return 0
+    fi
+    rm -f "$baseline_lib"
+    # until the end of phase baseline: the time of build and baseline, as the allowances reckon it now
+    local seconds
+    seconds=$(allowance baseline)
+    build_baseline "$seconds" >"$baseline_dir/build.log" 2>&1 &
+    baseline_pid=$!
+    echo "baseline: building $(cut -c1-60 "$baseline_dir/COMMIT") in the background (pid $baseline_pid, log" \
+        "$baseline_dir/build.log)"
+}
+
+phase_baseline() {
+    baseline_start
+    if [ -n "$baseline_pid" ]; then
+        local code
+        wait "$baseline_pid"
+        code=$?
+        baseline_pid=""
+        cat "$baseline_dir/build.log"
+        if [ "$code" -ne 0 ]; then
+            baseline_why="the baseline's build failed (exit $code; $baseline_dir/build.log, ptxas.log)"
+        fi
+    fi
+    if [ -z "$baseline_why" ] && [ ! -f "$baseline_lib" ]; then
+        baseline_why="$baseline_lib was not built"
+    fi
+    if [ -n "$baseline_why" ]; then
+        echo "baseline: none: $baseline_why"
+        echo "baseline: the comparison runs with the current build alone"
+        baseline_lib=""
+        return 1
+    fi
+    if command -v nm >/dev/null && ! nm -D "$baseline_lib" 2>/dev/null | grep -q ' T af_cuda_backend$'; then
+        echo "baseline: $baseline_lib exports no af_cuda_backend"
+    fi
+    echo "baseline backend: $baseline_lib"
+    echo "baseline commit: $(cat "$baseline_dir/COMMIT" 2>/dev/null || echo "? (AF_BASELINE_LIB)")"
+    return 0
+}
+
+# bench/cuda_compare.py --before-after: both backends in their own processes (the library is loaded once per
+# process), torch's flash and cuDNN beside them; rows in order of importance, each written to $OUT as it is measured
+phase_before_after() {
+    local py pypath="" outdir=${OUT:-$build}
+    py=$(python_bin)
+    local args=(--before-after --budget "$((allowed - 15))" --out-dir "$outdir")
+    [ "$quick" = 1 ] && args+=(--quick)
+    if ! has_gpu; then
+        [ "$dry" = 1 ] || return 77
+        args+=(--dry-run)   # the shapes and the time estimate, without torch
+    else
+        [ -f "$cuda_lib" ] || { echo "no $cuda_lib"; return 1; }
+        [ -d "$build/pypkg" ] && pypath=$build/pypkg
+        args+=(--current-lib "$cuda_lib" --attnforge-cli "$cli")
+    fi
+    local current_label="working tree"
+    [ -f "$baseline_dir/CURRENT" ] &&
+        current_label="$(head -c 120 "$baseline_dir/CURRENT" | tr '\n' ' ')(the checkout at --prepare-baseline)"
+    git -C "$root" rev-parse HEAD >/dev/null 2>&1 &&
+        current_label=$(git -C "$root" log -1 --format='%h %s' | cut -c1-80)
+    args+=(--current-name "$current_label")
+    if [ -n "$baseline_lib" ] && [ -f "$baseline_lib" ]; then
+        args+=(--baseline-lib "$baseline_lib" --baseline-name "$(sed -E 's/^([0-9a-f]{7})[0-9a-f]* /\1 /' \
+            "$baseline_dir/COMMIT" 2>/dev/null | cut -c1-80 || echo "$baseline_lib")")
+    else
+        args+=(--baseline-missing "${baseline_why:-phase baseline did not run}")
+    fi
+    PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
+        bounded "$allowed" "$py" "$root/bench/cuda_compare.py" "${args[@]}"
+}
+
 phase_cpu_isa() {
     local flags isa code=0 ran=0
     flags=$(grep -m1 '^flags' /proc/cpuinfo)
@@ -418,10 +622,18 @@ phase_cpu_isa() {
     return "$code"
 }
 
+if [ "$prepare_only" = 1 ]; then   # here, where git has the baseline commit: the sources a device run builds
+    mkdir -p "$baseline_dir"
+    prepare_baseline || { echo "gpu-check --prepare-baseline: $baseline_why"; exit 1; }
+    echo "carry $(realpath --relative-to="$root" "$baseline_dir" 2>/dev/null || echo "$baseline_dir") with the device" \
+        "run: scripts/gpu-check.sh --before-after builds it there for the GPU's architecture"
+    exit 0
+fi
 [ "$dry" = 1 ] && echo "gpu-check: DRY RUN (GPU_CHECK_DRY=1): the phases that need a GPU are skipped"
 [ "$dry" = 1 ] && budget[compare]=0
 default_phases="${phases[*]}"
 [ "$quick" = 1 ] && default_phases="${default_phases% cpu_isa}"
+[ "$quick" = 1 ] && [ "$before_after" = 1 ] && default_phases="${default_phases% pytest}"
 only=" ${GPU_CHECK_PHASES:-$default_phases} "   # GPU_CHECK_PHASES="verify compare": a subset (the build must exist)
 for p in "${phases[@]}"; do
     [[ "$only" == *" $p "* ]] || budget[$p]=0
