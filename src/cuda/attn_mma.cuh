@@ -259,12 +259,12 @@ AF_DEVICE void af_mma_qk_slice(float s[][AF_MMA_BC / 8][4], const uint32_t qa[][
     }
 }
 
-/* The key range (causality, the window, keys past S) and the attention mask on one tile of scores (log2 units) of
- * this lane's rows g and g+8 of a row tile (packed rows rt0 + g + 8·half): -inf, or additive terms (the mask in the
- * inputs' dtype). The rows' key limits and mask rows are found here, on the tiles that need them, to keep registers
- * free in the main loop. */
+/* The key range (causality, the window, keys past S) and the attention mask on `keys` scores (a multiple of 8, at
+ * most AF_MMA_BC: a tile, or a part of the Hopper kernel's) in log2 units of this lane's rows g and g+8 of a row tile
+ * (packed rows rt0 + g + 8·half): -inf, or additive terms (the mask in the inputs' dtype). The rows' key limits and
+ * mask rows are found here, on the tiles that need them, to keep registers free in the main loop. */
 AF_DEVICE void af_mma_apply_mask(float s[][4], const af_mma_params *p, int64_t b, int64_t hk, int64_t rt0,
-                                 int64_t key0, const int bf16, const int tensor_mask) {
+                                 int64_t key0, const int bf16, const int tensor_mask, const int keys) {
     const int lane = af_lane(), g = lane >> 2, t = lane & 3;
     const af_sequence seq = af_mma_sequence(p, b), *sq = &seq;   /* read again: fewer registers live in the loop */
     AF_MMA_UNROLL
@@ -276,15 +276,15 @@ AF_DEVICE void af_mma_apply_mask(float s[][4], const af_mma_params *p, int64_t b
         if (live) af_mma_key_range(p, sq, i, &lo, &hi);
         /* the row's key range within the tile, as small ints: 64-bit compares per score cost registers here, where
          * every accumulator is live */
-        const int lo_t = (int)(lo <= key0 ? 0 : lo - key0 < AF_MMA_BC ? lo - key0 : AF_MMA_BC);
-        const int hi_t = (int)(hi <= key0 ? 0 : hi - key0 < AF_MMA_BC ? hi - key0 : AF_MMA_BC);
+        const int lo_t = (int)(lo <= key0 ? 0 : lo - key0 < keys ? lo - key0 : keys);
+        const int hi_t = (int)(hi <= key0 ? 0 : hi - key0 < keys ? hi - key0 : keys);
         const char *mask_row = NULL;   /* at the tile's first key */
         if (tensor_mask && p->mask && live)
             mask_row = p->mask + (p->mask_kind == AF_MMA_MASK_BOOL ? 1 : 2) *
                                      (b * p->mask_stride[0] + h * p->mask_stride[1] + i * p->mask_stride[2] +
                                       key0 * p->mask_stride[3]);
         AF_MMA_UNROLL
-        for (int n = 0; n < AF_MMA_BC / 8; n++) {
+        for (int n = 0; n < keys / 8; n++) {
             AF_MMA_UNROLL
             for (int c = 0; c < 2; c++) {
                 const int key = 8 * n + 2 * t + c;
@@ -602,7 +602,7 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16, 
                         s[i][n][c] = p.softcap_on ? p.softcap_log2 * tanhf(s[i][n][c] * scale_over_cap)
                                                   : s[i][n][c] * scale_log2;
                 if (p.mask || key0 + AF_MMA_BC > hi_min || key0 < lo_max)
-                    af_mma_apply_mask(s[i], &p, b, hk, warp_r0 + 16 * i, key0, bf16, rt == 1);
+                    af_mma_apply_mask(s[i], &p, b, hk, warp_r0 + 16 * i, key0, bf16, rt == 1, AF_MMA_BC);
                 af_mma_softmax(s[i], o[i], m[i], l[i], hd, p.Ev);
             }
             af_mma_pv(o, s, v_tile, hd, p.Ev, rt, bf16);

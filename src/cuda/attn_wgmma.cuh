@@ -185,7 +185,7 @@ AF_DEVICE void af_wgmma_weights(float s[AF_WG_BC / 2], const af_mma_params *p, i
     for (int half = 0; half < bc / AF_MMA_BC; half++) {
         const int64_t key0 = tile * bc + half * AF_MMA_BC;
         if (p->mask || key0 + AF_MMA_BC > hi_min || key0 < lo_max)
-            af_mma_apply_mask((float (*)[4])(s + half * (AF_MMA_BC / 2)), p, b, hk, rt0, key0, bf16, 1);
+            af_mma_apply_mask((float (*)[4])(s + half * (AF_MMA_BC / 2)), p, b, hk, rt0, key0, bf16, 1, AF_MMA_BC);
     }
     af_mma_softmax_weights((float (*)[4])s, m, l, correction, bc);
 }

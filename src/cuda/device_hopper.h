@@ -17,7 +17,8 @@
  *                 Launched with AF_LAUNCH / AF_SET_MAX_SMEM of device.h. Threads form warpgroups of 128
  *                 (AF_THREAD_IDX / 128); the block size is a multiple of 128.
  * Warpgroup MMA (all 128 threads of a warpgroup, converged; A 64x16, B 16xN, D 64xN, f32 accumulators)
- *   af_wgmma_m64n{64,128}k16_{f16,bf16}_{ss,rs}[_btrans](float d[N/2], A, uint64_t desc_b, int scale_d)
+ *   af_wgmma_m64n{64,128}k16_{f16,bf16}_{ss,rs}[_btrans](float d[N/2], A, uint64_t desc_b, int scale_d),
+ *   af_wgmma_m64n{80,176}k16_{f16,bf16}_ss(...)   (K-major B only: S = Q·Kᵀ over 80- or 176-key tiles)
  *                 wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}.{f16,bf16}: D = A·B + (scale_d ? D : 0).
  *                 _ss: A is `uint64_t desc_a`, a shared-memory descriptor (K-major); _rs: A is `const uint32_t
  *                 a[4]`, registers in the fragment layout below. B is K-major (imm-trans-b 0: element (k, n) of B

@@ -55,12 +55,22 @@ AF_DEVICE void af_wgmma_fence_regs_u32(uint32_t *r, int count)
                        "+f"(d[o + 6]), "+f"(d[o + 7])
 #define AF_WG_D32(d) AF_WG_D8(d, 0), AF_WG_D8(d, 8), AF_WG_D8(d, 16), AF_WG_D8(d, 24)
 #define AF_WG_D64(d) AF_WG_D32(d), AF_WG_D8(d, 32), AF_WG_D8(d, 40), AF_WG_D8(d, 48), AF_WG_D8(d, 56)
+#define AF_WG_D40(d) AF_WG_D32(d), AF_WG_D8(d, 32)
+#define AF_WG_D88(d) AF_WG_D64(d), AF_WG_D8(d, 64), AF_WG_D8(d, 72), AF_WG_D8(d, 80)
 #define AF_WG_REGS32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
                      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
 #define AF_WG_REGS64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
                      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "  \
                      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "  \
                      "%56, %57, %58, %59, %60, %61, %62, %63}"
+
+#define AF_WG_REGS40 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+                     "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}"
+#define AF_WG_REGS88 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+                     "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, " \
+                     "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, " \
+                     "%59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, " \
+                     "%78, %79, %80, %81, %82, %83, %84, %85, %86, %87}"
 
 /* One SS variant: A and B by descriptor; TB the imm-trans-b immediate (0 K-major, 1 MN-major B). */
 #define AF_WGMMA_SS(N, T, TB, SUFFIX, REGS, OPS, IA, IB, IS)                                                        \
@@ -88,7 +98,8 @@ AF_DEVICE void af_wgmma_fence_regs_u32(uint32_t *r, int count)
                       : "memory");                                                                                  \
     }
 
-/* Every variant of one type: N = 64 and 128, SS and RS, B K-major and MN-major (_btrans). */
+/* Every variant of one type: N = 64 and 128, SS and RS, B K-major and MN-major (_btrans); N = 80 and 176 SS with
+ * B K-major (S = Q·Kᵀ over the key tiles of head dims 256 and 128). */
 #define AF_WGMMA_TYPE(T)                                                                                            \
     AF_WGMMA_SS(64, T, 0, , AF_WG_REGS32, AF_WG_D32, "32", "33", "34")                                              \
     AF_WGMMA_SS(64, T, 1, _btrans, AF_WG_REGS32, AF_WG_D32, "32", "33", "34")                                       \
@@ -97,7 +108,9 @@ AF_DEVICE void af_wgmma_fence_regs_u32(uint32_t *r, int count)
     AF_WGMMA_RS(64, T, 0, , AF_WG_REGS32, AF_WG_D32, "{%32, %33, %34, %35}", "36", "37")                            \
     AF_WGMMA_RS(64, T, 1, _btrans, AF_WG_REGS32, AF_WG_D32, "{%32, %33, %34, %35}", "36", "37")                     \
     AF_WGMMA_RS(128, T, 0, , AF_WG_REGS64, AF_WG_D64, "{%64, %65, %66, %67}", "68", "69")                           \
-    AF_WGMMA_RS(128, T, 1, _btrans, AF_WG_REGS64, AF_WG_D64, "{%64, %65, %66, %67}", "68", "69")
+    AF_WGMMA_RS(128, T, 1, _btrans, AF_WG_REGS64, AF_WG_D64, "{%64, %65, %66, %67}", "68", "69")                  \
+    AF_WGMMA_SS(80, T, 0, , AF_WG_REGS40, AF_WG_D40, "40", "41", "42")                                              \
+    AF_WGMMA_SS(176, T, 0, , AF_WG_REGS88, AF_WG_D88, "88", "89", "90")
 
 AF_WGMMA_TYPE(f16)
 AF_WGMMA_TYPE(bf16)

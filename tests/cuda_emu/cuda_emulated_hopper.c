@@ -473,7 +473,7 @@ static void complete_mma(hopper_block *b, int w)
     op->id = op_id;
     op->left = WG;
 
-    double am[64][16], bm[128][16];   /* B as bm[n][k] */
+    double am[64][16], bm[256][16];   /* B as bm[n][k] */
     if (rs) {
         /* a[j]: row 16w' + g + 8(j%2), columns 2t + 8(j/2) + {0, 1}, the lower column in the low half */
         for (int i = 0; i < WG; i++) {

@@ -80,7 +80,9 @@ static inline void af_wgmma_fence_regs_u32(uint32_t *r, int count) { (void)r, (v
     AF_EMU_WGMMA_RS(64, T, BF16, 0, )                                                                             \
     AF_EMU_WGMMA_RS(64, T, BF16, 1, _btrans)                                                                      \
     AF_EMU_WGMMA_RS(128, T, BF16, 0, )                                                                            \
-    AF_EMU_WGMMA_RS(128, T, BF16, 1, _btrans)
+    AF_EMU_WGMMA_RS(128, T, BF16, 1, _btrans)                                                                     \
+    AF_EMU_WGMMA_SS(80, T, BF16, 0, )                                                                             \
+    AF_EMU_WGMMA_SS(176, T, BF16, 0, )
 AF_EMU_WGMMA_TYPE(f16, 0)
 AF_EMU_WGMMA_TYPE(bf16, 1)
 

@@ -126,6 +126,13 @@ static size_t mnmajor_offset(int kk, int n, int k, int layout)
 
 static void issue(const mma_params *p, float *d, uint64_t da, const uint32_t *a, uint64_t db, int step)
 {
+    if (p->n == 80 || p->n == 176) {   /* SS, K-major B only */
+        if (p->n == 80 && p->bf16) MMA_CASE(80, bf16, ss, , da);
+        else if (p->n == 80) MMA_CASE(80, f16, ss, , da);
+        else if (p->bf16) MMA_CASE(176, bf16, ss, , da);
+        else MMA_CASE(176, f16, ss, , da);
+        return;
+    }
     int key = (p->n == 128) * 8 + p->bf16 * 4 + p->rs * 2 + p->trans_b;
     switch (key) {
     case 0: MMA_CASE(64, f16, ss, , da); break;
@@ -165,7 +172,7 @@ AF_KERNEL_SM90(mma_kernel, mma_params, p, 128)
     af_syncthreads();
 
     int w = tid / 32, g = (tid % 32) / 4, t = tid % 4;
-    float d[64];
+    float d[88];
     af_wgmma_fence();
     for (int step = 0; step < p.k / 16; step++) {
         uint64_t da, db;
@@ -203,14 +210,14 @@ AF_KERNEL_SM90(mma_kernel, mma_params, p, 128)
 /* Runs one product; returns the largest error relative to the reference's scale. */
 static double run_mma(int n, int k, int bf16, int rs, int trans_b, int layout, int desc_swizzle, int swap)
 {
-    uint16_t *a = malloc(64 * 64 * 2), *b = malloc(128 * 64 * 2);
-    float *d = malloc(64 * 128 * sizeof(float));
+    uint16_t *a = malloc(64 * 64 * 2), *b = malloc(176 * 64 * 2);
+    float *d = malloc(64 * 176 * sizeof(float));
     for (int i = 0; i < 64 * k; i++)
         a[i] = random_half(bf16);
     for (int i = 0; i < n * k; i++)
         b[i] = random_half(bf16);
     mma_params p = {a, b, d, n, k, bf16, rs, trans_b, layout, desc_swizzle, 0, swap};
-    assert_int_equal(AF_LAUNCH(mma_kernel, 1, 1, 1, 128, 8192 + 16384, 0, p), cudaSuccess);
+    assert_int_equal(AF_LAUNCH(mma_kernel, 1, 1, 1, 128, 8192 + 24576, 0, p), cudaSuccess);
     double worst = 0;
     for (int r = 0; r < 64; r++)
         for (int c = 0; c < n; c++) {
@@ -234,7 +241,8 @@ static void test_wgmma_ss_128b(void **state)
 {
     (void)state;
     for (int bf16 = 0; bf16 < 2; bf16++)
-        for (int n = 64; n <= 128; n += 64) {
+        for (int i = 0; i < 4; i++) {   /* N = 80 and 176: the key tiles of head dims 256 and 128 */
+            const int n = (int[]){64, 128, 80, 176}[i];
             assert_true(run_mma(n, 16, bf16, 0, 0, LAYOUT_128B, AF_SWIZZLE_128B, 0) < 1e-6);
             assert_true(run_mma(n, 64, bf16, 0, 0, LAYOUT_128B, AF_SWIZZLE_128B, 0) < 1e-6);   /* 4 chained steps */
         }
