@@ -22,9 +22,11 @@
  *     pages}: a tile is one box inside a page, or bc / page size boxes, one a page, each found through the page
  *     table; boxes of keys past the sequence name page `num_pages`, past the pool, and are zero-filled;
  *   - any other page size (1..7, 48, 96, 100, 200, ...) takes the gathered path (`gather`, attn_wgmma_gather.cuh):
- *     all 128 threads of warpgroup 0 copy the tile with cp.async, a key a thread through the page table, into the
- *     same swizzled stages (keys past the sequence and columns past E / Ev zero-filled), each fencing the async
- *     proxy and arriving on the "full" barrier (then counting 128 arrivals, no transaction bytes); no tensor map;
+ *     all 128 threads of warpgroup 0 copy the tiles with cp.async, eight lanes a key's 128-byte row, each key's
+ *     page looked up once and shuffled, into the same swizzled stages (keys past the sequence and columns past E /
+ *     Ev zero-filled), each thread completing a tile by cp.async.mbarrier.arrive on "full" (128 arrivals, no
+ *     transaction bytes) without waiting, three stages at head dims 64 and 128 (AF_WG_STAGES_OF); the consumers
+ *     fence the async proxy after their wait on "full" (af_wgmma_wait_full); no tensor map;
  *   - causal and window tiles outside the block's keys are never loaded; split-KV, sinks and LSE as attn_mma.cuh.
  * Variants: AF_WGMMA_KERNEL stamps one kernel per (head dim 64/128/256, dtype). */
 #ifndef AF_CUDA_ATTN_WGMMA_CUH
@@ -39,7 +41,10 @@
 #define AF_WG_BC 128                           /* keys per K/V tile, head dims 64 and 128 */
 #define AF_WG_BC_OF(hd) ((hd) > 128 ? 64 : AF_WG_BC)   /* head dim 256: 64-key tiles keep two stages in shared memory */
 #define AF_WG_HD_MAX 256                       /* largest head-dim variant */
-#define AF_WG_STAGES 2                         /* K/V tiles in flight */
+#define AF_WG_STAGES 2                         /* K/V tiles in flight (TMA) */
+/* Stages of the ring: the gathered path's copies, issued by threads and completed without a wait, take one more
+ * where 227 KiB holds it (head dims 64: 112 KiB, 128: 224 KiB; 256 would need 256 KiB). */
+#define AF_WG_STAGES_OF(hd, gather) ((gather) && (hd) <= 128 ? 3 : AF_WG_STAGES)
 #define AF_WG_ATOM 64                          /* 16-bit elements in one 128-byte swizzle row: a column block */
 #define AF_WG_BLOCK_BYTES(rows) ((rows) * 128) /* one column block of `rows` rows */
 #define AF_WG_TURN_BAR 1                       /* named barriers 1 and 2: consumer 0's and consumer 1's turn */
@@ -60,13 +65,13 @@ typedef struct {
 } af_wgmma_params;
 
 /* Shared memory: Q (hd/64 column blocks of 128 rows), then the stages' K and V (hd/64 column blocks of a tile's
- * keys each), then the 2·AF_WG_STAGES + 1 mbarriers and a flag; every tile starts on a window address that is a
- * multiple of 1024 bytes (af_wgmma_tiles_base), which may cost up to AF_WG_ALIGN_SLACK bytes at the front. */
-static inline size_t af_wgmma_smem_bytes(int hd) {
+ * keys each), then the 2·stages + 1 mbarriers and a flag; every tile starts on a window address that is a multiple
+ * of 1024 bytes (af_wgmma_tiles_base), which may cost up to AF_WG_ALIGN_SLACK bytes at the front. */
+static inline size_t af_wgmma_smem_bytes(int hd, int stages) {
     const size_t blocks = (size_t)hd / AF_WG_ATOM;
     return AF_WG_ALIGN_SLACK + blocks * AF_WG_BLOCK_BYTES(AF_WG_ROWS) +
-           2 * AF_WG_STAGES * blocks * AF_WG_BLOCK_BYTES(AF_WG_BC_OF(hd)) +
-           (2 * AF_WG_STAGES + 1) * sizeof(uint64_t) + sizeof(uint64_t);   /* and the tail's, and a flag */
+           2 * (size_t)stages * blocks * AF_WG_BLOCK_BYTES(AF_WG_BC_OF(hd)) +
+           (2 * (size_t)stages + 1) * sizeof(uint64_t) + sizeof(uint64_t);   /* and the tail's, and a flag */
 }
 
 /* The first byte of the dynamic shared memory whose window address is a multiple of AF_WG_PATTERN: TMA and wgmma
@@ -274,16 +279,16 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
     if (bad) t_end = t_begin;   /* no key read; l = NaN below makes its rows (or its partials) NaN */
 
     char *base = af_wgmma_tiles_base();   /* the swizzle patterns count from here */
-    const int blocks = hd / AF_WG_ATOM;
+    const int blocks = hd / AF_WG_ATOM, stages = AF_WG_STAGES_OF(hd, wp->gather);
     char *q_tile = base, *k_stages = q_tile + blocks * AF_WG_BLOCK_BYTES(AF_WG_ROWS);
-    char *v_stages = k_stages + AF_WG_STAGES * blocks * AF_WG_BLOCK_BYTES(bc);
-    uint64_t *full = (uint64_t *)(v_stages + AF_WG_STAGES * blocks * AF_WG_BLOCK_BYTES(bc));
-    uint64_t *empty = full + AF_WG_STAGES, *tail_bar = empty + AF_WG_STAGES;
+    char *v_stages = k_stages + stages * blocks * AF_WG_BLOCK_BYTES(bc);
+    uint64_t *full = (uint64_t *)(v_stages + stages * blocks * AF_WG_BLOCK_BYTES(bc));
+    uint64_t *empty = full + stages, *tail_bar = empty + stages;
     int *bad_page = (int *)(tail_bar + 1);   /* a page entry of this CTA's keys outside the pool */
 
     if (AF_THREAD_IDX == 0) {
         *bad_page = 0;
-        for (int s = 0; s < AF_WG_STAGES; s++) {
+        for (int s = 0; s < stages; s++) {
             /* TMA: the producer's arrive, with the tile's bytes; gathered: each producer thread's, its copies done */
             af_mbarrier_init(&full[s], wp->gather ? AF_WG_GATHER_THREADS : 1);
             af_mbarrier_init(&empty[s], AF_WG_THREADS - 128);   /* every consumer thread, done with the stage */
@@ -340,7 +345,7 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
     float correction[2], s[AF_WG_BC / 2];
     if (t_begin < t_end) {
         if (ping_pong && consumer == 0) af_named_bar_arrive(AF_WG_TURN_BAR, 256);   /* consumer 0's turn first */
-        af_mbarrier_wait_parity(&full[0], 0);
+        af_wgmma_wait_full(&full[0], 0, wp->gather);
         af_wgmma_zero(s, bc);
         af_wgmma_fence();
         if (ping_pong) af_named_bar_sync(AF_WG_TURN_BAR + consumer, 256);
@@ -355,8 +360,8 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
     const int count = (int)(t_end - t_begin);   /* the loop counts in 32 bits: a register pair less at head dim 256 */
     for (int n = 1; n < count; n++) {
         const int64_t tile = t_begin + n;
-        const int stage = n % AF_WG_STAGES, last = (n - 1) % AF_WG_STAGES;
-        af_mbarrier_wait_parity(&full[stage], (uint32_t)((n / AF_WG_STAGES) & 1));
+        const int stage = n % stages, last = (n - 1) % stages;
+        af_wgmma_wait_full(&full[stage], (uint32_t)((n / stages) & 1), wp->gather);
         af_wgmma_zero(s, bc);
         af_wgmma_fence_regs_u32(&pa[0][0], bc / 4);
         af_wgmma_fence_regs(o, hd / 2);
@@ -375,7 +380,7 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
         af_wgmma_pack_p(pa, s, bc, bf16);
     }
     if (count > 0) {   /* the last tile's P·V */
-        const int last = (count - 1) % AF_WG_STAGES;
+        const int last = (count - 1) % stages;
         af_wgmma_fence_regs_u32(&pa[0][0], bc / 4);
         af_wgmma_fence_regs(o, hd / 2);
         af_wgmma_fence();

@@ -85,13 +85,13 @@ int af_cuda_wgmma_accepts(const af_problem *p, const af_cuda_device *dev) {
            p->Ev <= AF_WG_HD_MAX &&
            (p->page_table ? p->num_pages >= 1 : (p->cu_seqlens_k ? p->total_k : p->S) >= 1) &&   /* maps: not empty */
            p->group * p->L > AF_MMA_BLOCK_ROWS(1) && af_cuda_mma_fits_int32(p) &&
-           af_wgmma_smem_bytes(hd) <= af_mma_smem_optin(dev);
+           af_wgmma_smem_bytes(hd, AF_WG_STAGES_OF(hd, af_wgmma_gathered(p))) <= af_mma_smem_optin(dev);
 }
 
 static cudaError_t af_wgmma_make_plan(const af_problem *p, const af_cuda_device *dev, af_wgmma_plan *plan) {
     plan->hd = af_mma_head_dim(p);
     plan->bc = AF_WG_BC_OF(plan->hd);
-    plan->smem = af_wgmma_smem_bytes(plan->hd);
+    plan->smem = af_wgmma_smem_bytes(plan->hd, AF_WG_STAGES_OF(plan->hd, af_wgmma_gathered(p)));
     const cudaError_t e = af_wgmma_ctas_per_sm(dev, plan->hd, p->dtype == AF_BF16, plan->smem, &plan->ctas_per_sm);
     if (e != cudaSuccess) return e;
     plan->row_blocks = (p->group * p->L + AF_WG_ROWS - 1) / AF_WG_ROWS;

@@ -33,6 +33,8 @@
  *   float af_shfl_xor(float v, int lane_mask)                         __shfl_xor_sync(0xffffffff, v, lane_mask)
  *   int af_warp_broadcast(int v)                                      __shfl_sync(0xffffffff, v, 0): lane 0's v, which
  *                                  the compiler then knows is warp-uniform (kept in a uniform register)
+ *   int af_shfl_int(int v, int src_lane)                              __shfl_sync(0xffffffff, v, src_lane): lane
+ *                                  src_lane's v (0..31; each lane may name another)
  *   void af_mma_16816_f16(float d[4], const uint32_t a[4], const uint32_t b[2])    d += a·b,
  *   void af_mma_16816_bf16(float d[4], const uint32_t a[4], const uint32_t b[2])   mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32
  *   void af_ldmatrix_x4(uint32_t r[4], const void *smem_row)          ldmatrix.sync.aligned.m8n8.x4.shared.b16

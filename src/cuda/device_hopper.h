@@ -57,6 +57,12 @@
  *   void af_mbarrier_arrive_expect_tx(uint64_t *bar, uint32_t bytes)
  *                                                          mbarrier.arrive.expect_tx.shared::cta.b64: the phase
  *                                                          also waits for `bytes` transaction bytes
+ *   void af_cp_async_mbarrier_arrive_noinc(uint64_t *bar)  cp.async.mbarrier.arrive.noinc.shared::cta.b64: no wait;
+ *                                                          an arrival on `bar` once every cp.async this thread
+ *                                                          issued before it has completed (.noinc: it is one of the
+ *                                                          `count` arrivals init announced). Those writes are the
+ *                                                          generic proxy's: a thread that waited on the phase runs
+ *                                                          af_fence_proxy_async before its wgmma reads them
  *   int af_mbarrier_try_wait_parity(uint64_t *bar, uint32_t parity)
  *                                                          mbarrier.try_wait.parity.shared::cta.b64: 1 once the
  *                                                          phase of that parity has completed (may give 0 first)
@@ -92,8 +98,10 @@
  *                 follows window addresses, not offsets from af_shared_memory()
  * Proxies and registers
  *   void af_fence_proxy_async(void)      fence.proxy.async.shared::cta: shared memory written by ordinary stores
- *                                        (or cp.async) is seen by wgmma and TMA only after this fence in the
- *                                        writing thread (and then a barrier)
+ *                                        (or cp.async) is seen by wgmma and TMA only after this fence on the path
+ *                                        from the write to the read: in the writing thread (then a barrier), or,
+ *                                        for cp.async completed by an mbarrier arrive, in the reading thread after
+ *                                        its wait on that barrier
  *   AF_SETMAXNREG_INC(n), AF_SETMAXNREG_DEC(n)
  *                                        setmaxnreg.{inc,dec}.sync.aligned.u32 n (a literal 24..256, multiple
  *                                        of 8): the warpgroup's per-thread register budget

@@ -135,6 +135,12 @@ AF_DEVICE void af_mbarrier_arrive_expect_tx(uint64_t *bar, uint32_t bytes)
                   : "memory");
 }
 
+/* .noinc: the barrier's count already holds this arrival (the copying threads of the gathered producer). */
+AF_DEVICE void af_cp_async_mbarrier_arrive_noinc(uint64_t *bar)
+{
+    AF_HOPPER_ASM("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(af_shared_address(bar)) : "memory");
+}
+
 AF_DEVICE int af_mbarrier_try_wait_parity(uint64_t *bar, uint32_t parity)
 {
     uint32_t done = 1;

@@ -63,6 +63,7 @@ AF_DEVICE uint32_t af_shared_address(const void *p) { return (uint32_t)__cvta_ge
 /* Warp */
 AF_DEVICE float af_shfl_xor(float v, int lane_mask) { return __shfl_xor_sync(0xffffffffu, v, lane_mask); }
 AF_DEVICE int af_warp_broadcast(int v) { return __shfl_sync(0xffffffffu, v, 0); }
+AF_DEVICE int af_shfl_int(int v, int src_lane) { return __shfl_sync(0xffffffffu, v, src_lane); }
 
 AF_DEVICE void af_mma_16816_f16(float d[4], const uint32_t a[4], const uint32_t b[2])
 {

@@ -42,6 +42,7 @@ typedef enum {
     COLLECTIVE_NONE,
     COLLECTIVE_SHFL_XOR,
     COLLECTIVE_BROADCAST,
+    COLLECTIVE_SHFL_INT,
     COLLECTIVE_MMA_F16,
     COLLECTIVE_MMA_BF16,
     COLLECTIVE_LDMATRIX_X4,
@@ -50,7 +51,8 @@ typedef enum {
     COLLECTIVE_LDMATRIX_X2_TRANS
 } collective_kind;
 
-static const char *const collective_names[] = {"none", "af_shfl_xor", "af_warp_broadcast", "af_mma_16816_f16",
+static const char *const collective_names[] = {"none", "af_shfl_xor", "af_warp_broadcast", "af_shfl_int",
+                                               "af_mma_16816_f16",
                                                "af_mma_16816_bf16",
                                                "af_ldmatrix_x4", "af_ldmatrix_x4_trans", "af_ldmatrix_x2",
                                                "af_ldmatrix_x2_trans"};
@@ -71,6 +73,7 @@ typedef struct {
     /* A collective's operands, read by the lane that completes it. */
     float shfl_value, shfl_result;
     int shfl_mask;
+    int shfl_int_value, shfl_int_src, shfl_int_result;
     float *mma_d;
     const uint32_t *mma_a, *mma_b;
     uint32_t *ldm_r;
@@ -332,6 +335,25 @@ int af_warp_broadcast(int v)
     return (int)self->shfl_result;
 }
 
+/* __shfl_sync(full, v, src_lane): any int, exactly (no float slot); a source outside 0..31 is refused (the contract's
+ * callers name a lane; CUDA would take it modulo the width). */
+int af_shfl_int(int v, int src_lane)
+{
+    block_run *b = require_block("af_shfl_int");
+    fiber *self = b->current;
+    if (src_lane < 0 || src_lane > 31)
+        report("af_shfl_int: thread %d names source lane %d, outside 0..31", self->view.thread_idx, src_lane);
+    self->shfl_int_value = v;
+    self->shfl_int_src = src_lane;
+    arrive(b, self, COLLECTIVE_SHFL_INT);
+    return self->shfl_int_result;
+}
+
+static void complete_shfl_int(fiber *lanes)
+{
+    for (int l = 0; l < 32; l++) lanes[l].shfl_int_result = lanes[lanes[l].shfl_int_src].shfl_int_value;
+}
+
 static void complete_broadcast(fiber *lanes)
 {
     for (int l = 0; l < 32; l++) lanes[l].shfl_result = lanes[0].shfl_value;
@@ -486,6 +508,7 @@ static void complete_collective(block_run *b, int warp, collective_kind kind)
     switch (kind) {
     case COLLECTIVE_SHFL_XOR: complete_shfl(lanes); break;
     case COLLECTIVE_BROADCAST: complete_broadcast(lanes); break;
+    case COLLECTIVE_SHFL_INT: complete_shfl_int(lanes); break;
     case COLLECTIVE_MMA_F16: complete_mma(lanes, 0); break;
     case COLLECTIVE_MMA_BF16: complete_mma(lanes, 1); break;
     case COLLECTIVE_LDMATRIX_X4: complete_ldmatrix(b, warp, lanes, 4, 0, kind); break;
@@ -881,6 +904,39 @@ void af_emu_yield(void)
 }
 
 size_t af_emu_shared_memory_bytes(void) { return require_block("af_emu_shared_memory_bytes")->smem_bytes; }
+
+/* cp.async.mbarrier.arrive: the running thread's copies issued so far (committed or not) leave its queue, still in
+ * flight, as an opaque batch the Hopper emulation lands later (af_emu_cp_async_land, which frees it). */
+void *af_emu_cp_async_detach(int *count)
+{
+    block_run *b = require_block("af_emu_cp_async_detach");
+    fiber *self = b->current;
+    *count = self->copy_count;
+    pending_copy *batch = NULL;
+    if (self->copy_count) {
+        batch = (pending_copy *)malloc((size_t)self->copy_count * sizeof *batch);
+        if (!batch)
+            report("out of memory for thread %d's cp.async batch", self->view.thread_idx);
+        memcpy(batch, self->copies, (size_t)self->copy_count * sizeof *batch);
+    }
+    self->copy_count = 0;
+    return batch;
+}
+
+size_t af_emu_cp_async_batch_offset(const void *batch, int i)
+{
+    block_run *b = require_block("af_emu_cp_async_batch_offset");
+    return (size_t)(((const pending_copy *)batch)[i].dst - b->smem);
+}
+
+/* The batch's copies complete (shared memory written, the race checks of a wait_group) as thread `thread`'s. */
+void af_emu_cp_async_land(int thread, void *batch, int count)
+{
+    block_run *b = require_block("af_emu_cp_async_land");
+    const pending_copy *c = (const pending_copy *)batch;
+    for (int i = 0; i < count; i++) complete_copy(b, &b->fibers[thread], &c[i]);
+    free(batch);
+}
 
 int af_emu_cp_async_in_flight(size_t offset)
 {

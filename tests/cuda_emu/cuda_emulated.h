@@ -262,6 +262,7 @@ void af_syncthreads(void);
 /* ---- Warp collectives (all 32 lanes, same collective) ---- */
 float af_shfl_xor(float v, int lane_mask);
 int af_warp_broadcast(int v);
+int af_shfl_int(int v, int src_lane);
 void af_mma_16816_f16(float d[4], const uint32_t a[4], const uint32_t b[2]);
 void af_mma_16816_bf16(float d[4], const uint32_t a[4], const uint32_t b[2]);
 void af_ldmatrix_x4(uint32_t r[4], const void *smem_row);
@@ -303,6 +304,12 @@ void af_emu_wake(int thread);
 void af_emu_yield(void);
 size_t af_emu_shared_memory_bytes(void);
 int af_emu_cp_async_in_flight(size_t offset);
+/* cp.async.mbarrier.arrive's copies: the running thread's in-flight copies taken out of its queue (count of them;
+ * its later wait_group no longer covers them), then completed as thread `thread`'s, 16-byte destinations with the
+ * race checks of a wait_group */
+void *af_emu_cp_async_detach(int *count);
+size_t af_emu_cp_async_batch_offset(const void *batch, int i);   /* copy i's destination, a shared offset */
+void af_emu_cp_async_land(int thread, void *batch, int count);
 
 #ifdef __cplusplus
 }

@@ -10,7 +10,9 @@
  *
  * The async proxy's view of shared memory is a shadow copy: TMA writes both, fence.proxy.async copies shared memory
  * into it; a wgmma reading, or a TMA overwriting, a 16-byte chunk where the two differ met ordinary stores with no
- * proxy fence since. */
+ * proxy fence since. cp.async completed by cp.async.mbarrier.arrive is held per barrier and lands when a thread
+ * waits on that barrier; its chunks must then be fenced by every thread of the reading warpgroup after a wait that
+ * saw them land (the PTX memory model's rule, see check_landed). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,6 +48,8 @@ typedef struct {
     int waiting_bar;     /* the mbarrier waited on, -1 none */
     int waiting_named;   /* the named barrier waited on, 0 none */
     unsigned wait_parity;
+    long long acquired;  /* the latest cp.async landing (see hopper_block.landings) its mbarrier waits saw complete */
+    long long fenced;    /* `acquired` at its last af_fence_proxy_async */
 } thread_state;
 
 typedef enum { WG_NONE, WG_MMA, WG_SETMAXNREG_INC, WG_SETMAXNREG_DEC } wg_kind;
@@ -62,7 +66,15 @@ typedef struct {
     int count, pending;
     long long tx;
     unsigned long long phase;   /* phases completed */
+    long long landed;           /* the latest cp.async landing counted in the current phase */
+    long long landed_by[2];     /* ... in the last completed phase of each parity */
 } mbarrier_state;
+
+/* A cp.async.mbarrier.arrive not yet triggered: its thread's copies before it, then one arrival on `bar`. */
+typedef struct {
+    int bar, thread, count;
+    void *batch;   /* af_emu_cp_async_detach's */
+} cp_arrival;
 
 typedef struct {
     int bar;
@@ -100,6 +112,10 @@ typedef struct {
     int copy_count, copy_capacity;
     mma_op *ops;
     long long op_count, op_capacity;
+    cp_arrival *arrivals;
+    int arrival_count, arrival_capacity;
+    long long landings;           /* cp.async.mbarrier.arrive batches landed so far */
+    long long *chunk_landed;      /* the landing that last wrote each chunk (0: none, or TMA wrote it since) */
 } hopper_block;
 
 static __thread hopper_block *hb;
@@ -164,7 +180,8 @@ void af_emu_hopper_begin(void)
         b->chunk_tma = (int *)calloc(b->smem_bytes / 16 + 1, sizeof(int));
         b->chunk_readers = (int *)calloc(b->smem_bytes / 16 + 1, sizeof(int));
         b->chunk_seen = (long long *)calloc(b->smem_bytes / 16 + 1, sizeof(long long));
-        if (!b->t || !b->wg || !b->shadow || !b->chunk_tma || !b->chunk_readers || !b->chunk_seen)
+        b->chunk_landed = (long long *)calloc(b->smem_bytes / 16 + 1, sizeof(long long));
+        if (!b->t || !b->wg || !b->shadow || !b->chunk_tma || !b->chunk_readers || !b->chunk_seen || !b->chunk_landed)
             report("out of memory");
         memcpy(b->shadow, b->smem, b->smem_bytes);   /* the fill the block started with: no ordinary store yet */
         for (int i = 0; i < b->threads; i++) {
@@ -184,6 +201,10 @@ static void free_block(hopper_block *b)
         free(b->copies[i].data);
     for (long long i = 0; i < b->op_count; i++)
         free(b->ops[i].chunks);
+    for (int i = 0; i < b->arrival_count; i++)
+        free(b->arrivals[i].batch);
+    free(b->arrivals);
+    free(b->chunk_landed);
     free(b->ops);
     free(b->copies);
     free(b->bars);
@@ -220,6 +241,9 @@ void af_emu_hopper_end(void)
         if (b->copy_count)
             report("the block ends with %d TMA copies in flight (no thread waited on their mbarrier)",
                    b->copy_count);
+        if (b->arrival_count)
+            report("the block ends with %d cp.async.mbarrier.arrive arrivals never triggered (no thread waited on "
+                   "their mbarrier)", b->arrival_count);
         free_block(b);
         hb = NULL;
     }
@@ -287,6 +311,35 @@ static size_t smem_offset(hopper_block *b, const void *p, size_t bytes, size_t a
     return off;
 }
 
+/* The least `fenced` of the running thread's warpgroup (the one whose wgmma reads), and which thread has it. */
+static long long warpgroup_fenced(hopper_block *b, int *thread)
+{
+    int first = af_emu_self->thread_idx / WG * WG;
+    *thread = first;
+    for (int k = first; k < first + WG && k < b->threads; k++)
+        if (b->t[k].fenced < b->t[*thread].fenced)
+            *thread = k;
+    return b->t[*thread].fenced;
+}
+
+/* cp.async writes through the generic proxy; wgmma reads through the async proxy. The PTX ISA's memory model
+ * (section "Memory Consistency Model", proxy-preserved base causality order) orders such a write before such a
+ * read only with a fence.proxy.async on the causality path from the write to the read. With completion by
+ * cp.async.mbarrier.arrive the writing thread never learns when its copies complete, so no fence of its own is on
+ * that path (one issued before completion orders nothing); the path is write -> arrive-on -> the reader's mbarrier
+ * wait -> the reader's fence -> its wgmma. Modelled exactly so for the reader: every thread of the reading
+ * warpgroup must have fenced after a wait that saw the chunk's landing complete (a fence in another thread that
+ * then hands over by a barrier is also on a path, but is not recognised: stricter, never looser). FlashAttention-3
+ * (hopper/paged_kv.h with pipeline producer_commit(cpasync_barrier_arrive) in mainloop_fwd_sm90_tma_gmma_ws.hpp)
+ * issues no proxy fence on this path at all. */
+static void check_landed(hopper_block *b, size_t chunk, const char *what, long long fenced, int thread)
+{
+    if (b->chunk_landed[chunk] > fenced)
+        report("async proxy: %s reads shared bytes [%zu, %zu) that cp.async wrote (landed by cp.async.mbarrier.arrive)"
+               " and thread %d of the reading warpgroup ran no af_fence_proxy_async after an mbarrier wait that saw "
+               "them land (fence after the wait, before the wgmma)", what, chunk * 16, chunk * 16 + 16, thread);
+}
+
 /* The async proxy reads chunk c: it must hold what the async proxy last saw or a fence published. */
 static void check_async_read(hopper_block *b, size_t chunk, const char *what)
 {
@@ -313,6 +366,8 @@ void af_fence_proxy_async(void)
 {
     hopper_block *b = block("af_fence_proxy_async");
     memcpy(b->shadow, b->smem, b->smem_bytes);
+    thread_state *t = self_state(b);
+    t->fenced = t->acquired;
 }
 
 /* ---- Descriptors ---- */
@@ -363,6 +418,8 @@ static void read_operand(hopper_block *b, uint64_t desc, int rows, int mn_major,
     if ((desc >> 49) & 7)
         report("%s: descriptor 0x%016llx has a matrix base offset, which the emulation does not model", what,
                (unsigned long long)desc);
+    int fenced_thread;
+    const long long fenced = warpgroup_fenced(b, &fenced_thread);
     for (int r = 0; r < rows; r++)
         for (int k = 0; k < 16; k++) {
             size_t addr = operand_address(desc, r, k, mn_major), a = addr - b->window;
@@ -370,6 +427,7 @@ static void read_operand(hopper_block *b, uint64_t desc, int rows, int mn_major,
                 report("%s: descriptor 0x%016llx puts element (%d, %d) at shared offset %zu, outside the block's %zu "
                        "bytes", what, (unsigned long long)desc, r, k, a, b->smem_bytes);
             size_t chunk = a / 16;
+            check_landed(b, chunk, what, fenced, fenced_thread);
             check_async_read(b, chunk, what);
             if (b->chunk_seen[chunk] != op->id + 1) {   /* each chunk counted once per operation */
                 b->chunk_seen[chunk] = op->id + 1;
@@ -630,10 +688,14 @@ void af_mbarrier_init(uint64_t *bar, int count)
     for (int k = 0; k < b->copy_count; k++)
         if (b->copies[k].bar == i)
             report("af_mbarrier_init: a TMA copy in flight completes on the mbarrier being initialised");
+    for (int k = 0; k < b->arrival_count; k++)
+        if (b->arrivals[k].bar == i)
+            report("af_mbarrier_init: a cp.async.mbarrier.arrive in flight arrives on the mbarrier being initialised");
     mbarrier_state *m = &b->bars[i];
     m->count = m->pending = count;
     m->tx = 0;
     m->phase = 0;
+    m->landed = m->landed_by[0] = m->landed_by[1] = 0;
 }
 
 void af_fence_mbarrier_init(void) { (void)block("af_fence_mbarrier_init"); }
@@ -645,6 +707,8 @@ static int try_complete(hopper_block *b, int i)
     mbarrier_state *m = &b->bars[i];
     if (m->pending != 0 || m->tx != 0)
         return 0;
+    m->landed_by[m->phase & 1] = m->landed;   /* the completing phase's parity */
+    m->landed = 0;
     m->phase++;
     m->pending = m->count;
     int woken = 0;
@@ -703,6 +767,7 @@ static void deliver(hopper_block *b, int k)
             report("async proxy: thread %d's TMA copy overwrites shared bytes [%zu, %zu) written by ordinary stores "
                    "with no af_fence_proxy_async since", c.thread, ch * 16, ch * 16 + 16);
         b->chunk_tma[ch]--;
+        b->chunk_landed[ch] = 0;
     }
     memcpy(b->smem + c.dst, c.data, c.bytes);
     memcpy(b->shadow + c.dst, c.data, c.bytes);
@@ -713,6 +778,63 @@ static void deliver(hopper_block *b, int k)
         report("mbarrier at shared offset %zu: a TMA copy of %zu bytes leaves its transaction count %lld below zero "
                "with every arrival in (expect_tx too small?)", m->offset, c.bytes, -m->tx);
     try_complete(b, c.bar);
+}
+
+/* A cp.async.mbarrier.arrive triggers: its copies complete (shared memory written, not the async proxy's view; the
+ * chunks remember this landing), then its arrival counts on the barrier's current phase. */
+static void land(hopper_block *b, int k)
+{
+    cp_arrival a = b->arrivals[k];
+    b->arrivals[k] = b->arrivals[--b->arrival_count];
+    long long seq = ++b->landings;
+    for (int c = 0; c < a.count; c++) {
+        size_t ch = af_emu_cp_async_batch_offset(a.batch, c) / 16;
+        if (b->chunk_readers[ch])
+            report("race: thread %d's cp.async overwrites shared bytes [%zu, %zu) that a wgmma in flight reads "
+                   "(release a stage only after the wgmma wait_group)", a.thread, ch * 16, ch * 16 + 16);
+        b->chunk_landed[ch] = seq;
+    }
+    af_emu_cp_async_land(a.thread, a.batch, a.count);
+    b->bars[a.bar].landed = seq;
+    arrive(b, a.bar, "cp.async.mbarrier.arrive");
+}
+
+/* Every held arrival on barrier i triggers (an arrival may wake threads, which may hold new ones: scan anew). */
+static void land_all(hopper_block *b, int i)
+{
+    for (int k = 0; k < b->arrival_count;)
+        if (b->arrivals[k].bar == i) {
+            land(b, k);
+            k = 0;
+        } else
+            k++;
+}
+
+/* .noinc: the arrival is one of the barrier's count (no pending arrival added at issue). It triggers once the
+ * thread's earlier cp.async copies complete: the emulation holds it, with those copies in flight (a wgmma reading
+ * them before is a race), until a thread waits on the barrier (at once if one already does). */
+void af_cp_async_mbarrier_arrive_noinc(uint64_t *bar)
+{
+    hopper_block *b = block("af_cp_async_mbarrier_arrive_noinc");
+    int i = find_bar(b, bar, "af_cp_async_mbarrier_arrive_noinc", 1);
+    cp_arrival a = {i, af_emu_self->thread_idx, 0, NULL};
+    a.batch = af_emu_cp_async_detach(&a.count);
+    for (int c = 0; c < a.count; c++) {
+        size_t ch = af_emu_cp_async_batch_offset(a.batch, c) / 16;
+        if (b->chunk_readers[ch])   /* the copies may land at once: their issue is the hazard */
+            report("race: thread %d's cp.async into shared bytes [%zu, %zu) that a wgmma in flight reads (release a "
+                   "stage only after the wgmma wait_group)", a.thread, ch * 16, ch * 16 + 16);
+    }
+    if (b->arrival_count == b->arrival_capacity) {
+        b->arrival_capacity = b->arrival_capacity ? 2 * b->arrival_capacity : 64;
+        b->arrivals = (cp_arrival *)grow(b->arrivals, (size_t)b->arrival_capacity, sizeof *b->arrivals);
+    }
+    b->arrivals[b->arrival_count++] = a;
+    for (int k = 0; k < b->threads; k++)   /* threads already wait on its barrier: it triggers now */
+        if (b->t[k].waiting_bar == i) {
+            land_all(b, i);
+            break;
+        }
 }
 
 /* try_wait may suspend until the phase completes (the PTX ISA leaves the time limit to the system): the emulation
@@ -726,11 +848,14 @@ int af_mbarrier_try_wait_parity(uint64_t *bar, uint32_t parity)
     for (int k = b->copy_count - 1; k >= 0; k--)
         if (b->copies[k].bar == i)
             deliver(b, k);
+    land_all(b, i);
     while ((b->bars[i].phase & 1) == (parity & 1)) {   /* the phase of that parity is the current one */
         t->waiting_bar = i;
         t->wait_parity = parity & 1;
         park(b, t);
     }
+    if (b->bars[i].landed_by[parity & 1] > t->acquired)   /* the wait saw those copies land */
+        t->acquired = b->bars[i].landed_by[parity & 1];
     return 1;
 }
 

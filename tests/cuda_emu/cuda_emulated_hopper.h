@@ -91,6 +91,7 @@ void af_mbarrier_init(uint64_t *bar, int count);
 void af_fence_mbarrier_init(void);
 void af_mbarrier_arrive(uint64_t *bar);
 void af_mbarrier_arrive_expect_tx(uint64_t *bar, uint32_t bytes);
+void af_cp_async_mbarrier_arrive_noinc(uint64_t *bar);
 int af_mbarrier_try_wait_parity(uint64_t *bar, uint32_t parity);
 static inline void af_mbarrier_wait_parity(uint64_t *bar, uint32_t parity)
 {

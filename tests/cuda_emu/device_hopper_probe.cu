@@ -7,6 +7,7 @@
 typedef struct {
     CUtensorMap map2, map3, map4;   /* 2-d, 3-d and 4-d bf16 tensors, 64-element (128-byte) rows */
     float *out;
+    const uint16_t *src;            /* 16 bytes of it for the cp.async completing on an mbarrier */
 } af_hopper_probe_params;
 
 #define AF_PROBE_TILE (64 * 64 * 2)   /* one 64x64 16-bit box, 8 KiB */
@@ -14,11 +15,12 @@ typedef struct {
 AF_KERNEL_SM90(af_hopper_probe, af_hopper_probe_params, p, 384)
 {
     char *smem = af_shared_memory();
-    uint64_t *full = (uint64_t *)(smem + 4 * AF_PROBE_TILE), *empty = full + 1;
+    uint64_t *full = (uint64_t *)(smem + 4 * AF_PROBE_TILE), *empty = full + 1, *gathered = full + 2;
     int wg = AF_THREAD_IDX / 128;
     if (AF_THREAD_IDX == 0) {
         af_mbarrier_init(full, 1);
         af_mbarrier_init(empty, 256);
+        af_mbarrier_init(gathered, 1);   /* thread 32's cp.async.mbarrier.arrive.noinc */
         af_fence_mbarrier_init();
     }
     af_syncthreads();
@@ -30,6 +32,12 @@ AF_KERNEL_SM90(af_hopper_probe, af_hopper_probe_params, p, 384)
             af_tma_load_3d(smem + AF_PROBE_TILE, &p.map3, full, 0, 0, AF_BLOCK_IDX_X);
             af_tma_load_4d(smem + 2 * AF_PROBE_TILE, &p.map4, full, 0, 0, AF_BLOCK_IDX_X, 0);
             af_mbarrier_wait_parity(empty, 0);
+        }
+        if (AF_THREAD_IDX == 32) {   /* a cp.async completing on an mbarrier (ARRIVES.LDGSTSBAR), not waited for */
+            af_cp_async_16(full + 4, p.src, 16);
+            af_cp_async_mbarrier_arrive_noinc(gathered);
+            af_mbarrier_wait_parity(gathered, 0);
+            af_fence_proxy_async();
         }
         return;
     }
@@ -111,6 +119,7 @@ extern "C" cudaError_t af_hopper_probe_launch(const uint16_t *src, float *out, i
     if (err != cudaSuccess)
         return err;
     p.out = out;
+    p.src = src;
     err = AF_SET_MAX_SMEM(af_hopper_probe, 4 * AF_PROBE_TILE + 1024);
     if (err != cudaSuccess)
         return err;

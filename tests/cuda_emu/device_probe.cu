@@ -33,6 +33,7 @@ AF_KERNEL(af_device_probe, af_probe_params, p, 128)
     float m = fmaxf(d[0], d[1]);
     m = fmaxf(m, af_shfl_xor(m, 1));
     m = fmaxf(m, af_shfl_xor(m, 2));
+    m += (float)af_shfl_int((int)d[2], (lane + 3) & 31);
     float e = af_ex2(d[2] - m) + af_ex2(d[3] - m);
     uint32_t h = af_pack_f16x2(e, m) ^ af_pack_bf16x2(m, e);
     e += af_f16_to_float((uint16_t)h) + af_bf16_to_float((uint16_t)(h >> 16));

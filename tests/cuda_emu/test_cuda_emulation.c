@@ -343,6 +343,44 @@ static void warp_broadcast_gives_lane_0(void **state)
     }
 }
 
+/* af_shfl_int: each lane names any source lane of its warp (a rotation, lane 0 of the other half, its own lane,
+ * a reversal) and gets that lane's int exactly (values beyond the 2^24 a float slot would hold). */
+typedef struct {
+    int *out; /* [pattern][thread] */
+} shfl_int_params;
+
+static int shfl_int_source(int pattern, int lane)
+{
+    switch (pattern) {
+    case 0: return (lane + 5) % 32;
+    case 1: return lane < 16 ? 16 : 0;
+    case 2: return lane;
+    default: return 31 - lane;
+    }
+}
+
+static int shfl_int_value(int thread) { return (thread * 7919 + 1) * (thread % 2 ? -1 : 1) * 4099; }
+
+AF_KERNEL(shfl_int_kernel, shfl_int_params, p, 64)
+{
+    for (int pattern = 0; pattern < 4; pattern++)
+        p.out[pattern * 64 + AF_THREAD_IDX] =
+            af_shfl_int(shfl_int_value(AF_THREAD_IDX), shfl_int_source(pattern, af_lane()));
+}
+
+static void shfl_int_takes_any_lane(void **state)
+{
+    (void)state;
+    int out[4 * 64];
+    shfl_int_params p = {out};
+    assert_int_equal(AF_LAUNCH(shfl_int_kernel, 1, 1, 1, 64, 0, NULL, p), cudaSuccess);
+    for (int pattern = 0; pattern < 4; pattern++)
+        for (int thread = 0; thread < 64; thread++) {
+            const int from = thread - thread % 32 + shfl_int_source(pattern, thread % 32);
+            assert_int_equal(out[pattern * 64 + thread], shfl_int_value(from));
+        }
+}
+
 /* ---- numbers ---- */
 static void ex2_specials(void **state)
 {
@@ -756,6 +794,7 @@ int main(void)
         cmocka_unit_test(cp_async_groups_and_fill),
         cmocka_unit_test(shfl_xor_exchanges_lanes),
         cmocka_unit_test(warp_broadcast_gives_lane_0),
+        cmocka_unit_test(shfl_int_takes_any_lane),
         cmocka_unit_test(ex2_specials),
         cmocka_unit_test(pack_rounds_to_nearest_even),
         cmocka_unit_test(grid_runs_every_block_once_in_seeded_order),

@@ -5,7 +5,9 @@
  * runs in a forked child that must abort with the expected report; and the deliberate breakages of issue 30 (a
  * wrong descriptor swizzle, a missing fence, a wrong expect-tx count, a swapped fragment) are caught; a tile copied
  * by a warpgroup's cp.async and handed to wgmma over an mbarrier, and the report when a thread arrives before its
- * cp.async wait. */
+ * cp.async wait; the same tile completed by cp.async.mbarrier.arrive.noinc with the consumers' proxy fence after
+ * their wait, and the reports when that fence is missing, comes before the wait or only in the producer, and when
+ * the arrive precedes the copies. */
 #include <math.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -752,8 +754,18 @@ AF_KERNEL(plain_kernel, plain_params, p, 128) { af_fence_proxy_async(); }
 typedef struct {
     const uint16_t *a;   /* 64 x 16 f16, row-major, 16-byte aligned */
     float *d;            /* 64 x 64: A·Aᵀ */
-    int arrive_early;    /* the breakage: each producer arrives before its cp.async wait */
+    int mode;            /* a handover_mode */
 } handover_params;
+
+typedef enum {
+    HANDOVER_WAIT,                /* wait_group, fence, arrive (the producer's fence) */
+    HANDOVER_EARLY,               /* the breakage: an arrive before the cp.async wait */
+    HANDOVER_NOINC,               /* cp.async.mbarrier.arrive.noinc; the consumers fence after their wait */
+    HANDOVER_NOINC_NO_FENCE,      /* ... the consumers do not fence */
+    HANDOVER_NOINC_FENCE_EARLY,   /* ... the consumers fence before their wait */
+    HANDOVER_NOINC_PRODUCER_FENCE,/* ... the producers fence after their arrive, the consumers not */
+    HANDOVER_NOINC_BEFORE_COPY    /* ... the arrive comes before the copy (it tracks none of it) */
+} handover_mode;
 
 /* Warpgroup 0 copies A's 128 16-byte chunks (a chunk a thread) with cp.async into the 128-byte swizzle, then waits
  * for them, fences the async proxy and arrives on a barrier counting its 128 threads; warpgroup 1 waits on it and
@@ -771,18 +783,33 @@ AF_KERNEL_SM90(handover_kernel, handover_params, p, 256)
     if (tid < 128) {
         AF_SETMAXNREG_DEC(24);
         int row = tid / 2, chunk = tid % 2;
+        if (p.mode == HANDOVER_NOINC_BEFORE_COPY)
+            af_cp_async_mbarrier_arrive_noinc(full);
         af_cp_async_16(smem + swizzle128((size_t)row * 128 + (size_t)chunk * 16), p.a + row * 16 + chunk * 8, 16);
+        if (p.mode >= HANDOVER_NOINC) {
+            if (p.mode != HANDOVER_NOINC_BEFORE_COPY)
+                af_cp_async_mbarrier_arrive_noinc(full);   /* no commit, no wait */
+            if (p.mode == HANDOVER_NOINC_PRODUCER_FENCE)
+                af_fence_proxy_async();
+            if (p.mode == HANDOVER_NOINC_BEFORE_COPY)   /* alive until the read: an exiting thread's copies drop */
+                af_named_bar_sync(1, 256);
+            return;
+        }
         af_cp_async_commit();
-        if (p.arrive_early)
+        if (p.mode == HANDOVER_EARLY)
             af_mbarrier_arrive(full);
         af_cp_async_wait_0();
         af_fence_proxy_async();
-        if (!p.arrive_early)
+        if (p.mode != HANDOVER_EARLY)
             af_mbarrier_arrive(full);
         return;
     }
     AF_SETMAXNREG_INC(240);
+    if (p.mode == HANDOVER_NOINC_FENCE_EARLY)
+        af_fence_proxy_async();
     af_mbarrier_wait_parity(full, 0);
+    if (p.mode == HANDOVER_NOINC || p.mode == HANDOVER_NOINC_BEFORE_COPY)
+        af_fence_proxy_async();   /* the copies, seen through the barrier, made visible to this thread's wgmma */
     int w = (tid % 128) / 32, g = (tid % 32) / 4, t = tid % 4;
     float d[32];
     uint64_t desc = af_wgmma_desc(smem, AF_SWIZZLE_128B, 16, 1024);
@@ -791,6 +818,8 @@ AF_KERNEL_SM90(handover_kernel, handover_params, p, 256)
     af_wgmma_commit();
     af_wgmma_wait_0();
     af_wgmma_fence_regs(d, 32);
+    if (p.mode == HANDOVER_NOINC_BEFORE_COPY)
+        af_named_bar_arrive(1, 256);
     for (int i = 0; i < 32; i++)
         p.d[(16 * w + g + 8 * ((i / 2) % 2)) * 64 + 8 * (i / 4) + 2 * t + i % 2] = d[i];
 }
@@ -798,22 +827,20 @@ AF_KERNEL_SM90(handover_kernel, handover_params, p, 256)
 static uint16_t handover_a[64 * 16] __attribute__((aligned(16)));
 static float handover_d[64 * 64];
 
-static void run_handover(int arrive_early)
+static void run_handover(int mode)
 {
-    handover_params p = {handover_a, handover_d, arrive_early};
+    handover_params p = {handover_a, handover_d, mode};
     assert_int_equal(AF_LAUNCH(handover_kernel, 1, 1, 1, 256, 8192 + 64, 0, p), cudaSuccess);
 }
 
-static void run_handover_early(void) { run_handover(1); }
+static void run_handover_early(void) { run_handover(HANDOVER_EARLY); }
+static void run_noinc_no_fence(void) { run_handover(HANDOVER_NOINC_NO_FENCE); }
+static void run_noinc_fence_early(void) { run_handover(HANDOVER_NOINC_FENCE_EARLY); }
+static void run_noinc_producer_fence(void) { run_handover(HANDOVER_NOINC_PRODUCER_FENCE); }
+static void run_noinc_before_copy(void) { run_handover(HANDOVER_NOINC_BEFORE_COPY); }
 
-/* The protocol gives A·Aᵀ; an arrive before the cp.async wait hands over chunks still in flight: the waiters run
- * once the phase completes, and their wgmma's read is reported. */
-static void test_cp_async_handover(void **state)
+static void check_handover_product(void)
 {
-    (void)state;
-    for (int i = 0; i < 64 * 16; i++)
-        handover_a[i] = random_half(0);
-    run_handover(0);
     for (int r = 0; r < 64; r++)
         for (int c = 0; c < 64; c++) {
             double ref = 0, scale = 0;
@@ -824,7 +851,37 @@ static void test_cp_async_handover(void **state)
             if (!(fabs((double)handover_d[r * 64 + c] - ref) <= 1e-5 * scale))
                 fail_msg("D[%d][%d] = %g, expected %g", r, c, (double)handover_d[r * 64 + c], ref);
         }
+}
+
+/* The protocol gives A·Aᵀ; an arrive before the cp.async wait hands over chunks still in flight: the waiters run
+ * once the phase completes, and their wgmma's read is reported. */
+static void test_cp_async_handover(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 64 * 16; i++)
+        handover_a[i] = random_half(0);
+    run_handover(HANDOVER_WAIT);
+    check_handover_product();
     expect_abort(run_handover_early, "cp.async has not completed (no cp.async wait_group before the barrier");
+}
+
+/* cp.async.mbarrier.arrive.noinc (the barrier counts the 128 producers): the copies land when a thread waits on the
+ * barrier, and the consumers' fence after their wait is the one on the path from the copies to the wgmma (the
+ * producer cannot fence after copies it never waits for). Without it, before the wait, or in the producer only, the
+ * wgmma's read is reported; an arrive before the copy tracks none of it: the read meets copies in flight. */
+static void test_cp_async_mbarrier_arrive(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 64 * 16; i++)
+        handover_a[i] = random_half(0);
+    memset(handover_d, 0, sizeof handover_d);
+    run_handover(HANDOVER_NOINC);
+    check_handover_product();
+    const char *unfenced = "ran no af_fence_proxy_async after an mbarrier wait that saw them land";
+    expect_abort(run_noinc_no_fence, unfenced);
+    expect_abort(run_noinc_fence_early, unfenced);
+    expect_abort(run_noinc_producer_fence, unfenced);
+    expect_abort(run_noinc_before_copy, "cp.async has not completed");
 }
 
 static void run_plain(void)
@@ -857,6 +914,7 @@ int main(void)
         cmocka_unit_test(test_named_barriers_ping_pong),
         cmocka_unit_test(test_named_barrier_reports),
         cmocka_unit_test(test_cp_async_handover),
+        cmocka_unit_test(test_cp_async_mbarrier_arrive),
         cmocka_unit_test(test_needs_sm90_kernel),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

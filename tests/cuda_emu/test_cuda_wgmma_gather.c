@@ -6,7 +6,8 @@
  * rows wrap between heads, split-KV and its combine, seqused_k below the stored keys, a first page shared by two
  * sequences, pages in random order, NaN in the rows past a sequence's keys (zero-filled, never read), a page size
  * that stays on TMA beside gathered ones, a bad page entry (NaN rows for its sequence only), the plan's mode
- * (gathered, TMA or refused) and a random suite. ATTNFORGE_TEST_CASES / ATTNFORGE_TEST_SEED change the random
+ * (gathered, TMA or refused), the ring of three stages wrapping (issue 37 item 8: eight lanes a key's row, pages
+ * shuffled from the lane that looked them up, cp.async.mbarrier.arrive) and a random suite. ATTNFORGE_TEST_CASES / ATTNFORGE_TEST_SEED change the random
  * suite's count and seed. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -256,6 +257,22 @@ static void split_seqused_shared(void **state) {
     check_paged(&c, &many_sms, SPLIT_YES);
 }
 
+/* The ring of three stages (head dims 64 and 128; two at 256) wrapping several times: page sizes 1, 3, 7, 48, 100
+ * over 700 and 333 keys (6 and 3 tiles of 128 keys, 11 and 6 of 64), ragged ends, padded columns, GQA 4 and 8,
+ * NaN in the rows past the keys, causal on one; each tile's keys four to a warp, eight lanes a 128-byte row. */
+static void ring_wraps(void **state) {
+    (void)state;
+    static const int64_t sizes[] = {1, 3, 7, 48, 100}, dims[][2] = {{64, 64}, {128, 128}, {256, 256}, {100, 72},
+                                                                    {200, 256}};
+    const int64_t rows[2] = {20, 9}, keys[2] = {700, 333};
+    for (int n = 0; n < 5; n++) {
+        flash_case c = paged(700 + (uint64_t)n, half_dtype(n), 2, n % 2 ? 8 : 4, 1, rows, keys, sizes[n], dims[n][0],
+                             dims[n][1]);
+        c.causal = n == 3;
+        check_paged_edited(&c, &one_sm, SPLIT_NONE, MODE_GATHERED, nan_past_the_keys, -1);
+    }
+}
+
 /* NaN in the rows past each sequence's keys of its last page: zero-filled, never read (no "finite rows" rule). */
 static void rows_past_the_keys_unread(void **state) {
     (void)state;
@@ -324,6 +341,20 @@ static void plan_mode(void **state) {
         assert_true(af_cuda_wgmma_accepts(&p, &one_sm));
         if (!af_wgmma_gathered(&p)) fail_msg("head dim 256, page size %lld: TMA", (long long)gathered_256[i]);
     }
+    /* the gathered ring: three stages where 227 KiB holds them (head dims 64, 128), two at 256; TMA keeps two */
+    assert_int_equal(AF_WG_STAGES_OF(64, 1), 3), assert_int_equal(AF_WG_STAGES_OF(128, 1), 3);
+    assert_int_equal(AF_WG_STAGES_OF(256, 1), 2), assert_int_equal(AF_WG_STAGES_OF(128, 0), 2);
+    assert_true(af_wgmma_smem_bytes(128, 3) <= 227 * 1024 && af_wgmma_smem_bytes(256, 3) > 227 * 1024);
+    for (int hd = 64; hd <= 256; hd *= 2) {
+        af_problem p = paged_problem(hd == 256 ? 48 : 100);
+        p.E = p.Ev = hd;
+        af_wgmma_plan plan;
+        assert_int_equal(af_wgmma_make_plan(&p, &one_sm, &plan), cudaSuccess);
+        assert_int_equal(plan.smem, af_wgmma_smem_bytes(hd, hd <= 128 ? 3 : 2));
+        p.page_size = 128;   /* TMA */
+        assert_int_equal(af_wgmma_make_plan(&p, &one_sm, &plan), cudaSuccess);
+        assert_int_equal(plan.smem, af_wgmma_smem_bytes(hd, 2));
+    }
     af_problem p = paged_problem(3);
     p.page_table_stride[1] = ((int64_t)1 << 30) / 100 + 1;   /* 100 slots: the last entry past 2^30 */
     assert_false(af_cuda_wgmma_accepts(&p, &one_sm));
@@ -389,7 +420,7 @@ static void random_case(void **state) {
 int main(void) {
     static const struct CMUnitTest fixed[] = {
         cmocka_unit_test(plan_mode),          cmocka_unit_test(page_sizes),
-        cmocka_unit_test(head_dim_256),
+        cmocka_unit_test(head_dim_256),       cmocka_unit_test(ring_wraps),
         cmocka_unit_test(both_modes_agree),   cmocka_unit_test(masks_and_packing),
         cmocka_unit_test(split_seqused_shared), cmocka_unit_test(rows_past_the_keys_unread),
         cmocka_unit_test(bad_page_gives_nan_rows),
