@@ -2,7 +2,7 @@
  * warp specialisation, TMA and wgmma, the intra-warpgroup overlap and the ping-pong between consumers):
  *   - a CTA of 3 warpgroups owns AF_WG_ROWS = 128 packed query rows of one (batch, kv head) (pack-GQA as in
  *     attn_mma.cuh); warpgroup 0 is the producer: its first warp streams K/V tiles of bc keys (AF_WG_BC = 128;
- *     64 at head dim 256, so that two stages fit beside Q) with TMA issued by lane 0 into a ring of AF_WG_STAGES
+ *     80 at head dim 256, so that two stages fit beside Q) with TMA issued by lane 0 into a ring of AF_WG_STAGES
  *     stages ("full" mbarriers with the tiles' transaction bytes, "empty" ones the consumers arrive on), and clears
  *     the V rows past the sequence in its last tile (landed on a separate mbarrier, then "full"); the other threads
  *     give their registers back (setmaxnreg.dec) and leave (or, on the gathered path below, all its threads copy
@@ -18,10 +18,10 @@
  *     swizzle, keys past the tensor zero-filled; rows past the sequence are masked by the key ranges); head dims
  *     128 and 256 take hd / 64 boxes side by side (column blocks of bc x 128 bytes); at head dim 256 O's columns are
  *     two n128 products a k-step;
- *   - a paged K/V cache (page size a multiple of bc, or 8 keys or more dividing bc) is seen as {E, page rows, Hkv,
- *     pages}: a tile is one box inside a page, or bc / page size boxes, one a page, each found through the page
+ *   - a paged K/V cache whose page size and bc have a common divisor of 16 or more (or pages of 8 keys) is seen as
+ *     {E, page rows, Hkv, pages}: a tile is bc / gcd(page, bc) boxes, each inside one page found through the page
  *     table; boxes of keys past the sequence name page `num_pages`, past the pool, and are zero-filled;
- *   - any other page size (1..7, 48, 96, 100, 200, ...) takes the gathered path (`gather`, attn_wgmma_gather.cuh):
+ *   - any other page size (1..7, 12, 24, 100, 200 at bc 128, ...) takes the gathered path (`gather`, attn_wgmma_gather.cuh):
  *     all 128 threads of warpgroup 0 copy the tiles with cp.async, eight lanes a key's 128-byte row, each key's
  *     page looked up once and shuffled, into the same swizzled stages (keys past the sequence and columns past E /
  *     Ev zero-filled), each thread completing a tile by cp.async.mbarrier.arrive on "full" (128 arrivals, no
@@ -38,8 +38,9 @@
 
 #define AF_WG_THREADS 384                      /* 3 warpgroups: the producer and two consumers */
 #define AF_WG_ROWS 128                         /* packed query rows per CTA: 64 per consumer warpgroup */
-#define AF_WG_BC 128                           /* keys per K/V tile, head dims 64 and 128 */
-#define AF_WG_BC_OF(hd) ((hd) > 128 ? 64 : AF_WG_BC)   /* head dim 256: 64-key tiles keep two stages in shared memory */
+#define AF_WG_BC 128                           /* keys per K/V tile, head dims 64 and 128 (the most of any) */
+#define AF_WG_BC_OF(hd) ((hd) > 128 ? 80 : AF_WG_BC)   /* head dim 256: 80-key tiles (FlashAttention-3's), two stages
+                                                          beside Q in 225 KiB */
 #define AF_WG_HD_MAX 256                       /* largest head-dim variant */
 #define AF_WG_STAGES 2                         /* K/V tiles in flight (TMA) */
 /* Stages of the ring: the gathered path's copies, issued by threads and completed without a wait, take one more
@@ -125,9 +126,9 @@ AF_DEVICE void af_wgmma_issue_scores(float s[AF_WG_BC / 2], const char *q_tile, 
         const uint64_t a = af_wgmma_desc(q_tile + block * AF_WG_BLOCK_BYTES(AF_WG_ROWS) + consumer * 8 * 1024 + step,
                                          AF_SWIZZLE_128B, 16, 1024);
         const uint64_t k = af_wgmma_desc(k_tile + block * AF_WG_BLOCK_BYTES(bc) + step, AF_SWIZZLE_128B, 16, 1024);
-        if (bc == 64) {
-            if (bf16) af_wgmma_m64n64k16_bf16_ss(s, a, k, kk > 0);
-            else af_wgmma_m64n64k16_f16_ss(s, a, k, kk > 0);
+        if (bc == 80) {
+            if (bf16) af_wgmma_m64n80k16_bf16_ss(s, a, k, kk > 0);
+            else af_wgmma_m64n80k16_f16_ss(s, a, k, kk > 0);
         } else {
             if (bf16) af_wgmma_m64n128k16_bf16_ss(s, a, k, kk > 0);
             else af_wgmma_m64n128k16_f16_ss(s, a, k, kk > 0);
@@ -177,8 +178,8 @@ AF_DEVICE void af_wgmma_issue_values(float *o, uint32_t pa[AF_WG_BC / 16][4], co
     af_wgmma_commit();
 }
 
-/* A tile's scores (its wgmma group complete) into weights: the scale or softcap, the masks of its 64-key parts
- * (attn_mma.cuh's, on the same fragment layout), then the online softmax over all bc keys before any weight is used
+/* A tile's scores (its wgmma group complete) into weights: the scale or softcap, the masks of its parts of 64 keys
+ * or fewer (attn_mma.cuh's, on the same fragment layout; 80 keys are 64 + 16), then the online softmax over all bc keys before any weight is used
  * (O's correction left to the caller, whose P·V of the last tile may still be running). */
 AF_DEVICE void af_wgmma_weights(float s[AF_WG_BC / 2], const af_mma_params *p, int64_t b, int64_t hk, int64_t rt0,
                                 int64_t tile, int64_t hi_min, int64_t lo_max, float m[2], float l[2],
@@ -187,10 +188,11 @@ AF_DEVICE void af_wgmma_weights(float s[AF_WG_BC / 2], const af_mma_params *p, i
     for (int i = 0; i < bc / 2; i++)
         s[i] = p->softcap_on ? p->softcap_log2 * af_tanh_approx(s[i] * p->scale_over_cap) : s[i] * p->scale_log2;
     AF_MMA_UNROLL
-    for (int half = 0; half < bc / AF_MMA_BC; half++) {
-        const int64_t key0 = tile * bc + half * AF_MMA_BC;
-        if (p->mask || key0 + AF_MMA_BC > hi_min || key0 < lo_max)
-            af_mma_apply_mask((float (*)[4])(s + half * (AF_MMA_BC / 2)), p, b, hk, rt0, key0, bf16, 1, AF_MMA_BC);
+    for (int part = 0; part < (bc + AF_MMA_BC - 1) / AF_MMA_BC; part++) {
+        const int keys = bc - part * AF_MMA_BC < AF_MMA_BC ? bc - part * AF_MMA_BC : AF_MMA_BC;
+        const int64_t key0 = tile * bc + part * AF_MMA_BC;
+        if (p->mask || key0 + keys > hi_min || key0 < lo_max)
+            af_mma_apply_mask((float (*)[4])(s + part * (AF_MMA_BC / 2)), p, b, hk, rt0, key0, bf16, 1, keys);
     }
     af_mma_softmax_weights((float (*)[4])s, m, l, correction, bc);
 }

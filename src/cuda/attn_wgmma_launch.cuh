@@ -59,10 +59,18 @@ static cudaError_t af_wgmma_ctas_per_sm(const af_cuda_device *dev, int hd, int b
     return cudaSuccess;
 }
 
-/* Pages TMA can box for tiles of bc keys: whole pages of bc keys or more (tiles inside one), or pages of 8 keys or
- * more that tile bc (a box a page; 8-row multiples keep each box on the swizzle's 1024-byte pattern). */
+static int64_t af_wgmma_gcd(int64_t a, int64_t b) { return b ? af_wgmma_gcd(b, a % b) : a; }
+
+/* Keys a TMA box of a paged cache holds for tiles of bc keys: their greatest common divisor, so that every box of a
+ * tile lies inside one page (a tile inside a page when the page is a multiple of bc; a box a page when it divides
+ * bc; else bc / gcd boxes, each in its page: 80-key tiles over pages of 32, 64 or 256 keys, 128-key ones over 48). */
+static int64_t af_wgmma_page_box(int64_t page_size, int64_t bc) { return af_wgmma_gcd(page_size, bc); }
+
+/* Pages TMA can box: boxes of 16 keys or more (at most 8 a tile), or pages of 8 that divide bc; 8-row multiples
+ * keep each box on the swizzle's 1024-byte pattern. Others (1..7, 12, 24 or 200 keys at bc 128) are gathered. */
 static int af_wgmma_tma_pages(int64_t page_size, int64_t bc) {
-    return page_size % bc == 0 || (page_size >= 8 && page_size < bc && bc % page_size == 0);
+    const int64_t box = af_wgmma_page_box(page_size, bc);
+    return box % 8 == 0 && (box >= 16 || page_size == 8);
 }
 
 /* A paged cache the kernel can read: any page size (TMA boxes or the gathered path), its table indexed in 32 bits. */
@@ -166,9 +174,9 @@ static cudaError_t af_wgmma_encode(CUtensorMap *map, const af_problem *p, const 
     return af_tma_encode_tiled(map, bf16 ? AF_TMA_BF16 : AF_TMA_F16, 4, data, dims, strides, box, AF_SWIZZLE_128B);
 }
 
-/* Keys a box: the tile's, or a paged cache's page size below it (a box a page). */
+/* Keys a box: the tile's, or a paged cache's af_wgmma_page_box. */
 static int af_wgmma_box_keys(const af_problem *p, int bc) {
-    return p->page_table && p->page_size < bc ? (int)p->page_size : bc;
+    return p->page_table ? (int)af_wgmma_page_box(p->page_size, bc) : bc;
 }
 
 /* The maps are encoded here, as for the launch (the driver's word on the strides, dims and alignment), and thrown

@@ -734,7 +734,10 @@ static void accepts_and_refusals(void **state) {
     p.page_size = 16;
     assert_true(af_cuda_wgmma_accepts(&p, &one_sm));
     assert_false(af_wgmma_gathered(&p));
-    p.page_size = 48;   /* no box tiles 128 keys: the gathered path (test_cuda_wgmma_gather.c) */
+    p.page_size = 48;   /* boxes of 16 keys, 8 a tile, each inside its page */
+    assert_true(af_cuda_wgmma_accepts(&p, &one_sm));
+    assert_false(af_wgmma_gathered(&p));
+    p.page_size = 24;   /* boxes of 8 keys would be 16 a tile: the gathered path (test_cuda_wgmma_gather.c) */
     assert_true(af_cuda_wgmma_accepts(&p, &one_sm));
     assert_true(af_wgmma_gathered(&p));
     p.page_size = 4;    /* a box under the swizzle's 8-row pattern: gathered too */

@@ -1,5 +1,5 @@
 /* The Hopper kernel's gathered path (src/cuda/attn_wgmma_gather.cuh): paged K/V caches whose pages TMA cannot box
- * (page sizes 1, 3, 7, 48, 96, 100, 200) copied by warpgroup 0's 128 threads with cp.async, a key a thread through
+ * (page sizes 1, 3, 7, 24, 40, 100, 200: no common divisor of 16 with the tile) copied by warpgroup 0's 128 threads with cp.async, a key a thread through
  * the page table, into TMA's swizzled stages, on the emulated device (tests/cuda_emu, cuda_emulated_hopper.c's
  * wgmma, mbarrier and async-proxy model) against the double reference at the suite's tolerance (flash_case_matches):
  * f16 and bf16, head dims 64 and 128 with padded columns (E 40, 72, 100), causal, sliding windows, GQA packing whose
@@ -36,7 +36,7 @@ static const af_cuda_device one_sm = {0, 1, 9, 0, 227 * 1024};
 static const af_cuda_device many_sms = {1, 132, 9, 0, 227 * 1024};
 
 /* Page sizes TMA cannot box: under 8, not dividing 128, between multiples of 128. */
-static const int64_t gathered_pages[] = {1, 3, 7, 48, 96, 100, 200};
+static const int64_t gathered_pages[] = {1, 3, 7, 24, 40, 100, 200};
 enum { GATHERED_PAGES = sizeof gathered_pages / sizeof gathered_pages[0] };
 
 /* ---------------------------------------------------------------- running the kernel on device copies */
@@ -185,11 +185,11 @@ static void page_sizes(void **state) {
     }
 }
 
-/* A page size TMA boxes (16, 256) beside gathered ones (48, 200) on the same shapes: both modes match the
+/* A page size TMA boxes (16, 256) beside gathered ones (24, 200) on the same shapes: both modes match the
  * reference, and the plan takes each. */
 static void both_modes_agree(void **state) {
     (void)state;
-    static const int64_t sizes[][2] = {{16, 48}, {256, 200}};
+    static const int64_t sizes[][2] = {{16, 24}, {256, 200}};
     const int64_t rows[2] = {70, 33}, keys[2] = {260, 190};
     for (int s = 0; s < 2; s++)
         for (int m = 0; m < 2; m++) {
@@ -200,11 +200,25 @@ static void both_modes_agree(void **state) {
         }
 }
 
-/* Head dim 256 (64-key tiles): threads 0..63 gather K rows, 64..127 V rows; page sizes 3, 48 and 96 (no box tiles
- * 64 keys) with padded columns, causal, split, and a page of 32 on TMA beside them. */
+/* TMA boxes of gcd(page, tile) keys, each inside one page while a tile straddles pages: pages of 48 under 128-key
+ * tiles (8 boxes of 16), of 256 and 48 under head dim 256's 80-key tiles (5 boxes of 16), NaN in the rows past the
+ * keys, causal on one. */
+static void tma_boxes_inside_pages(void **state) {
+    (void)state;
+    static const int64_t sizes[] = {48, 48, 256, 48}, dims[][2] = {{64, 64}, {128, 100}, {256, 256}, {200, 144}};
+    const int64_t rows[2] = {70, 33}, keys[2] = {300, 190};
+    for (int n = 0; n < 4; n++) {
+        flash_case c = paged(230 + (uint64_t)n, half_dtype(n), 2, 4, 2, rows, keys, sizes[n], dims[n][0], dims[n][1]);
+        c.causal = n == 1;
+        check_paged_edited(&c, &one_sm, SPLIT_NONE, MODE_TMA, nan_past_the_keys, -1);
+    }
+}
+
+/* Head dim 256 (80-key tiles): page sizes 3, 24 and 100 (no common divisor of 16 with 80) with padded columns,
+ * causal, split, and a page of 32 on TMA (boxes of 16 keys) beside them. */
 static void head_dim_256(void **state) {
     (void)state;
-    static const int64_t sizes[] = {3, 48, 96, 32}, dims[][2] = {{256, 256}, {200, 144}, {160, 256}, {256, 200}};
+    static const int64_t sizes[] = {3, 24, 100, 32}, dims[][2] = {{256, 256}, {200, 144}, {160, 256}, {256, 200}};
     const int64_t rows[2] = {40, 70}, keys[2] = {150, 97};
     for (int n = 0; n < 4; n++) {
         flash_case c = paged(250 + (uint64_t)n, half_dtype(n), 2, 4, 2, rows, keys, sizes[n], dims[n][0], dims[n][1]);
@@ -231,7 +245,7 @@ static void masks_and_packing(void **state) {
     c.has_window = true, c.left = -1, c.right = 5;
     check_paged(&c, &one_sm, SPLIT_NONE);
 
-    c = paged(303, AF_F16, 2, 2, 1, rows, keys, 96, 100, 128);   /* GQA 2, softcap and a sink */
+    c = paged(303, AF_F16, 2, 2, 1, rows, keys, 40, 100, 128);   /* GQA 2, softcap and a sink */
     c.softcap = 20.0, c.amplitude = 4.0, c.sink = true;
     check_paged(&c, &one_sm, SPLIT_NONE);
 }
@@ -241,7 +255,7 @@ static void masks_and_packing(void **state) {
 static void split_seqused_shared(void **state) {
     (void)state;
     const int64_t rows[2] = {33, 20}, keys[2] = {400, 270};
-    flash_case c = paged(400, AF_BF16, 2, 8, 2, rows, keys, 48, 64, 64);
+    flash_case c = paged(400, AF_BF16, 2, 8, 2, rows, keys, 24, 64, 64);
     check_paged(&c, &many_sms, SPLIT_YES);
     c.seed++, c.has_window = true, c.left = 200, c.right = 30, c.page_size = 1, c.dtype = c.sink_dtype = AF_F16;
     check_paged(&c, &many_sms, SPLIT_YES);
@@ -257,12 +271,12 @@ static void split_seqused_shared(void **state) {
     check_paged(&c, &many_sms, SPLIT_YES);
 }
 
-/* The ring of three stages (head dims 64 and 128; two at 256) wrapping several times: page sizes 1, 3, 7, 48, 100
+/* The ring of three stages (head dims 64 and 128; two at 256) wrapping several times: page sizes 1, 3, 7, 24, 100
  * over 700 and 333 keys (6 and 3 tiles of 128 keys, 11 and 6 of 64), ragged ends, padded columns, GQA 4 and 8,
  * NaN in the rows past the keys, causal on one; each tile's keys four to a warp, eight lanes a 128-byte row. */
 static void ring_wraps(void **state) {
     (void)state;
-    static const int64_t sizes[] = {1, 3, 7, 48, 100}, dims[][2] = {{64, 64}, {128, 128}, {256, 256}, {100, 72},
+    static const int64_t sizes[] = {1, 3, 7, 24, 100}, dims[][2] = {{64, 64}, {128, 128}, {256, 256}, {100, 72},
                                                                     {200, 256}};
     const int64_t rows[2] = {20, 9}, keys[2] = {700, 333};
     for (int n = 0; n < 5; n++) {
@@ -278,7 +292,7 @@ static void rows_past_the_keys_unread(void **state) {
     (void)state;
     const int64_t rows[2] = {70, 40}, keys[2] = {131, 250};
     for (int n = 0; n < 3; n++) {
-        static const int64_t sizes[] = {3, 48, 200};
+        static const int64_t sizes[] = {3, 24, 200};
         flash_case c = paged(500 + (uint64_t)n, half_dtype(n), 2, 4, 2, rows, keys, sizes[n], 64 + 32 * n, 64);
         check_paged_edited(&c, &one_sm, SPLIT_NONE, MODE_GATHERED, nan_past_the_keys, -1);
     }
@@ -312,12 +326,12 @@ static af_problem paged_problem(int64_t page_size) {
     return p;
 }
 
-/* Every page size is accepted: the ones TMA boxes (multiples of 128, 8..64 dividing 128) on TMA, all others
- * gathered; the table's 32-bit indexing still bounds the stride; fixed and varlen K/V are never gathered. */
+/* Every page size is accepted: the ones TMA boxes (a common divisor of 16 or more with the tile's keys, or pages of
+ * 8) on TMA, all others gathered; the table's 32-bit indexing still bounds the stride; fixed and varlen K/V are never gathered. */
 static void plan_mode(void **state) {
     (void)state;
-    static const int64_t tma[] = {8, 16, 32, 64, 128, 256, 384};
-    static const int64_t gathered[] = {1, 2, 3, 4, 5, 7, 12, 24, 48, 96, 100, 127, 129, 200, 300};
+    static const int64_t tma[] = {8, 16, 32, 48, 64, 96, 128, 256, 384};
+    static const int64_t gathered[] = {1, 2, 3, 4, 5, 7, 12, 24, 40, 72, 100, 127, 129, 200, 300};
     for (size_t i = 0; i < sizeof tma / sizeof tma[0]; i++) {
         const af_problem p = paged_problem(tma[i]);
         assert_true(af_cuda_wgmma_accepts(&p, &one_sm));
@@ -328,8 +342,8 @@ static void plan_mode(void **state) {
         if (!af_cuda_wgmma_accepts(&p, &one_sm)) fail_msg("page size %lld refused", (long long)gathered[i]);
         if (!af_wgmma_gathered(&p)) fail_msg("page size %lld: TMA, expected gathered", (long long)gathered[i]);
     }
-    static const int64_t tma_256[] = {8, 16, 32, 64, 128, 192}, gathered_256[] = {3, 48, 96, 100};
-    for (size_t i = 0; i < sizeof tma_256 / sizeof tma_256[0]; i++) {   /* head dim 256: tiles of 64 keys */
+    static const int64_t tma_256[] = {8, 16, 32, 40, 48, 64, 128, 192, 256}, gathered_256[] = {3, 24, 36, 100};
+    for (size_t i = 0; i < sizeof tma_256 / sizeof tma_256[0]; i++) {   /* head dim 256: tiles of 80 keys */
         af_problem p = paged_problem(tma_256[i]);
         p.E = 256;
         assert_true(af_cuda_wgmma_accepts(&p, &one_sm));
@@ -346,7 +360,7 @@ static void plan_mode(void **state) {
     assert_int_equal(AF_WG_STAGES_OF(256, 1), 2), assert_int_equal(AF_WG_STAGES_OF(128, 0), 2);
     assert_true(af_wgmma_smem_bytes(128, 3) <= 227 * 1024 && af_wgmma_smem_bytes(256, 3) > 227 * 1024);
     for (int hd = 64; hd <= 256; hd *= 2) {
-        af_problem p = paged_problem(hd == 256 ? 48 : 100);
+        af_problem p = paged_problem(hd == 256 ? 24 : 100);
         p.E = p.Ev = hd;
         af_wgmma_plan plan;
         assert_int_equal(af_wgmma_make_plan(&p, &one_sm, &plan), cudaSuccess);
@@ -421,7 +435,7 @@ int main(void) {
     static const struct CMUnitTest fixed[] = {
         cmocka_unit_test(plan_mode),          cmocka_unit_test(page_sizes),
         cmocka_unit_test(head_dim_256),       cmocka_unit_test(ring_wraps),
-        cmocka_unit_test(both_modes_agree),   cmocka_unit_test(masks_and_packing),
+        cmocka_unit_test(both_modes_agree),   cmocka_unit_test(tma_boxes_inside_pages),   cmocka_unit_test(masks_and_packing),
         cmocka_unit_test(split_seqused_shared), cmocka_unit_test(rows_past_the_keys_unread),
         cmocka_unit_test(bad_page_gives_nan_rows),
     };
