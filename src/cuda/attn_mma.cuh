@@ -284,7 +284,8 @@ AF_DEVICE void af_mma_apply_mask(float s[][4], const af_mma_params *p, int64_t b
                                      (b * p->mask_stride[0] + h * p->mask_stride[1] + i * p->mask_stride[2] +
                                       key0 * p->mask_stride[3]);
         AF_MMA_UNROLL
-        for (int n = 0; n < keys / 8; n++) {
+        for (int n = 0; n < AF_MMA_BC / 8; n++) {   /* a constant trip count: s[n] stays in registers */
+            if (8 * n >= keys) break;
             AF_MMA_UNROLL
             for (int c = 0; c < 2; c++) {
                 const int key = 8 * n + 2 * t + c;

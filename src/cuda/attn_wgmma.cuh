@@ -2,7 +2,7 @@
  * warp specialisation, TMA and wgmma, the intra-warpgroup overlap and the ping-pong between consumers):
  *   - a CTA of 3 warpgroups owns AF_WG_ROWS = 128 packed query rows of one (batch, kv head) (pack-GQA as in
  *     attn_mma.cuh); warpgroup 0 is the producer: its first warp streams K/V tiles of bc keys (AF_WG_BC = 128;
- *     80 at head dim 256, so that two stages fit beside Q) with TMA issued by lane 0 into a ring of AF_WG_STAGES
+ *     64 at head dim 256, so that two stages fit beside Q) with TMA issued by lane 0 into a ring of AF_WG_STAGES
  *     stages ("full" mbarriers with the tiles' transaction bytes, "empty" ones the consumers arrive on), and clears
  *     the V rows past the sequence in its last tile (landed on a separate mbarrier, then "full"); the other threads
  *     give their registers back (setmaxnreg.dec) and leave (or, on the gathered path below, all its threads copy
@@ -39,8 +39,9 @@
 #define AF_WG_THREADS 384                      /* 3 warpgroups: the producer and two consumers */
 #define AF_WG_ROWS 128                         /* packed query rows per CTA: 64 per consumer warpgroup */
 #define AF_WG_BC 128                           /* keys per K/V tile, head dims 64 and 128 (the most of any) */
-#define AF_WG_BC_OF(hd) ((hd) > 128 ? 80 : AF_WG_BC)   /* head dim 256: 80-key tiles (FlashAttention-3's), two stages
-                                                          beside Q in 225 KiB */
+/* head dim 256: 64-key tiles, two stages beside Q. FlashAttention-3's 80 (wgmma n80, masks in parts of 64 and 16,
+ * 225 KiB) fit the shared memory but spill 32 bytes of the consumers' 240 registers (issue 37, docs/CUDA.md). */
+#define AF_WG_BC_OF(hd) ((hd) > 128 ? 64 : AF_WG_BC)
 #define AF_WG_HD_MAX 256                       /* largest head-dim variant */
 #define AF_WG_STAGES 2                         /* K/V tiles in flight (TMA) */
 /* Stages of the ring: the gathered path's copies, issued by threads and completed without a wait, take one more
@@ -126,7 +127,10 @@ AF_DEVICE void af_wgmma_issue_scores(float s[AF_WG_BC / 2], const char *q_tile, 
         const uint64_t a = af_wgmma_desc(q_tile + block * AF_WG_BLOCK_BYTES(AF_WG_ROWS) + consumer * 8 * 1024 + step,
                                          AF_SWIZZLE_128B, 16, 1024);
         const uint64_t k = af_wgmma_desc(k_tile + block * AF_WG_BLOCK_BYTES(bc) + step, AF_SWIZZLE_128B, 16, 1024);
-        if (bc == 80) {
+        if (bc == 64) {
+            if (bf16) af_wgmma_m64n64k16_bf16_ss(s, a, k, kk > 0);
+            else af_wgmma_m64n64k16_f16_ss(s, a, k, kk > 0);
+        } else if (bc == 80) {
             if (bf16) af_wgmma_m64n80k16_bf16_ss(s, a, k, kk > 0);
             else af_wgmma_m64n80k16_f16_ss(s, a, k, kk > 0);
         } else {

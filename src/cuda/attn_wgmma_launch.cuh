@@ -63,7 +63,7 @@ static int64_t af_wgmma_gcd(int64_t a, int64_t b) { return b ? af_wgmma_gcd(b, a
 
 /* Keys a TMA box of a paged cache holds for tiles of bc keys: their greatest common divisor, so that every box of a
  * tile lies inside one page (a tile inside a page when the page is a multiple of bc; a box a page when it divides
- * bc; else bc / gcd boxes, each in its page: 80-key tiles over pages of 32, 64 or 256 keys, 128-key ones over 48). */
+ * bc; else bc / gcd boxes, each in its page: 128-key tiles over pages of 48 or 96, 64-key ones over 48 or 80). */
 static int64_t af_wgmma_page_box(int64_t page_size, int64_t bc) { return af_wgmma_gcd(page_size, bc); }
 
 /* Pages TMA can box: boxes of 16 keys or more (at most 8 a tile), or pages of 8 that divide bc; 8-row multiples

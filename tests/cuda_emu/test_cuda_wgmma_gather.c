@@ -201,8 +201,8 @@ static void both_modes_agree(void **state) {
 }
 
 /* TMA boxes of gcd(page, tile) keys, each inside one page while a tile straddles pages: pages of 48 under 128-key
- * tiles (8 boxes of 16), of 256 and 48 under head dim 256's 80-key tiles (5 boxes of 16), NaN in the rows past the
- * keys, causal on one. */
+ * tiles (8 boxes of 16), of 256 and 48 under head dim 256's 64-key tiles (a tile inside a page; 4 boxes of 16), NaN
+ * in the rows past the keys, causal on one. */
 static void tma_boxes_inside_pages(void **state) {
     (void)state;
     static const int64_t sizes[] = {48, 48, 256, 48}, dims[][2] = {{64, 64}, {128, 100}, {256, 256}, {200, 144}};
@@ -214,7 +214,7 @@ static void tma_boxes_inside_pages(void **state) {
     }
 }
 
-/* Head dim 256 (80-key tiles): page sizes 3, 24 and 100 (no common divisor of 16 with 80) with padded columns,
+/* Head dim 256 (64-key tiles): page sizes 3, 24 and 100 (no common divisor of 16 with 64) with padded columns,
  * causal, split, and a page of 32 on TMA (boxes of 16 keys) beside them. */
 static void head_dim_256(void **state) {
     (void)state;
@@ -342,8 +342,8 @@ static void plan_mode(void **state) {
         if (!af_cuda_wgmma_accepts(&p, &one_sm)) fail_msg("page size %lld refused", (long long)gathered[i]);
         if (!af_wgmma_gathered(&p)) fail_msg("page size %lld: TMA, expected gathered", (long long)gathered[i]);
     }
-    static const int64_t tma_256[] = {8, 16, 32, 40, 48, 64, 128, 192, 256}, gathered_256[] = {3, 24, 36, 100};
-    for (size_t i = 0; i < sizeof tma_256 / sizeof tma_256[0]; i++) {   /* head dim 256: tiles of 80 keys */
+    static const int64_t tma_256[] = {8, 16, 32, 48, 64, 128, 192, 256}, gathered_256[] = {3, 24, 36, 100};
+    for (size_t i = 0; i < sizeof tma_256 / sizeof tma_256[0]; i++) {   /* head dim 256: tiles of 64 keys */
         af_problem p = paged_problem(tma_256[i]);
         p.E = 256;
         assert_true(af_cuda_wgmma_accepts(&p, &one_sm));
