@@ -425,10 +425,10 @@ AF_DEVICE void af_mma_join_sink(const af_mma_params *p, int64_t h, float o[][4],
     if (sink != sink) *l = sink;
 }
 
-/* O / l and the LSE of this lane's two rows of a row tile (packed rows rt0 + g + 8·half): to out/lse, or to the
- * split's partials. */
+/* O / l and the LSE of this lane's two rows of a row tile (packed rows rt0 + g + 8·half): to out/lse, or to split
+ * `split`'s partials. */
 AF_DEVICE void af_mma_epilogue(const af_mma_params *p, float o[][4], float m[2], float l[2], int64_t b,
-                               int64_t hk, int64_t rt0, float v_scale, const int hd, const int bf16) {
+                               int64_t hk, int64_t rt0, float v_scale, int64_t split, const int hd, const int bf16) {
     const int lane = af_lane(), g = lane >> 2, t = lane & 3;
     const af_sequence seq = af_mma_sequence(p, b), *sq = &seq;
     AF_MMA_UNROLL
@@ -447,7 +447,7 @@ AF_DEVICE void af_mma_epilogue(const af_mma_params *p, float o[][4], float m[2],
         const float base = m[half] == -INFINITY ? 0.0f : m[half];
         const float lse = seen ? base * AF_MMA_LN2 + logf(l[half]) : -INFINITY;
         if (p->part_o) {
-            const int64_t at = (int64_t)AF_BLOCK_IDX_Z * p->total_rows + (b * p->Hkv + hk) * p->rows + r;
+            const int64_t at = split * p->total_rows + (b * p->Hkv + hk) * p->rows + r;
             float *dst = p->part_o + at * p->Ev;
             AF_MMA_UNROLL
             for (int d = 0; d < hd / 8; d++) {
@@ -616,7 +616,8 @@ AF_DEVICE void af_mma_body(const af_mma_params p, const int hd, const int bf16, 
         }
     }
     AF_MMA_UNROLL
-    for (int i = 0; i < rt; i++) af_mma_epilogue(&p, o[i], m[i], l[i], b, hk, warp_r0 + 16 * i, v_descale, hd, bf16);
+    for (int i = 0; i < rt; i++)
+        af_mma_epilogue(&p, o[i], m[i], l[i], b, hk, warp_r0 + 16 * i, v_descale, AF_BLOCK_IDX_Z, hd, bf16);
 }
 
 /* One kernel per (head dim, dtype, float8 K/V or not, row tiles a warp): 32 rows a warp where the registers allow

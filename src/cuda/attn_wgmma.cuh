@@ -55,6 +55,32 @@
 #define AF_WG_ALIGN_SLACK (AF_WG_PATTERN - 128) /* the most af_wgmma_tiles_base may skip (af_shared_memory() is
                                                   128-byte aligned at least) */
 
+/* The order CTAs take their work items (row block, batch·kv head, split), the same on host and device: CTA i (in
+ * launch order: grid x) runs item i. Full attention: row blocks fastest, as the grid was. Causal or windowed:
+ * heaviest first (the largest row block, whose rows see the most keys), so the last wave holds the lightest items
+ * and not the heaviest (FlashAttention-3's tile schedulers; issue 37 item 4). */
+typedef struct {
+    int64_t row_blocks, heads, splits;
+    int heaviest_first;                        /* causal or windowed */
+} af_wgmma_sched;
+
+AF_HOST_DEVICE static inline int64_t af_wgmma_sched_items(const af_wgmma_sched *s) {
+    return s->row_blocks * s->heads * s->splits;
+}
+
+/* Item `item`'s row block, (batch, kv head) pair and split, in 32 bits (the plan keeps items below 2^31; a 64-bit
+ * division is a call on the GPU). */
+AF_HOST_DEVICE static inline void af_wgmma_sched_item(const af_wgmma_sched *s, int64_t item, int64_t *rb,
+                                                      int64_t *bhk, int64_t *split) {
+    const uint32_t i = (uint32_t)item, rows = (uint32_t)s->row_blocks, heads = (uint32_t)s->heads;
+    if (s->heaviest_first) {   /* row blocks last to first; inside one, pairs fastest, then splits */
+        const uint32_t per_block = heads * (uint32_t)s->splits, rest = i % per_block;
+        *rb = (int64_t)(rows - 1 - i / per_block), *bhk = (int64_t)(rest % heads), *split = (int64_t)(rest / heads);
+    } else {
+        *rb = (int64_t)(i % rows), *bhk = (int64_t)(i / rows % heads), *split = (int64_t)(i / rows / heads);
+    }
+}
+
 typedef struct {
     af_mma_params m;                           /* everything attn_mma.cuh's kernel takes (double_buffer unused) */
     CUtensorMap k_map, v_map;                  /* K / V as {E or Ev, keys, Hkv, B}, boxes {64, box_keys, 1, 1} */
@@ -64,6 +90,7 @@ typedef struct {
     int box_keys;                              /* keys per box: the tile's, or a paged cache's page size below it */
     int gather;                                /* paged K/V that TMA cannot box: warpgroup 0 gathers with cp.async
                                                   (attn_wgmma_gather.cuh); k_map / v_map unset and never read */
+    af_wgmma_sched sched;                      /* which item each CTA (grid x) takes */
 } af_wgmma_params;
 
 /* Shared memory: Q (hd/64 column blocks of 128 rows), then the stages' K and V (hd/64 column blocks of a tile's
@@ -268,10 +295,9 @@ AF_DEVICE void af_wgmma_produce(const af_wgmma_params *p, char *k_stages, char *
 AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int bf16) {
     const af_mma_params *p = &wp->m;
     const int bc = AF_WG_BC_OF(hd);
-    const int64_t bhk = af_mma_div(AF_BLOCK_IDX_X, p->row_blocks) * AF_GRID_DIM_Y + AF_BLOCK_IDX_Y;
-    if (bhk >= p->heads) return;   /* the fold of B·Hkv into grid x has a ragged end */
-    const int64_t b = af_mma_div(bhk, p->Hkv), hk = af_mma_mod(bhk, p->Hkv);
-    const int64_t r0 = af_mma_mod(AF_BLOCK_IDX_X, p->row_blocks) * AF_WG_ROWS;
+    int64_t rb, bhk, split;
+    af_wgmma_sched_item(&wp->sched, AF_BLOCK_IDX_X, &rb, &bhk, &split);
+    const int64_t b = af_mma_div(bhk, p->Hkv), hk = af_mma_mod(bhk, p->Hkv), r0 = rb * AF_WG_ROWS;
     af_sequence sq;
     int bad = af_mma_sequence_checked(p, b, &sq) != AF_SEQ_OK;
     if (r0 >= p->group * sq.L) return;   /* past this sequence's rows (the combine skips them) */
@@ -279,7 +305,7 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
     int64_t lo_min, hi_min, lo_max, hi_max;
     af_mma_block_keys(p, &sq, r0, AF_WG_ROWS, &lo_min, &hi_min, &lo_max, &hi_max);
     const int64_t tiles = (hi_max + bc - 1) / bc, t_first = lo_min / bc;
-    int64_t t_begin = (int64_t)AF_BLOCK_IDX_Z * p->tiles_per_split;
+    int64_t t_begin = split * p->tiles_per_split;
     int64_t t_end = t_begin + p->tiles_per_split < tiles ? t_begin + p->tiles_per_split : tiles;
     if (t_begin < t_first) t_begin = t_first;
     if (bad) t_end = t_begin;   /* no key read; l = NaN below makes its rows (or its partials) NaN */
@@ -395,7 +421,9 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
         af_wgmma_fence_regs(o, hd / 2);
         af_mbarrier_arrive(&empty[last]);
     }
-    af_mma_epilogue(p, (float (*)[4])o, m, l, b, hk, rt0, 1.0f, hd, bf16);
+    int64_t rb_again, bhk_again, split_again;   /* decoded again, from the block index: no register held meanwhile */
+    af_wgmma_sched_item(&wp->sched, AF_BLOCK_IDX_X, &rb_again, &bhk_again, &split_again);
+    af_mma_epilogue(p, (float (*)[4])o, m, l, b, hk, rt0, 1.0f, split_again, hd, bf16);
 }
 
 /* One kernel per (head dim, dtype). */

@@ -16,7 +16,9 @@ typedef struct {
     int bc;                                    /* keys per tile (AF_WG_BC_OF(hd)) */
     size_t smem;
     int ctas_per_sm;
-    int64_t row_blocks, heads, tiles, tiles_per_split, splits, grid_x, grid_y;
+    int64_t row_blocks, heads, tiles, tiles_per_split, splits;
+    af_wgmma_sched sched;                      /* the work items, one a CTA */
+    int64_t grid_x;                            /* the items */
     size_t lse_bytes, workspace;
 } af_wgmma_plan;
 
@@ -110,8 +112,9 @@ static cudaError_t af_wgmma_make_plan(const af_problem *p, const af_cuda_device 
     plan->tiles_per_split = requested > 1 ? (plan->tiles + requested - 1) / requested : plan->tiles;
     plan->splits = requested > 1 ? (plan->tiles + plan->tiles_per_split - 1) / plan->tiles_per_split : 1;
     if (plan->tiles_per_split < 1) plan->tiles_per_split = 1;   /* S = 0: no tile at all */
-    plan->grid_y = plan->heads < AF_MMA_GRID_YZ_MAX ? plan->heads : AF_MMA_GRID_YZ_MAX;
-    plan->grid_x = plan->row_blocks * ((plan->heads + plan->grid_y - 1) / plan->grid_y);
+    plan->sched.row_blocks = plan->row_blocks, plan->sched.heads = plan->heads, plan->sched.splits = plan->splits;
+    plan->sched.heaviest_first = p->causal != AF_CAUSAL_NONE || p->has_window;
+    plan->grid_x = af_wgmma_sched_items(&plan->sched);
     plan->lse_bytes = plan->workspace = 0;
     if (plan->splits > 1) {
         const size_t rows = (size_t)(p->B * p->Hq * p->L) * (size_t)plan->splits;
@@ -194,8 +197,7 @@ int af_cuda_wgmma_views_fit(const af_problem *p) {
 #define AF_WGMMA_LAUNCH_VARIANT(name)                                                                        \
     do {                                                                                                     \
         if ((e = AF_SET_MAX_SMEM(name, plan->smem)) != cudaSuccess) return e;                               \
-        return AF_LAUNCH(name, plan->grid_x, plan->grid_y, plan->splits, AF_WG_THREADS, plan->smem, stream, \
-                         *prm);                                                                              \
+        return AF_LAUNCH(name, plan->grid_x, 1, 1, AF_WG_THREADS, plan->smem, stream, *prm);               \
     } while (0)
 
 static cudaError_t af_wgmma_launch(const af_wgmma_plan *plan, int bf16, const af_wgmma_params *prm,
@@ -228,6 +230,7 @@ cudaError_t af_cuda_wgmma_forward(const af_problem *p, const af_cuda_device *dev
     prm.varlen_k = p->cu_seqlens_k != NULL;
     prm.box_keys = af_wgmma_box_keys(p, plan.bc);
     prm.gather = af_wgmma_gathered(p);
+    prm.sched = plan.sched;
     if (!prm.gather &&   /* the gathered path reads no tensor map: none is encoded */
         ((e = af_wgmma_encode(&prm.k_map, p, p->k, p->k_stride, p->E, prm.box_keys, bf16)) != cudaSuccess ||
          (e = af_wgmma_encode(&prm.v_map, p, p->v, p->v_stride, p->Ev, prm.box_keys, bf16)) != cudaSuccess))

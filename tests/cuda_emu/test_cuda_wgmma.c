@@ -692,6 +692,43 @@ static void views_fit(void **state) {
     assert_false(af_cuda_wgmma_views_fit(&p));
 }
 
+/* The order CTAs take their items (af_wgmma_sched): every item once; full attention row blocks fastest (the grid's
+ * old order); under causality or a window the heaviest (largest) row block first, never a lighter one before a
+ * heavier; the plan's grid one CTA an item, heaviest-first exactly when causal or windowed. */
+static void schedule_order(void **state) {
+    (void)state;
+    for (int heaviest = 0; heaviest < 2; heaviest++) {
+        const af_wgmma_sched s = {5, 3, 2, heaviest};
+        const int64_t items = af_wgmma_sched_items(&s);
+        assert_int_equal(items, 30);
+        bool seen[30] = {false};
+        int64_t last_rb = heaviest ? 5 : -1;
+        for (int64_t i = 0; i < items; i++) {
+            int64_t rb, bhk, split;
+            af_wgmma_sched_item(&s, i, &rb, &bhk, &split);
+            assert_true(rb >= 0 && rb < 5 && bhk >= 0 && bhk < 3 && split >= 0 && split < 2);
+            const int64_t at = (split * 3 + bhk) * 5 + rb;
+            assert_false(seen[at]);
+            seen[at] = true;
+            if (heaviest) assert_true(rb <= last_rb);   /* never a heavier row block after a lighter one */
+            else assert_int_equal(at, i);
+            last_rb = rb;
+        }
+    }
+    af_problem p = hopper_problem();   /* 2 row blocks */
+    af_wgmma_plan plan;
+    assert_int_equal(af_wgmma_make_plan(&p, &one_sm, &plan), cudaSuccess);
+    assert_int_equal(plan.grid_x, af_wgmma_sched_items(&plan.sched));
+    assert_false(plan.sched.heaviest_first);
+    p.causal = AF_CAUSAL_TOP_LEFT, p.B = 4;
+    assert_int_equal(af_wgmma_make_plan(&p, &many_sms, &plan), cudaSuccess);
+    assert_int_equal(plan.grid_x, af_wgmma_sched_items(&plan.sched));
+    assert_true(plan.sched.heaviest_first);
+    p.causal = AF_CAUSAL_NONE, p.has_window = true, p.window_left = 10, p.window_right = 0;
+    assert_int_equal(af_wgmma_make_plan(&p, &one_sm, &plan), cudaSuccess);
+    assert_true(plan.sched.heaviest_first);
+}
+
 /* af_cuda_wgmma_accepts: yes for f16/bf16, E and Ev up to 256, more than 64 packed rows, fixed or varlen K/V and
  * seqused_k, paged K/V of any page size (TMA boxes or the gathered path), on compute capability 9.0 with the shared
  * memory for the variant; no on 8.0, 8.9 or 10.0 (sm_90a code runs on 9.0 only), for head dims past 256, float8
@@ -850,6 +887,7 @@ int main(void) {
         cmocka_unit_test(accepts_and_refusals), cmocka_unit_test(workspace_sizes),
         cmocka_unit_test(head_dims),            cmocka_unit_test(head_dim_256),
         cmocka_unit_test(shared_window_off_pattern), cmocka_unit_test(views_fit),
+        cmocka_unit_test(schedule_order),
         cmocka_unit_test(gqa_row_wrapping),
         cmocka_unit_test(causal_alignments),    cmocka_unit_test(masks),
         cmocka_unit_test(kv_ring),              cmocka_unit_test(split_kv),
