@@ -47,6 +47,11 @@
 /* Stages of the ring: the gathered path's copies, issued by threads and completed without a wait, take one more
  * where 227 KiB holds it (head dims 64: 112 KiB, 128: 224 KiB; 256 would need 256 KiB). */
 #define AF_WG_STAGES_OF(hd, gather) ((gather) && (hd) <= 128 ? 3 : AF_WG_STAGES)
+#define AF_WG_STAGES_MAX 3                     /* the most of either: each kind of mbarrier has this many slots */
+/* The mbarriers of a stage: K and V land and are released apart, so S starts once K lands and the next K load once
+ * S has read the stage, a softmax before P·V has read V (issue 37 item 5). The gathered path completes K and V
+ * together on "full K" and refills a stage once "empty V" completes (V is released after K in every consumer). */
+enum { AF_WG_FULL_K = 0, AF_WG_FULL_V, AF_WG_EMPTY_K, AF_WG_EMPTY_V, AF_WG_BAR_KINDS };
 #define AF_WG_ATOM 64                          /* 16-bit elements in one 128-byte swizzle row: a column block */
 #define AF_WG_BLOCK_BYTES(rows) ((rows) * 128) /* one column block of `rows` rows */
 #define AF_WG_TURN_BAR 1                       /* named barriers 1 and 2: consumer 0's and consumer 1's turn */
@@ -94,13 +99,13 @@ typedef struct {
 } af_wgmma_params;
 
 /* Shared memory: Q (hd/64 column blocks of 128 rows), then the stages' K and V (hd/64 column blocks of a tile's
- * keys each), then the 2·stages + 1 mbarriers and a flag; every tile starts on a window address that is a multiple
+ * keys each), then the AF_WG_BAR_KINDS·AF_WG_STAGES_MAX + 1 mbarriers and a flag; every tile starts on a window address that is a multiple
  * of 1024 bytes (af_wgmma_tiles_base), which may cost up to AF_WG_ALIGN_SLACK bytes at the front. */
 static inline size_t af_wgmma_smem_bytes(int hd, int stages) {
     const size_t blocks = (size_t)hd / AF_WG_ATOM;
     return AF_WG_ALIGN_SLACK + blocks * AF_WG_BLOCK_BYTES(AF_WG_ROWS) +
            2 * (size_t)stages * blocks * AF_WG_BLOCK_BYTES(AF_WG_BC_OF(hd)) +
-           (2 * (size_t)stages + 1) * sizeof(uint64_t) + sizeof(uint64_t);   /* and the tail's, and a flag */
+           (AF_WG_BAR_KINDS * AF_WG_STAGES_MAX + 1) * sizeof(uint64_t) + sizeof(uint64_t);   /* the tail's, a flag */
 }
 
 /* The first byte of the dynamic shared memory whose window address is a multiple of AF_WG_PATTERN: TMA and wgmma
@@ -111,6 +116,9 @@ AF_DEVICE char *af_wgmma_tiles_base(void) {
     char *base = af_shared_memory();
     return base + ((AF_WG_PATTERN - af_shared_address(base) % AF_WG_PATTERN) % AF_WG_PATTERN);
 }
+
+/* Barrier `kind` of stage `stage`. */
+AF_DEVICE uint64_t *af_wgmma_bar(uint64_t *bars, int kind, int stage) { return bars + kind * AF_WG_STAGES_MAX + stage; }
 
 /* Byte offset of 16-byte chunk `chunk` (8 elements) of row `row` in a tile of column blocks of `rows` rows laid out
  * as TMA's and wgmma's 128-byte swizzle: chunk c of a 128-byte row r at (c ^ (r % 8)) · 16 (the tile on the
@@ -250,43 +258,56 @@ AF_DEVICE void af_wgmma_clear_tail(char *v_stage, uint64_t *tail_bar, int valid,
     af_named_bar_sync(AF_WG_PRODUCER_BAR, 32);
 }
 
+/* Lane 0 of the producer's warp: one tile's K or V boxes (hd/64 column blocks; a box of box_keys keys, each page
+ * through the table) into `stage`, completing on `bar` with their bytes. Keys past the sequence name page
+ * `num_pages`, past the pool: TMA zero-fills them and no page entry past the sequence is read. */
+AF_DEVICE void af_wgmma_load_boxes(const af_wgmma_params *p, char *stage, const CUtensorMap *map, uint64_t *bar,
+                                   const int32_t *table, int tile, int keys, int first_key, int batch, int hk,
+                                   const int hd) {
+    const int bc = AF_WG_BC_OF(hd), blocks = hd / AF_WG_ATOM, bytes = AF_WG_BLOCK_BYTES(bc);
+    const int table_step = (int)p->m.page_table_stride[1], page = (int)p->m.page_size;
+    af_mbarrier_arrive_expect_tx(bar, (uint32_t)(blocks * bytes));
+    for (int box = 0; box < bc / p->box_keys; box++) {   /* paged: bc / gcd(page, bc) boxes; else one */
+        const int key = tile * bc + box * p->box_keys;
+        int row = first_key + key, outer = batch;   /* fixed or varlen: {col, key, hk, batch} */
+        if (table) {   /* {col, row in its page, hk, page} */
+            row = (int)((unsigned)key % (unsigned)page);
+            outer = key < keys ? table[(int)((unsigned)key / (unsigned)page) * table_step] : (int)p->m.num_pages;
+        }
+        for (int c = 0; c < blocks; c++)
+            af_tma_load_4d(stage + box * p->box_keys * 128 + c * bytes, map, bar, c * AF_WG_ATOM, row, hk, outer);
+    }
+}
+
 /* The producer, warp 0 of warpgroup 0 (lane 0 issues): tiles [t_begin, t_end) of bc keys, tile n into stage
- * n % AF_WG_STAGES once the consumers released it (its "empty" barrier's phase n / AF_WG_STAGES - 1), both K and V
- * completing on its "full" barrier; the sequence's partial last tile lands on the tail barrier instead, is cleared
- * past its keys, then completes "full" with lane 0's arrive. */
-AF_DEVICE void af_wgmma_produce(const af_wgmma_params *p, char *k_stages, char *v_stages, uint64_t *full,
-                                uint64_t *empty, uint64_t *tail_bar, int64_t b, int64_t hk, const af_sequence *sq,
-                                int64_t t_begin, int64_t t_end, const int hd) {
+ * n % AF_WG_STAGES: its K once the consumers' S read the stage's last K ("empty K" phase n / AF_WG_STAGES - 1),
+ * completing "full K", then its V once their P·V read the last V ("empty V"), completing "full V"; the sequence's
+ * partial last tile's V lands on the tail barrier instead, is cleared past its keys, then completes "full V" with
+ * lane 0's arrive. Tile 0's boxes were issued already when `first_issued` (af_wgmma_issue_first). */
+AF_DEVICE void af_wgmma_produce(const af_wgmma_params *p, char *k_stages, char *v_stages, uint64_t *bars,
+                                uint64_t *tail_bar, int64_t b, int64_t hk, const af_sequence *sq, int64_t t_begin,
+                                int64_t t_end, int first_issued, const int hd) {
     const int bc = AF_WG_BC_OF(hd), stage_bytes = (hd / AF_WG_ATOM) * AF_WG_BLOCK_BYTES(bc);
-    const int block_bytes = AF_WG_BLOCK_BYTES(bc);   /* a column block of the stage's K or V */
     /* 32-bit from here (the plan bounds keys, pages and the table's row): the producer runs on 24 registers */
     const int32_t *table = p->m.page_table ? p->m.page_table + b * p->m.page_table_stride[0] : NULL;
-    const int table_step = (int)p->m.page_table_stride[1], page = (int)p->m.page_size, keys = (int)sq->S;
-    const int past_pool = (int)p->m.num_pages, first_key = (int)sq->k0, batch = p->varlen_k ? 0 : (int)b;
-    const int tail = keys % bc ? keys / bc : -1, lane = af_lane();
-    for (int64_t tile = t_begin; tile < t_end; tile++) {
-        const int n = (int)(tile - t_begin), stage = n % AF_WG_STAGES;
-        uint64_t *landing = tile == tail ? tail_bar : &full[stage];
-        if (n >= AF_WG_STAGES) af_mbarrier_wait_parity(&empty[stage], (uint32_t)((n / AF_WG_STAGES - 1) & 1));
-        if (lane == 0) af_mbarrier_arrive_expect_tx(landing, (uint32_t)((p->k_blocks + p->v_blocks) * block_bytes));
-        for (int box = 0; lane == 0 && box < bc / p->box_keys; box++) {   /* paged: one box a page; else one box */
-            const int key = (int)tile * bc + box * p->box_keys;
-            int row = first_key + key, outer = batch;   /* fixed or varlen: {col, key, hk, batch} */
-            if (table) {   /* {col, row in its page, hk, page}; a page past the pool reads as zeros */
-                row = (int)((unsigned)key % (unsigned)page);
-                outer = key < keys ? table[(int)((unsigned)key / (unsigned)page) * table_step] : past_pool;
-            }
-            const int at = stage * stage_bytes + box * p->box_keys * 128;
-            for (int c = 0; c < p->k_blocks; c++)
-                af_tma_load_4d(k_stages + at + c * block_bytes, &p->k_map, landing, c * AF_WG_ATOM, row, (int)hk,
-                               outer);
-            for (int c = 0; c < p->v_blocks; c++)
-                af_tma_load_4d(v_stages + at + c * block_bytes, &p->v_map, landing, c * AF_WG_ATOM, row, (int)hk,
-                               outer);
-        }
+    const int keys = (int)sq->S, first_key = (int)sq->k0, batch = p->varlen_k ? 0 : (int)b;
+    const int tail = keys % bc ? keys / bc : -1, lane = af_lane(), count = (int)(t_end - t_begin);
+    for (int n = 0; n < count; n++) {
+        const int stage = n % AF_WG_STAGES, tile = (int)t_begin + n;
+        const uint32_t released = (uint32_t)((n / AF_WG_STAGES - 1) & 1);
+        if (n >= AF_WG_STAGES) af_mbarrier_wait_parity(af_wgmma_bar(bars, AF_WG_EMPTY_K, stage), released);
+        const int issue = lane == 0 && (n > 0 || !first_issued);
+        if (issue)
+            af_wgmma_load_boxes(p, k_stages + stage * stage_bytes, &p->k_map, af_wgmma_bar(bars, AF_WG_FULL_K, stage),
+                                table, tile, keys, first_key, batch, (int)hk, hd);
+        if (n >= AF_WG_STAGES) af_mbarrier_wait_parity(af_wgmma_bar(bars, AF_WG_EMPTY_V, stage), released);
+        uint64_t *full_v = af_wgmma_bar(bars, AF_WG_FULL_V, stage);
+        if (issue)
+            af_wgmma_load_boxes(p, v_stages + stage * stage_bytes, &p->v_map, tile == tail ? tail_bar : full_v, table,
+                                tile, keys, first_key, batch, (int)hk, hd);
         if (tile == tail) {
             af_wgmma_clear_tail(v_stages + stage * stage_bytes, tail_bar, keys - tail * bc, hd);
-            if (lane == 0) af_mbarrier_arrive(&full[stage]);
+            if (lane == 0) af_mbarrier_arrive(full_v);
         }
     }
 }
@@ -314,19 +335,33 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
     const int blocks = hd / AF_WG_ATOM, stages = AF_WG_STAGES_OF(hd, wp->gather);
     char *q_tile = base, *k_stages = q_tile + blocks * AF_WG_BLOCK_BYTES(AF_WG_ROWS);
     char *v_stages = k_stages + stages * blocks * AF_WG_BLOCK_BYTES(bc);
-    uint64_t *full = (uint64_t *)(v_stages + stages * blocks * AF_WG_BLOCK_BYTES(bc));
-    uint64_t *empty = full + stages, *tail_bar = empty + stages;
+    uint64_t *bars = (uint64_t *)(v_stages + stages * blocks * AF_WG_BLOCK_BYTES(bc));
+    uint64_t *tail_bar = bars + AF_WG_BAR_KINDS * AF_WG_STAGES_MAX;
     int *bad_page = (int *)(tail_bar + 1);   /* a page entry of this CTA's keys outside the pool */
 
+    const int first_issued = !p->page_table && t_begin < t_end;   /* no page to check: tile 0 goes out first */
     if (AF_THREAD_IDX == 0) {
         *bad_page = 0;
-        for (int s = 0; s < stages; s++) {
+        for (int s = 0; s < stages; s++) {   /* the stages' slots of each kind */
             /* TMA: the producer's arrive, with the tile's bytes; gathered: each producer thread's, its copies done */
-            af_mbarrier_init(&full[s], wp->gather ? AF_WG_GATHER_THREADS : 1);
-            af_mbarrier_init(&empty[s], AF_WG_THREADS - 128);   /* every consumer thread, done with the stage */
+            af_mbarrier_init(af_wgmma_bar(bars, AF_WG_FULL_K, s), wp->gather ? AF_WG_GATHER_THREADS : 1);
+            af_mbarrier_init(af_wgmma_bar(bars, AF_WG_FULL_V, s), 1);   /* unused when gathered */
+            af_mbarrier_init(af_wgmma_bar(bars, AF_WG_EMPTY_K, s), AF_WG_THREADS - 128);   /* every consumer thread */
+            af_mbarrier_init(af_wgmma_bar(bars, AF_WG_EMPTY_V, s), AF_WG_THREADS - 128);
         }
         af_mbarrier_init(tail_bar, 1);   /* the producer's arrive with the partial last tile's bytes */
         af_fence_mbarrier_init();
+        /* tile 0's K and V at once, under Q's copy and the barrier below (issue 37 item 5): this thread is the
+         * producer's lane 0 and initialised the barriers; paged caches wait for their pages' check */
+        if (first_issued) {
+            const int bc0 = AF_WG_BC_OF(hd), tail = sq.S % bc0 ? (int)(sq.S / bc0) : -1;
+            const int batch = wp->varlen_k ? 0 : (int)b;
+            af_wgmma_load_boxes(wp, k_stages, &wp->k_map, af_wgmma_bar(bars, AF_WG_FULL_K, 0), NULL, (int)t_begin,
+                                (int)sq.S, (int)sq.k0, batch, (int)hk, hd);
+            af_wgmma_load_boxes(wp, v_stages, &wp->v_map,
+                                t_begin == tail ? tail_bar : af_wgmma_bar(bars, AF_WG_FULL_V, 0), NULL, (int)t_begin,
+                                (int)sq.S, (int)sq.k0, batch, (int)hk, hd);
+        }
     }
     if (p->page_table && t_begin < t_end) {   /* the pages this CTA reads, checked before any is: warpgroup 0's share */
         af_syncthreads();   /* *bad_page is 0 */
@@ -349,9 +384,11 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
     const int warpgroup = AF_THREAD_IDX / 128;
     if (warpgroup == 0) {
         AF_SETMAXNREG_DEC(24);
-        if (wp->gather) af_wgmma_gather(wp, k_stages, v_stages, full, empty, b, hk, &sq, t_begin, t_end, hd);
+        if (wp->gather)   /* one barrier a stage for K and V ("full K"), a stage refilled once its V is released */
+            af_wgmma_gather(wp, k_stages, v_stages, af_wgmma_bar(bars, AF_WG_FULL_K, 0),
+                            af_wgmma_bar(bars, AF_WG_EMPTY_V, 0), b, hk, &sq, t_begin, t_end, hd);
         else if (AF_THREAD_IDX < 32)
-            af_wgmma_produce(wp, k_stages, v_stages, full, empty, tail_bar, b, hk, &sq, t_begin, t_end, hd);
+            af_wgmma_produce(wp, k_stages, v_stages, bars, tail_bar, b, hk, &sq, t_begin, t_end, first_issued, hd);
         return;
     }
     AF_SETMAXNREG_INC(240);
@@ -375,15 +412,18 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
      * long enough to keep the other warpgroup waiting). */
     uint32_t pa[AF_WG_BC / 16][4];
     float correction[2], s[AF_WG_BC / 2];
+    /* the gathered producer completes one barrier a stage, K and V together (af_wgmma_wait_full fenced after it) */
+    const int full_v_kind = wp->gather ? AF_WG_FULL_K : AF_WG_FULL_V;
     if (t_begin < t_end) {
         if (ping_pong && consumer == 0) af_named_bar_arrive(AF_WG_TURN_BAR, 256);   /* consumer 0's turn first */
-        af_wgmma_wait_full(&full[0], 0, wp->gather);
+        af_wgmma_wait_full(af_wgmma_bar(bars, AF_WG_FULL_K, 0), 0, wp->gather);
         af_wgmma_zero(s, bc);
         af_wgmma_fence();
         if (ping_pong) af_named_bar_sync(AF_WG_TURN_BAR + consumer, 256);
         af_wgmma_issue_scores(s, q_tile, k_stages, consumer, hd, bf16);
         if (ping_pong) af_wgmma_pass_turn(consumer);
         af_wgmma_wait_0();
+        af_mbarrier_arrive(af_wgmma_bar(bars, AF_WG_EMPTY_K, 0));   /* S has read K */
         af_wgmma_fence_regs(s, bc / 2);
         af_wgmma_weights(s, p, b, hk, rt0, t_begin, hi_min, lo_max, m, l, correction, bc, bf16);
         af_mma_rescale((float (*)[4])o, correction, hd, p->Ev);
@@ -393,7 +433,8 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
     for (int n = 1; n < count; n++) {
         const int64_t tile = t_begin + n;
         const int stage = n % stages, last = (n - 1) % stages;
-        af_wgmma_wait_full(&full[stage], (uint32_t)((n / stages) & 1), wp->gather);
+        af_wgmma_wait_full(af_wgmma_bar(bars, AF_WG_FULL_K, stage), (uint32_t)((n / stages) & 1), wp->gather);
+        af_mbarrier_wait_parity(af_wgmma_bar(bars, full_v_kind, last), (uint32_t)(((n - 1) / stages) & 1));
         af_wgmma_zero(s, bc);
         af_wgmma_fence_regs_u32(&pa[0][0], bc / 4);
         af_wgmma_fence_regs(o, hd / 2);
@@ -403,23 +444,25 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
         af_wgmma_issue_values(o, pa, v_stages + last * stage_bytes, hd, bf16);
         if (ping_pong) af_wgmma_pass_turn(consumer);
         af_wgmma_wait_1();   /* S (the older group) has landed; P·V runs on */
+        af_mbarrier_arrive(af_wgmma_bar(bars, AF_WG_EMPTY_K, stage));   /* the next K load may start */
         af_wgmma_fence_regs(s, bc / 2);
         af_wgmma_weights(s, p, b, hk, rt0, tile, hi_min, lo_max, m, l, correction, bc, bf16);
         af_wgmma_wait_0();
         af_wgmma_fence_regs(o, hd / 2);
-        af_mbarrier_arrive(&empty[last]);   /* both products have read tile n-1's stage */
+        af_mbarrier_arrive(af_wgmma_bar(bars, AF_WG_EMPTY_V, last));   /* P·V has read tile n-1's V */
         af_mma_rescale((float (*)[4])o, correction, hd, p->Ev);
         af_wgmma_pack_p(pa, s, bc, bf16);
     }
     if (count > 0) {   /* the last tile's P·V */
         const int last = (count - 1) % stages;
+        af_mbarrier_wait_parity(af_wgmma_bar(bars, full_v_kind, last), (uint32_t)(((count - 1) / stages) & 1));
         af_wgmma_fence_regs_u32(&pa[0][0], bc / 4);
         af_wgmma_fence_regs(o, hd / 2);
         af_wgmma_fence();
         af_wgmma_issue_values(o, pa, v_stages + last * stage_bytes, hd, bf16);
         af_wgmma_wait_0();
         af_wgmma_fence_regs(o, hd / 2);
-        af_mbarrier_arrive(&empty[last]);
+        af_mbarrier_arrive(af_wgmma_bar(bars, AF_WG_EMPTY_V, last));
     }
     int64_t rb_again, bhk_again, split_again;   /* decoded again, from the block index: no register held meanwhile */
     af_wgmma_sched_item(&wp->sched, AF_BLOCK_IDX_X, &rb_again, &bhk_again, &split_again);
