@@ -3,8 +3,10 @@
  *   - a CTA of 3 warpgroups owns AF_WG_ROWS = 128 packed query rows of one (batch, kv head) (pack-GQA as in
  *     attn_mma.cuh); warpgroup 0 is the producer: its first warp streams K/V tiles of bc keys (AF_WG_BC = 128;
  *     64 at head dim 256, so that two stages fit beside Q) with TMA issued by lane 0 into a ring of AF_WG_STAGES
- *     stages ("full" mbarriers with the tiles' transaction bytes, "empty" ones the consumers arrive on), and clears
- *     the V rows past the sequence in its last tile (landed on a separate mbarrier, then "full"); the other threads
+ *     stages, K and V apart ("full K" / "full V" mbarriers with the tiles' transaction bytes, "empty K" / "empty V"
+ *     ones the consumers arrive on: K once S has read it, V once P·V has), tile 0's right after the barriers' init
+ *     when no page needs checking, and clears the V rows past the sequence in its last tile (landed on a separate
+ *     mbarrier, then "full V"); the other threads
  *     give their registers back (setmaxnreg.dec) and leave (or, on the gathered path below, all its threads copy
  *     the tiles with cp.async on that register budget); warpgroups 1 and 2 (setmaxnreg.inc) each own 64 rows:
  *     S = Q·Kᵀ by wgmma with Q and K from shared memory, the online softmax in registers, then O += P·V by wgmma
@@ -21,13 +23,15 @@
  *   - a paged K/V cache whose page size and bc have a common divisor of 16 or more (or pages of 8 keys) is seen as
  *     {E, page rows, Hkv, pages}: a tile is bc / gcd(page, bc) boxes, each inside one page found through the page
  *     table; boxes of keys past the sequence name page `num_pages`, past the pool, and are zero-filled;
- *   - any other page size (1..7, 12, 24, 100, 200 at bc 128, ...) takes the gathered path (`gather`, attn_wgmma_gather.cuh):
- *     all 128 threads of warpgroup 0 copy the tiles with cp.async, eight lanes a key's 128-byte row, each key's
- *     page looked up once and shuffled, into the same swizzled stages (keys past the sequence and columns past E /
- *     Ev zero-filled), each thread completing a tile by cp.async.mbarrier.arrive on "full" (128 arrivals, no
- *     transaction bytes) without waiting, three stages at head dims 64 and 128 (AF_WG_STAGES_OF); the consumers
- *     fence the async proxy after their wait on "full" (af_wgmma_wait_full); no tensor map;
- *   - causal and window tiles outside the block's keys are never loaded; split-KV, sinks and LSE as attn_mma.cuh.
+ *   - any other page size (1..7, 12, 24, 100, 200 at bc 128, ...) takes the gathered path (`gather`,
+ *     attn_wgmma_gather.cuh): all 128 threads of warpgroup 0 copy the tiles with cp.async, eight lanes a key's
+ *     128-byte row, each key's page looked up once and shuffled, into the same swizzled stages (keys past the
+ *     sequence and columns past E / Ev zero-filled), each thread completing a tile by cp.async.mbarrier.arrive on
+ *     the stage's "full K" (128 arrivals, no transaction bytes; the consumers wait on it for V too) without
+ *     waiting, refilling a stage once its "empty V" completes, three stages at head dims 64 and 128
+ *     (AF_WG_STAGES_OF); the consumers fence the async proxy after their wait (af_wgmma_wait_full); no tensor map;
+ *   - causal and window tiles outside the block's keys are never loaded; split-KV, sinks and LSE as attn_mma.cuh;
+ *   - CTA i takes work item i of af_wgmma_sched: the heaviest row block first under causality or a window.
  * Variants: AF_WGMMA_KERNEL stamps one kernel per (head dim 64/128/256, dtype). */
 #ifndef AF_CUDA_ATTN_WGMMA_CUH
 #define AF_CUDA_ATTN_WGMMA_CUH
