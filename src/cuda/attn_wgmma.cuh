@@ -14,8 +14,9 @@
  *     along N, so attn_mma.cuh's mask, softmax and epilogue run on it unchanged, 16 rows a warp) and V from shared
  *     memory read MN-major; the two consumers take turns issuing their GEMMs (named barriers), so one's softmax
  *     runs under the other's products (head dims <= 128);
- *   - Q is copied once by every thread with cp.async into the 128-byte swizzle the descriptors name (rows past the
- *     sequence's packed rows and columns past E are zero), then fence.proxy.async makes it visible to wgmma;
+ *   - each consumer copies its own 64 Q rows with cp.async into the 128-byte swizzle the descriptors name (rows past
+ *     the sequence's packed rows and columns past E are zero), fences the async proxy and meets its warpgroup on a
+ *     named barrier;
  *   - K and V tiles are boxes of 64 columns x bc keys of the tensors seen as {E, keys, Hkv, B} (TMA's 128-byte
  *     swizzle, keys past the tensor zero-filled; rows past the sequence are masked by the key ranges); head dims
  *     128 and 256 take hd / 64 boxes side by side (column blocks of bc x 128 bytes); at head dim 256 O's columns are
@@ -60,6 +61,7 @@ enum { AF_WG_FULL_K = 0, AF_WG_FULL_V, AF_WG_EMPTY_K, AF_WG_EMPTY_V, AF_WG_BAR_K
 #define AF_WG_BLOCK_BYTES(rows) ((rows) * 128) /* one column block of `rows` rows */
 #define AF_WG_TURN_BAR 1                       /* named barriers 1 and 2: consumer 0's and consumer 1's turn */
 #define AF_WG_PRODUCER_BAR 3                   /* named barrier 3: the producer's warp, a tail tile's V rows cleared */
+#define AF_WG_Q_BAR 4                          /* named barriers 4 and 5: consumer 0's and consumer 1's Q rows */
 #define AF_WG_PATTERN 1024                     /* the 128-byte swizzle's pattern: tiles start on a multiple of it */
 #define AF_WG_ALIGN_SLACK (AF_WG_PATTERN - 128) /* the most af_wgmma_tiles_base may skip (af_shared_memory() is
                                                   128-byte aligned at least) */
@@ -133,13 +135,15 @@ AF_DEVICE int af_wgmma_offset(int row, int chunk, int rows) {
 
 #include "cuda/attn_wgmma_gather.cuh"
 
-/* The CTA's 128 packed query rows (from r0) into the swizzled Q tile by cp.async, hd/8 chunks a row, every thread
- * of the CTA a share; rows past the sequence's packed rows and columns past E are zero-filled. */
+/* Consumer `consumer`'s 64 packed query rows (from r0 + 64·consumer) into the swizzled Q tile by cp.async, hd/8
+ * chunks a row, its warpgroup's 128 threads a share; rows past the sequence's packed rows and columns past E are
+ * zero-filled. Published to the warpgroup's own wgmmas (the async proxy) by a named barrier of its 128 threads, not
+ * the CTA's: the producer's loads and the other consumer's Q go on meanwhile (issue 37 item 5). */
 AF_DEVICE void af_wgmma_load_q(char *dst, const af_mma_params *p, int64_t b, int64_t hk, const af_sequence *sq,
-                               int64_t r0, const int hd) {
+                               int64_t r0, int consumer, const int hd) {
     const int chunks = hd / 8;
-    for (int i = AF_THREAD_IDX; i < AF_WG_ROWS * chunks; i += AF_WG_THREADS) {
-        const int row = i / chunks, chunk = i % chunks, bytes = af_mma_chunk_bytes(p->E, chunk, 2);
+    for (int i = AF_THREAD_IDX % 128; i < 64 * chunks; i += 128) {
+        const int row = 64 * consumer + i / chunks, chunk = i % chunks, bytes = af_mma_chunk_bytes(p->E, chunk, 2);
         const int64_t r = r0 + row;
         const char *src = p->q;
         int n = 0;
@@ -150,6 +154,10 @@ AF_DEVICE void af_wgmma_load_q(char *dst, const af_mma_params *p, int64_t b, int
         }
         af_cp_async_16(dst + af_wgmma_offset(row, chunk, AF_WG_ROWS), src, n);
     }
+    af_cp_async_commit();
+    af_cp_async_wait_0();
+    af_fence_proxy_async();   /* Q, written through the generic proxy, is read by wgmma (the async proxy) */
+    af_named_bar_sync(AF_WG_Q_BAR + consumer, 128);
 }
 
 /* Issues S(64 x bc) = Q(this warpgroup's 64 rows) · Kᵀ(bc keys) as one wgmma group (no wait), k-steps of 16 over
@@ -375,11 +383,7 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
                                    af_mma_div(hi + p->page_size - 1, p->page_size), AF_THREAD_IDX, 128))
             *bad_page = 1;
     }
-    if (t_begin < t_end) af_wgmma_load_q(q_tile, p, b, hk, &sq, r0, hd);
-    af_cp_async_commit();
-    af_cp_async_wait_0();
-    af_fence_proxy_async();   /* Q, written through the generic proxy, is read by wgmma (the async proxy) */
-    af_syncthreads();         /* the barriers, Q and the page check are ready; the last barrier the whole CTA meets */
+    af_syncthreads();   /* the barriers and the page check are ready; the last barrier the whole CTA meets */
     if (*bad_page) {
         bad = 1;
         t_end = t_begin;
@@ -400,6 +404,7 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
      * spilled 16 of them) */
     const int consumer = af_warp_broadcast(warpgroup - 1), warp = af_warp() % 4;
     const int64_t rt0 = r0 + 64 * consumer + 16 * warp;   /* this warp's 16 rows, as attn_mma.cuh's row tiles */
+    if (t_begin < t_end) af_wgmma_load_q(q_tile, p, b, hk, &sq, r0, consumer, hd);   /* before any accumulator */
     float o[AF_WG_HD_MAX / 2];
     AF_MMA_UNROLL
     for (int d = 0; d < hd / 2; d++) o[d] = 0.0f;
