@@ -149,32 +149,18 @@ def ptxas_report(path):
 
 def s_chain_splits(path):
     """{(arch, kernel): WARPGROUP.ARRIVE placed right before an SS HGMMA (A by descriptor: S = Q·Kᵀ) that accumulates
-    (its C operand is not RZ: a chain's later k-step), i.e. ptxas split the chain; and the dummy HGMMA.64x8x16 it
-    closes split groups with} from cuobjdump --dump-sass."""
-    splits, dummies, arch, kernel, arrived = {}, {}, None, None, False
-    for line in open(path, errors="replace"):
-        m = re.match(r"\s*arch = (sm_\w+)", line)
-        if m:
-            arch, kernel = m.group(1), None
-            continue
-        m = re.search(r"Function : (\S+)", line)
-        if m:
-            kernel, arrived = m.group(1), False
-            splits.setdefault((arch, kernel), 0)
-            dummies.setdefault((arch, kernel), 0)
-            continue
-        if not kernel:
-            continue
-        if re.search(r"\bWARPGROUP\.ARRIVE\b", line):
-            arrived = True
+    (its C operand is not RZ: a chain's later k-step), i.e. ptxas split the chain} from cuobjdump --dump-sass."""
+    splits, arrived = {}, False
+    for key, line in sass_lines(path):
+        splits.setdefault(key, 0)
+        if line is None or re.search(r"\bWARPGROUP\.ARRIVE\b", line):
+            arrived = line is not None   # a kernel's start clears it
         elif re.search(r"\bHGMMA\.", line):
-            if "HGMMA.64x8x16" in line:
-                dummies[(arch, kernel)] += 1
             ss = re.search(r"HGMMA\.\S+ R\d+, gdesc\[", line)
             if arrived and ss and not re.search(r", RZ\b", line.split("gdesc", 2)[-1]):
-                splits[(arch, kernel)] += 1
+                splits[key] += 1
             arrived = False
-    return splits, dummies
+    return splits
 
 def c7519(path):
     """{kernel: ptxas C7519 notes (warpgroup.arrive injected)} from a ptxas -v log."""
@@ -185,10 +171,9 @@ def c7519(path):
             found[m.group(1)] = found.get(m.group(1), 0) + 1
     return found
 
-def sass_counts(path, opcode, pattern=None):
-    """{(arch, kernel): number of `opcode` instructions (or lines matching `pattern`)} from cuobjdump --dump-sass."""
-    pattern = re.compile(pattern or (r"\b" + opcode + r"\."))
-    counts, arch, kernel = {}, None, None
+def sass_lines(path):
+    """(arch, kernel), line for every line of a kernel in cuobjdump --dump-sass (line None at the kernel's start)."""
+    arch, kernel = None, None
     for line in open(path, errors="replace"):
         m = re.match(r"\s*arch = (sm_\w+)", line)
         if m:
@@ -197,10 +182,16 @@ def sass_counts(path, opcode, pattern=None):
         m = re.search(r"Function : (\S+)", line)
         if m:
             kernel = m.group(1)
-            counts.setdefault((arch, kernel), 0)
-            continue
-        if kernel and pattern.search(line):
-            counts[(arch, kernel)] += 1
+            yield (arch, kernel), None
+        elif kernel:
+            yield (arch, kernel), line
+
+def sass_counts(path, opcode, pattern=None):
+    """{(arch, kernel): number of `opcode` instructions (or lines matching `pattern`)} from cuobjdump --dump-sass."""
+    pattern = re.compile(pattern or (r"\b" + opcode + r"\."))
+    counts = {}
+    for key, line in sass_lines(path):
+        counts[key] = counts.get(key, 0) + (line is not None and bool(pattern.search(line)))
     return counts
 
 failures = []
@@ -211,7 +202,8 @@ utmaldg = sass_counts(os.path.join(out, "sass.txt"), "UTMALDG") if sass_count el
 bar_arv = sass_counts(os.path.join(out, "sass.txt"), "", r"\bBAR\.ARV\b") if sass_count else {}
 depbar = sass_counts(os.path.join(out, "sass.txt"), "", r"\bWARPGROUP\.DEPBAR\b") if sass_count else {}
 arrive = sass_counts(os.path.join(out, "sass.txt"), "", r"\bWARPGROUP\.ARRIVE\b") if sass_count else {}
-splits, dummies = s_chain_splits(os.path.join(out, "sass.txt")) if sass_count else ({}, {})
+splits = s_chain_splits(os.path.join(out, "sass.txt")) if sass_count else {}
+dummies = sass_counts(os.path.join(out, "sass.txt"), "", r"\bHGMMA\.64x8x16\b") if sass_count else {}
 injected = c7519(os.path.join(out, "ptxas_sm90a.log"))
 print(f"\nfast paths: kernels matching /{fast_regex.pattern}/ (*); static smem only (dynamic smem is set at launch)")
 print(f"SASS from: {sass_source}")
