@@ -98,7 +98,7 @@ typedef struct {
     int k_blocks, v_blocks;                    /* column blocks of K and V: hd / 64 each (Q·Kᵀ and P·V read all;
                                                   TMA and the gather zero-fill the columns past E / Ev) */
     int varlen_k;                              /* K/V packed by cu_seqlens_k: the box's batch coordinate is 0 */
-    int box_keys;                              /* keys per box: the tile's, or a paged cache's page size below it */
+    int box_keys;                              /* keys per box: the tile's, or a paged cache's gcd(page, tile) */
     int gather;                                /* paged K/V that TMA cannot box: warpgroup 0 gathers with cp.async
                                                   (attn_wgmma_gather.cuh); k_map / v_map unset and never read */
     af_wgmma_sched sched;                      /* which item each CTA (grid x) takes */
