@@ -44,8 +44,9 @@
 #define AF_WG_THREADS 384                      /* 3 warpgroups: the producer and two consumers */
 #define AF_WG_ROWS 128                         /* packed query rows per CTA: 64 per consumer warpgroup */
 #define AF_WG_BC 128                           /* keys per K/V tile, head dims 64 and 128 (the most of any) */
-/* head dim 256: 64-key tiles, two stages beside Q. FlashAttention-3's 80 (wgmma n80, masks in parts of 64 and 16,
- * 225 KiB) fit the shared memory but spill 32 bytes of the consumers' 240 registers (issue 37, docs/CUDA.md). */
+/* head dim 256: 64-key tiles, two stages beside Q. FlashAttention-3's tiles fit the shared memory but ptxas spills
+ * them (issue 37, docs/CUDA.md): 128 x 80 at head dim 256 32 bytes, 128 x 176 at 128 348 bytes, and head dim 64's
+ * 192 x 128 would give three consumers 160 registers, at which this consumer spills 524 bytes. */
 #define AF_WG_BC_OF(hd) ((hd) > 128 ? 64 : AF_WG_BC)
 #define AF_WG_HD_MAX 256                       /* largest head-dim variant */
 #define AF_WG_STAGES 2                         /* K/V tiles in flight (TMA) */
@@ -69,7 +70,8 @@ enum { AF_WG_FULL_K = 0, AF_WG_FULL_V, AF_WG_EMPTY_K, AF_WG_EMPTY_V, AF_WG_BAR_K
 /* The order CTAs take their work items (row block, batch·kv head, split), the same on host and device: CTA i (in
  * launch order: grid x) runs item i. Full attention: row blocks fastest, as the grid was. Causal or windowed:
  * heaviest first (the largest row block, whose rows see the most keys), so the last wave holds the lightest items
- * and not the heaviest (FlashAttention-3's tile schedulers; issue 37 item 4). */
+ * and not the heaviest (FlashAttention-3's tile schedulers; issue 37 item 4). A persistent loop over several items a
+ * CTA spilled in two designs (branches i37-sched, i37-persistent2; docs/CUDA.md). */
 typedef struct {
     int64_t row_blocks, heads, splits;
     int heaviest_first;                        /* causal or windowed */
