@@ -323,7 +323,7 @@ AF_DEVICE void af_wgmma_item_of(const af_wgmma_params *wp, int item, af_wgmma_it
     it->t_begin = split * p->tiles_per_split;
     it->t_end = it->t_begin + p->tiles_per_split < tiles ? it->t_begin + p->tiles_per_split : tiles;
     if (it->t_begin < t_first) it->t_begin = t_first;
-    if (it->bad) it->t_end = it->t_begin;   /* no key read; l = NaN makes its rows (or its partials) NaN */
+    if (it->bad || it->t_end < it->t_begin) it->t_end = it->t_begin;   /* none (a record's count -1 ends the items) */   /* no key read; l = NaN makes its rows (or its partials) NaN */
 }
 
 /* What the producer needs of an item, in shared memory: its 24 registers hold no sequence or

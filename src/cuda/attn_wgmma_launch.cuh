@@ -120,7 +120,7 @@ static cudaError_t af_wgmma_make_plan(const af_problem *p, const af_cuda_device 
     /* one wave of persistent CTAs (each item's prologue and epilogue under another's loads); a paged cache, whose
      * pages each CTA checks before reading any, one item a CTA */
     const int64_t resident = (int64_t)(dev->sm_count > 0 ? dev->sm_count : 1) * plan->ctas_per_sm;
-    plan->grid_x = p->page_table || plan->items < resident ? plan->items : resident;
+    plan->grid_x = p->page_table || !AF_WG_PERSISTENT(plan->hd) || plan->items < resident ? plan->items : resident;
     plan->lse_bytes = plan->workspace = 0;
     if (plan->splits > 1) {
         const size_t rows = (size_t)(p->B * p->Hq * p->L) * (size_t)plan->splits;

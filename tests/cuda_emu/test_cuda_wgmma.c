@@ -698,7 +698,7 @@ static void views_fit(void **state) {
 static void schedule_order(void **state) {
     (void)state;
     for (int heaviest = 0; heaviest < 2; heaviest++) {
-        const af_wgmma_sched s = {5, 3, 2, heaviest};
+        const af_wgmma_sched s = {5, 3, 2, heaviest, 30};
         const int64_t items = af_wgmma_sched_items(&s);
         assert_int_equal(items, 30);
         bool seen[30] = {false};
@@ -718,7 +718,8 @@ static void schedule_order(void **state) {
     af_problem p = hopper_problem();   /* 2 row blocks */
     af_wgmma_plan plan;
     assert_int_equal(af_wgmma_make_plan(&p, &one_sm, &plan), cudaSuccess);
-    assert_int_equal(plan.grid_x, af_wgmma_sched_items(&plan.sched));
+    assert_int_equal(plan.items, af_wgmma_sched_items(&plan.sched));
+    assert_int_equal(plan.grid_x, 1);   /* persistent: one CTA walks both items */
     assert_false(plan.sched.heaviest_first);
     p.causal = AF_CAUSAL_TOP_LEFT, p.B = 4;
     assert_int_equal(af_wgmma_make_plan(&p, &many_sms, &plan), cudaSuccess);
