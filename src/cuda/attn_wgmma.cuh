@@ -536,6 +536,7 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
         }
         af_fence_mbarrier_init();
         af_wgmma_post_record(wp, records, item_bars, AF_BLOCK_IDX_X, first_issued, bc);
+        if (!AF_WG_PERSISTENT(hd)) af_wgmma_post_record(wp, records, item_bars, wp->sched.items, 0, bc);   /* the end */
         /* tile 0's K and V at once, under Q's copy and the barrier below (issue 37 item 5): this thread is the
          * producer's lane 0 and initialised the barriers; paged caches wait for their pages' check */
         if (first_issued) {
@@ -582,7 +583,8 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
     if (hd <= 128 && consumer == 0) af_named_bar_arrive(AF_WG_TURN_BAR, 256);
     uint32_t g = 0;   /* tiles consumed so far: the ring's position */
     for (int item = AF_BLOCK_IDX_X; item < wp->sched.items; item += AF_GRID_DIM_X) {
-        if (AF_THREAD_IDX == 128) af_wgmma_post_record(wp, records, item_bars, item + AF_GRID_DIM_X, 0, bc);
+        if (AF_WG_PERSISTENT(hd) && AF_THREAD_IDX == 128)   /* the producer's next */
+            af_wgmma_post_record(wp, records, item_bars, item + AF_GRID_DIM_X, 0, bc);
         af_wgmma_item it;
         af_wgmma_item_of(wp, item, &it, bc);
         if (!it.rows) continue;
