@@ -139,8 +139,6 @@ AF_DEVICE int af_wgmma_offset(int row, int chunk, int rows) {
     return (chunk / 8) * AF_WG_BLOCK_BYTES(rows) + row * 128 + (((chunk % 8) ^ (row % 8)) << 4);
 }
 
-#include "cuda/attn_wgmma_gather.cuh"
-
 /* Consumer `consumer`'s 64 packed query rows (from r0 + 64·consumer) into the swizzled Q tile by cp.async, hd/8
  * chunks a row, its warpgroup's 128 threads a share; rows past the sequence's packed rows and columns past E are
  * zero-filled. Published to the warpgroup's own wgmmas (the async proxy) by a named barrier of its 128 threads, not
@@ -148,7 +146,9 @@ AF_DEVICE int af_wgmma_offset(int row, int chunk, int rows) {
 AF_DEVICE void af_wgmma_load_q(char *dst, const af_mma_params *p, int64_t b, int64_t hk, const af_sequence *sq,
                                int64_t r0, int consumer, const int hd) {
     const int chunks = hd / 8;
-    for (int i = AF_THREAD_IDX % 128; i < 64 * chunks; i += 128) {
+    /* the thread index read afresh: this runs once an item, and addresses hoisted out of the item loop would hold
+     * registers through the tiles (ptxas spilled one) */
+    for (int i = af_thread_idx_reread() % 128; i < 64 * chunks; i += 128) {
         const int row = 64 * consumer + i / chunks, chunk = i % chunks, bytes = af_mma_chunk_bytes(p->E, chunk, 2);
         const int64_t r = r0 + row;
         const char *src = p->q;
@@ -349,6 +349,8 @@ AF_DEVICE char *af_wgmma_v_stages(char *base, int stages, const int hd) {
     return af_wgmma_k_stages(base, hd) + stages * (hd / AF_WG_ATOM) * AF_WG_BLOCK_BYTES(AF_WG_BC_OF(hd));
 }
 
+#include "cuda/attn_wgmma_gather.cuh"
+
 /* Posts the record of this CTA's j-th item into slot j % 2 ("item full" j % 2) once the producer is done with the
  * slot's last one ("item empty"): thread 0 posts item 0's before the CTA barrier, consumer 0's first thread item
  * j + 1's when it starts item j, so the producer loads an item's first tiles under the last item's epilogue. */
@@ -380,16 +382,20 @@ AF_DEVICE void af_wgmma_produce(const af_wgmma_params *p, char *base, const int 
     uint64_t *bars = af_wgmma_bars(base), *tail_bar = af_wgmma_tail_bar(base), *item_bars = af_wgmma_item_bars(base);
     const af_wgmma_record *records = af_wgmma_records(base);
     uint32_t g = 0, tails = 0;
-    for (int j = 0;; j++) {
+    for (int j = 0; AF_WG_PERSISTENT(hd) || j == 0; j++) {   /* head dim 256: one item a CTA, one record */
         const int slot = j & 1;
         af_mbarrier_wait_parity(item_bars + slot, (uint32_t)((j / 2) & 1));
         /* read in place, where used (volatile: no register holds a field): released after the item's last tile */
         const volatile af_wgmma_record *r = records + slot;
-        const int count = r->count;
-        if (count < 0) break;
+        const int end = r->count < 0;
+        /* the slot released at once (no register holds its address through the item): consumer 0 rewrites it when
+         * it starts the next item (posting the one after), so after the consumers took this item's last tile, which
+         * this lane's "full V" arrive released after its last read of the record */
+        af_mbarrier_arrive(item_bars + 2 + slot);
+        if (end) break;
         /* a paged cache's one item: each box's page through the table */
         const int32_t *table = p->m.page_table ? p->m.page_table + (int64_t)r->b * p->m.page_table_stride[0] : NULL;
-        for (int n = 0; n < count; n++, g++) {
+        for (int n = 0; n < r->count; n++, g++) {
             const int stage = (int)(g % AF_WG_STAGES), tile = r->t_begin + n, keys = r->keys;
             const int tail = keys % bc ? keys / bc : -1, issue = lane == 0 && (n > 0 || !r->issued);
             const uint32_t released = (g / AF_WG_STAGES - 1) & 1;
@@ -408,7 +414,6 @@ AF_DEVICE void af_wgmma_produce(const af_wgmma_params *p, char *base, const int 
                 if (lane == 0) af_mbarrier_arrive(full_v);
             }
         }
-        af_mbarrier_arrive(item_bars + 2 + slot);   /* this lane is done with the record */
     }
 }
 
@@ -536,7 +541,6 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
         }
         af_fence_mbarrier_init();
         af_wgmma_post_record(wp, records, item_bars, AF_BLOCK_IDX_X, first_issued, bc);
-        if (!AF_WG_PERSISTENT(hd)) af_wgmma_post_record(wp, records, item_bars, wp->sched.items, 0, bc);   /* the end */
         /* tile 0's K and V at once, under Q's copy and the barrier below (issue 37 item 5): this thread is the
          * producer's lane 0 and initialised the barriers; paged caches wait for their pages' check */
         if (first_issued) {
@@ -564,11 +568,9 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
     const int warpgroup = AF_THREAD_IDX / 128;
     if (warpgroup == 0) {
         AF_SETMAXNREG_DEC(24);
-        if (wp->gather) {   /* one item a CTA; one barrier a stage for K and V ("full K"), refilled once V is released */
-            const int64_t t_end = *bad_page ? first.t_begin : first.t_end;
-            af_wgmma_gather(wp, k_stages, v_stages, af_wgmma_bar(bars, AF_WG_FULL_K, 0),
-                            af_wgmma_bar(bars, AF_WG_EMPTY_V, 0), first.b, first.hk, &first.sq, first.t_begin, t_end,
-                            hd);
+        if (wp->gather) {   /* one item a CTA (record 0, its count 0 past a bad page); one barrier a stage for K and
+                             * V ("full K"), refilled once V is released */
+            af_wgmma_gather(wp, base, records, hd);
         } else if (AF_THREAD_IDX < 32) {
             af_wgmma_produce(wp, base, hd);   /* its pointers from the base: offsets, not registers */
         }
@@ -582,7 +584,8 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
      * next */
     if (hd <= 128 && consumer == 0) af_named_bar_arrive(AF_WG_TURN_BAR, 256);
     uint32_t g = 0;   /* tiles consumed so far: the ring's position */
-    for (int item = AF_BLOCK_IDX_X; item < wp->sched.items; item += AF_GRID_DIM_X) {
+    /* the item read afresh: the prologue's block index would live through it into this region (ptxas spilled it) */
+    for (int item = af_block_idx_x_reread(); item < wp->sched.items; item += AF_GRID_DIM_X) {
         if (AF_WG_PERSISTENT(hd) && AF_THREAD_IDX == 128)   /* the producer's next */
             af_wgmma_post_record(wp, records, item_bars, item + AF_GRID_DIM_X, 0, bc);
         af_wgmma_item it;
