@@ -32,7 +32,12 @@
  *     waiting, refilling a stage once its "empty V" completes, three stages at head dims 64 and 128
  *     (AF_WG_STAGES_OF); the consumers fence the async proxy after their wait (af_wgmma_wait_full); no tensor map;
  *   - causal and window tiles outside the block's keys are never loaded; split-KV, sinks and LSE as attn_mma.cuh;
- *   - CTA i takes work item i of af_wgmma_sched: the heaviest row block first under causality or a window.
+ *   - the work items (row block, batch·kv head, split) in af_wgmma_sched's order, the heaviest row block first under
+ *     causality or a window; at head dims 64 and 128 one wave of persistent CTAs walks them (CTA i items i, i + grid,
+ *     ...): consumer 0 computes each next item and posts what the producer needs (a record in shared memory, two
+ *     slots with "item full" / "item empty" mbarriers), so the producer loads an item's first tiles under the last
+ *     item's epilogue; the stage ring, the tail barrier's phases and the ping-pong turn run on across items; head dim
+ *     256 and paged caches (their pages checked by the CTA first) get one item a CTA.
  * Variants: AF_WGMMA_KERNEL stamps one kernel per (head dim 64/128/256, dtype). */
 #ifndef AF_CUDA_ATTN_WGMMA_CUH
 #define AF_CUDA_ATTN_WGMMA_CUH
@@ -47,8 +52,8 @@
 /* head dim 256: 64-key tiles, two stages beside Q. FlashAttention-3's 80 (wgmma n80, masks in parts of 64 and 16,
  * 225 KiB) fit the shared memory but spill 32 bytes of the consumers' 240 registers (issue 37, docs/CUDA.md). */
 #define AF_WG_BC_OF(hd) ((hd) > 128 ? 64 : AF_WG_BC)
-/* Head dims whose CTAs walk several items (af_wgmma_body): at 256 the consumers' 240 registers hold no item state
- * beside O's 128 accumulators without spilling, so the plan gives each CTA one item. */
+/* Head dims whose CTAs walk several items (af_wgmma_body): at 256 the item loop spills 56 bytes of the consumers'
+ * 240 registers beside O's 128 accumulators, so the plan gives each CTA one item there. */
 #define AF_WG_PERSISTENT(hd) ((hd) <= 128)
 #define AF_WG_HD_MAX 256                       /* largest head-dim variant */
 #define AF_WG_STAGES 2                         /* K/V tiles in flight (TMA) */
@@ -70,9 +75,9 @@ enum { AF_WG_FULL_K = 0, AF_WG_FULL_V, AF_WG_EMPTY_K, AF_WG_EMPTY_V, AF_WG_BAR_K
                                                   128-byte aligned at least) */
 
 /* The order CTAs take their work items (row block, batch·kv head, split), the same on host and device: CTA i (in
- * launch order: grid x) runs item i. Full attention: row blocks fastest, as the grid was. Causal or windowed:
- * heaviest first (the largest row block, whose rows see the most keys), so the last wave holds the lightest items
- * and not the heaviest (FlashAttention-3's tile schedulers; issue 37 item 4). */
+ * launch order: grid x) runs items i, i + grid, ... Full attention: row blocks fastest, as the grid was. Causal or
+ * windowed: heaviest first (the largest row block, whose rows see the most keys), so the last items are the lightest
+ * (FlashAttention-3's tile schedulers; issue 37 item 4). */
 typedef struct {
     int64_t row_blocks, heads, splits;
     int heaviest_first;                        /* causal or windowed */
@@ -323,11 +328,13 @@ AF_DEVICE void af_wgmma_item_of(const af_wgmma_params *wp, int item, af_wgmma_it
     it->t_begin = split * p->tiles_per_split;
     it->t_end = it->t_begin + p->tiles_per_split < tiles ? it->t_begin + p->tiles_per_split : tiles;
     if (it->t_begin < t_first) it->t_begin = t_first;
-    if (it->bad || it->t_end < it->t_begin) it->t_end = it->t_begin;   /* none (a record's count -1 ends the items) */   /* no key read; l = NaN makes its rows (or its partials) NaN */
+    /* a broken sequence reads no key (l = NaN makes its rows or partials NaN); a split past the block's keys reads
+     * none either, and its count stays 0 (a record's count -1 ends the items) */
+    if (it->bad || it->t_end < it->t_begin) it->t_end = it->t_begin;
 }
 
-/* What the producer needs of an item, in shared memory: its 24 registers hold no sequence or
- * key-range arithmetic (the persistent loop's items are computed by the consumers; count -1: no more items). */
+/* What the producer needs of an item, in shared memory: its 24 registers hold no sequence or key-range arithmetic
+ * (the consumers compute the items; count -1: no more items). */
 typedef struct {
     int t_begin, count, keys, first_key, batch, hk;
     int issued;                                /* the item's first tile was issued already (af_wgmma_body) */
@@ -342,6 +349,11 @@ AF_DEVICE uint64_t *af_wgmma_tail_bar(char *base) { return af_wgmma_bars(base) +
 AF_DEVICE uint64_t *af_wgmma_item_bars(char *base) { return af_wgmma_tail_bar(base) + 1; }
 AF_DEVICE af_wgmma_record *af_wgmma_records(char *base) { return (af_wgmma_record *)(af_wgmma_item_bars(base) + 4); }
 AF_DEVICE int *af_wgmma_bad_page(char *base) { return (int *)(af_wgmma_records(base) + 2); }
+/* the head's contents (204 bytes) fit AF_WG_HEAD: an array of negative size otherwise */
+typedef char af_wgmma_head_fits[(AF_WG_BAR_KINDS * AF_WG_STAGES_MAX + 5) * 8 + 2 * sizeof(af_wgmma_record) + 4 <=
+                                        AF_WG_HEAD
+                                    ? 1
+                                    : -1];
 AF_DEVICE char *af_wgmma_k_stages(char *base, const int hd) {
     return base + AF_WG_HEAD + (hd / AF_WG_ATOM) * AF_WG_BLOCK_BYTES(AF_WG_ROWS);
 }
@@ -371,8 +383,8 @@ AF_DEVICE void af_wgmma_post_record(const af_wgmma_params *wp, af_wgmma_record *
 }
 
 /* The producer, warp 0 of warpgroup 0 (lane 0 issues), item after item (af_wgmma_post_record's records; a paged
- * cache's one item a CTA, each box's page through the table): tiles [t_begin, t_begin + count) of bc keys, the ring's g-th tile (counted over the CTA's items) into
- * stage g % AF_WG_STAGES: its K once the consumers' S read the stage's last K ("empty K" phase g / AF_WG_STAGES - 1),
+ * cache's one item a CTA, each box's page through the table): tiles [t_begin, t_begin + count) of bc keys, the
+ * ring's g-th tile (counted over the CTA's items) into stage g % AF_WG_STAGES: its K once the consumers' S read the stage's last K ("empty K" phase g / AF_WG_STAGES - 1),
  * completing "full K", then its V once their P·V read the last V ("empty V"), completing "full V"; a sequence's
  * partial last tile's V lands on the tail barrier instead (its phases counted by `tails`), is cleared past its keys,
  * then completes "full V" with lane 0's arrive. */
@@ -385,7 +397,7 @@ AF_DEVICE void af_wgmma_produce(const af_wgmma_params *p, char *base, const int 
     for (int j = 0; AF_WG_PERSISTENT(hd) || j == 0; j++) {   /* head dim 256: one item a CTA, one record */
         const int slot = j & 1;
         af_mbarrier_wait_parity(item_bars + slot, (uint32_t)((j / 2) & 1));
-        /* read in place, where used (volatile: no register holds a field): released after the item's last tile */
+        /* read in place, where used (volatile: no register holds a field, ptxas spilled them) */
         const volatile af_wgmma_record *r = records + slot;
         const int end = r->count < 0;
         /* the slot released at once (no register holds its address through the item): consumer 0 rewrites it when
@@ -516,7 +528,7 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
     af_wgmma_item_of(wp, AF_BLOCK_IDX_X, &first, bc);
 
     char *base = af_wgmma_tiles_base();   /* the swizzle patterns count from here */
-    const int blocks = hd / AF_WG_ATOM, stages = AF_WG_STAGES_OF(hd, wp->gather);
+    const int stages = AF_WG_STAGES_OF(hd, wp->gather);
     char *q_tile = base + AF_WG_HEAD, *k_stages = af_wgmma_k_stages(base, hd);
     char *v_stages = af_wgmma_v_stages(base, stages, hd);
     uint64_t *bars = af_wgmma_bars(base), *tail_bar = af_wgmma_tail_bar(base), *item_bars = af_wgmma_item_bars(base);
@@ -568,12 +580,10 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
     const int warpgroup = AF_THREAD_IDX / 128;
     if (warpgroup == 0) {
         AF_SETMAXNREG_DEC(24);
-        if (wp->gather) {   /* one item a CTA (record 0, its count 0 past a bad page); one barrier a stage for K and
-                             * V ("full K"), refilled once V is released */
+        if (wp->gather)   /* one item a CTA (record 0, its count 0 past a bad page) */
             af_wgmma_gather(wp, base, records, hd);
-        } else if (AF_THREAD_IDX < 32) {
+        else if (AF_THREAD_IDX < 32)
             af_wgmma_produce(wp, base, hd);   /* its pointers from the base: offsets, not registers */
-        }
         return;
     }
     AF_SETMAXNREG_INC(240);
@@ -582,7 +592,7 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
     const int consumer = af_warp_broadcast(warpgroup - 1);
     /* consumer 0's turn first; from then on consumer 1's last hand-over of an item is consumer 0's first turn of the
      * next */
-    if (hd <= 128 && consumer == 0) af_named_bar_arrive(AF_WG_TURN_BAR, 256);
+    if (hd <= 128 && consumer == 0) af_named_bar_arrive(AF_WG_TURN_BAR, 256);   /* ping-pong (af_wgmma_consume) */
     uint32_t g = 0;   /* tiles consumed so far: the ring's position */
     /* the item read afresh: the prologue's block index would live through it into this region (ptxas spilled it) */
     for (int item = af_block_idx_x_reread(); item < wp->sched.items; item += AF_GRID_DIM_X) {

@@ -18,7 +18,8 @@ typedef struct {
     int ctas_per_sm;
     int64_t row_blocks, heads, tiles, tiles_per_split, splits;
     af_wgmma_sched sched;                      /* the work items */
-    int64_t items, grid_x;                     /* grid_x: min(items, the CTAs resident at once); paged: items */
+    int64_t items, grid_x;                     /* grid_x: min(items, the CTAs resident at once) where the kernel
+                                                  walks items (AF_WG_PERSISTENT, unpaged), else the items */
     size_t lse_bytes, workspace;
 } af_wgmma_plan;
 
@@ -117,8 +118,8 @@ static cudaError_t af_wgmma_make_plan(const af_problem *p, const af_cuda_device 
     plan->items = af_wgmma_sched_items(&plan->sched);
     const int64_t most = AF_MMA_GRID_X_MAX / 2;   /* an item index plus the grid stays in 32 bits */
     plan->sched.items = plan->items <= most ? (int)plan->items : 0;   /* refused below when past */
-    /* one wave of persistent CTAs (each item's prologue and epilogue under another's loads); a paged cache, whose
-     * pages each CTA checks before reading any, one item a CTA */
+    /* one wave of persistent CTAs (each item's prologue and epilogue under another's loads); head dim 256 and a paged
+     * cache (whose pages each CTA checks before reading any) one item a CTA */
     const int64_t resident = (int64_t)(dev->sm_count > 0 ? dev->sm_count : 1) * plan->ctas_per_sm;
     plan->grid_x = p->page_table || !AF_WG_PERSISTENT(plan->hd) || plan->items < resident ? plan->items : resident;
     plan->lse_bytes = plan->workspace = 0;
