@@ -32,7 +32,12 @@
  *     waiting, refilling a stage once its "empty V" completes, three stages at head dims 64 and 128
  *     (AF_WG_STAGES_OF); the consumers fence the async proxy after their wait (af_wgmma_wait_full); no tensor map;
  *   - causal and window tiles outside the block's keys are never loaded; split-KV, sinks and LSE as attn_mma.cuh;
- *   - CTA i takes work item i of af_wgmma_sched: the heaviest row block first under causality or a window.
+ *   - the work items (row block, batch·kv head, split) in af_wgmma_sched's order, the heaviest row block first under
+ *     causality or a window; at head dims 64 and 128 one wave of persistent CTAs walks them (CTA i items i, i + grid,
+ *     ...): consumer 0 computes each next item and posts what the producer needs (a record in shared memory, two
+ *     slots with "item full" / "item empty" mbarriers), so the producer loads an item's first tiles under the last
+ *     item's epilogue; the stage ring, the tail barrier's phases and the ping-pong turn run on across items; head dim
+ *     256 and paged caches (their pages checked by the CTA first) get one item a CTA.
  * Variants: AF_WGMMA_KERNEL stamps one kernel per (head dim 64/128/256, dtype). */
 #ifndef AF_CUDA_ATTN_WGMMA_CUH
 #define AF_CUDA_ATTN_WGMMA_CUH
@@ -48,6 +53,9 @@
  * them (issue 37, docs/CUDA.md): 128 x 80 at head dim 256 32 bytes, 128 x 176 at 128 348 bytes, and head dim 64's
  * 192 x 128 would give three consumers 160 registers, at which this consumer spills 524 bytes. */
 #define AF_WG_BC_OF(hd) ((hd) > 128 ? 64 : AF_WG_BC)
+/* Head dims whose CTAs walk several items (af_wgmma_body): at 256 the item loop spills 56 bytes of the consumers'
+ * 240 registers beside O's 128 accumulators, so the plan gives each CTA one item there. */
+#define AF_WG_PERSISTENT(hd) ((hd) <= 128)
 #define AF_WG_HD_MAX 256                       /* largest head-dim variant */
 #define AF_WG_STAGES 2                         /* K/V tiles in flight (TMA) */
 /* Stages of the ring: the gathered path's copies, issued by threads and completed without a wait, take one more
@@ -68,13 +76,14 @@ enum { AF_WG_FULL_K = 0, AF_WG_FULL_V, AF_WG_EMPTY_K, AF_WG_EMPTY_V, AF_WG_BAR_K
                                                   128-byte aligned at least) */
 
 /* The order CTAs take their work items (row block, batch·kv head, split), the same on host and device: CTA i (in
- * launch order: grid x) runs item i. Full attention: row blocks fastest, as the grid was. Causal or windowed:
- * heaviest first (the largest row block, whose rows see the most keys), so the last wave holds the lightest items
- * and not the heaviest (FlashAttention-3's tile schedulers; issue 37 item 4). A persistent loop over several items a
- * CTA spilled in two designs (branches i37-sched, i37-persistent2; docs/CUDA.md). */
+ * launch order: grid x) runs items i, i + grid, ... Full attention: row blocks fastest, as the grid was. Causal or
+ * windowed: heaviest first (the largest row block, whose rows see the most keys), so the last items are the lightest
+ * (FlashAttention-3's tile schedulers; issue 37 item 4). */
 typedef struct {
     int64_t row_blocks, heads, splits;
     int heaviest_first;                        /* causal or windowed */
+    int items;                                 /* row_blocks · heads · splits, below 2^30: an item index plus the
+                                                  grid stays in 32 bits */
 } af_wgmma_sched;
 
 AF_HOST_DEVICE static inline int64_t af_wgmma_sched_items(const af_wgmma_sched *s) {
@@ -106,14 +115,15 @@ typedef struct {
     af_wgmma_sched sched;                      /* which item each CTA (grid x) takes */
 } af_wgmma_params;
 
-/* Shared memory: Q (hd/64 column blocks of 128 rows), then the stages' K and V (hd/64 column blocks of a tile's
- * keys each), then the AF_WG_BAR_KINDS·AF_WG_STAGES_MAX + 1 mbarriers and a flag; every tile starts on a window address that is a multiple
- * of 1024 bytes (af_wgmma_tiles_base), which may cost up to AF_WG_ALIGN_SLACK bytes at the front. */
+#define AF_WG_HEAD 1024                       /* the mbarriers, item records and a flag (af_wgmma_bars), before Q:
+                                                  one swizzle pattern, so the tiles after it stay on the pattern */
+/* Shared memory: the head (AF_WG_HEAD), then Q (hd/64 column blocks of 128 rows), the stages' K and V (hd/64 column
+ * blocks of a tile's keys each); every tile starts on a window address that is a multiple of 1024 bytes
+ * (af_wgmma_tiles_base), which may cost up to AF_WG_ALIGN_SLACK bytes at the front. */
 static inline size_t af_wgmma_smem_bytes(int hd, int stages) {
     const size_t blocks = (size_t)hd / AF_WG_ATOM;
-    return AF_WG_ALIGN_SLACK + blocks * AF_WG_BLOCK_BYTES(AF_WG_ROWS) +
-           2 * (size_t)stages * blocks * AF_WG_BLOCK_BYTES(AF_WG_BC_OF(hd)) +
-           (AF_WG_BAR_KINDS * AF_WG_STAGES_MAX + 1) * sizeof(uint64_t) + sizeof(uint64_t);   /* the tail's, a flag */
+    return AF_WG_ALIGN_SLACK + AF_WG_HEAD + blocks * AF_WG_BLOCK_BYTES(AF_WG_ROWS) +
+           2 * (size_t)stages * blocks * AF_WG_BLOCK_BYTES(AF_WG_BC_OF(hd));
 }
 
 /* The first byte of the dynamic shared memory whose window address is a multiple of AF_WG_PATTERN: TMA and wgmma
@@ -135,8 +145,6 @@ AF_DEVICE int af_wgmma_offset(int row, int chunk, int rows) {
     return (chunk / 8) * AF_WG_BLOCK_BYTES(rows) + row * 128 + (((chunk % 8) ^ (row % 8)) << 4);
 }
 
-#include "cuda/attn_wgmma_gather.cuh"
-
 /* Consumer `consumer`'s 64 packed query rows (from r0 + 64·consumer) into the swizzled Q tile by cp.async, hd/8
  * chunks a row, its warpgroup's 128 threads a share; rows past the sequence's packed rows and columns past E are
  * zero-filled. Published to the warpgroup's own wgmmas (the async proxy) by a named barrier of its 128 threads, not
@@ -144,7 +152,9 @@ AF_DEVICE int af_wgmma_offset(int row, int chunk, int rows) {
 AF_DEVICE void af_wgmma_load_q(char *dst, const af_mma_params *p, int64_t b, int64_t hk, const af_sequence *sq,
                                int64_t r0, int consumer, const int hd) {
     const int chunks = hd / 8;
-    for (int i = AF_THREAD_IDX % 128; i < 64 * chunks; i += 128) {
+    /* the thread index read afresh: this runs once an item, and addresses hoisted out of the item loop would hold
+     * registers through the tiles (ptxas spilled one) */
+    for (int i = af_thread_idx_reread() % 128; i < 64 * chunks; i += 128) {
         const int row = 64 * consumer + i / chunks, chunk = i % chunks, bytes = af_mma_chunk_bytes(p->E, chunk, 2);
         const int64_t r = r0 + row;
         const char *src = p->q;
@@ -260,9 +270,9 @@ AF_DEVICE void af_wgmma_pass_turn(int consumer) { af_named_bar_arrive(AF_WG_TURN
  * the stage), landed on the tail barrier: TMA reads whole boxes, so they hold the next sequence's keys, a page's
  * unused rows or anything at all, and a weight of 0 times a NaN there would be NaN. The stores are published to the
  * async proxy and the warp meets before its lane 0 completes the stage's "full" phase. */
-AF_DEVICE void af_wgmma_clear_tail(char *v_stage, uint64_t *tail_bar, int valid, const int hd) {
+AF_DEVICE void af_wgmma_clear_tail(char *v_stage, uint64_t *tail_bar, uint32_t parity, int valid, const int hd) {
     const int bc = AF_WG_BC_OF(hd), chunks = (bc - valid) * 8;   /* the rows' 16-byte chunks in one column block */
-    af_mbarrier_wait_parity(tail_bar, 0);   /* its only phase */
+    af_mbarrier_wait_parity(tail_bar, parity);
     for (int block = 0; block < hd / AF_WG_ATOM; block++)
         for (int i = af_lane(); i < chunks; i += 32) {
             uint32_t *w = (uint32_t *)(v_stage + block * AF_WG_BLOCK_BYTES(bc) + valid * 128 + i * 16);
@@ -293,124 +303,150 @@ AF_DEVICE void af_wgmma_load_boxes(const af_wgmma_params *p, char *stage, const 
     }
 }
 
-/* The producer, warp 0 of warpgroup 0 (lane 0 issues): tiles [t_begin, t_end) of bc keys, tile n into stage
- * n % AF_WG_STAGES: its K once the consumers' S read the stage's last K ("empty K" phase n / AF_WG_STAGES - 1),
- * completing "full K", then its V once their P·V read the last V ("empty V"), completing "full V"; the sequence's
- * partial last tile's V lands on the tail barrier instead, is cleared past its keys, then completes "full V" with
- * lane 0's arrive. Tile 0's boxes were issued already when `first_issued` (af_wgmma_issue_first). */
-AF_DEVICE void af_wgmma_produce(const af_wgmma_params *p, char *k_stages, char *v_stages, uint64_t *bars,
-                                uint64_t *tail_bar, int64_t b, int64_t hk, const af_sequence *sq, int64_t t_begin,
-                                int64_t t_end, int first_issued, const int hd) {
-    const int bc = AF_WG_BC_OF(hd), stage_bytes = (hd / AF_WG_ATOM) * AF_WG_BLOCK_BYTES(bc);
-    /* 32-bit from here (the plan bounds keys, pages and the table's row): the producer runs on 24 registers */
-    const int32_t *table = p->m.page_table ? p->m.page_table + b * p->m.page_table_stride[0] : NULL;
-    const int keys = (int)sq->S, first_key = (int)sq->k0, batch = p->varlen_k ? 0 : (int)b;
-    const int tail = keys % bc ? keys / bc : -1, lane = af_lane(), count = (int)(t_end - t_begin);
-    for (int n = 0; n < count; n++) {
-        const int stage = n % AF_WG_STAGES, tile = (int)t_begin + n;
-        const uint32_t released = (uint32_t)((n / AF_WG_STAGES - 1) & 1);
-        if (n >= AF_WG_STAGES) af_mbarrier_wait_parity(af_wgmma_bar(bars, AF_WG_EMPTY_K, stage), released);
-        const int issue = lane == 0 && (n > 0 || !first_issued);
-        if (issue)
-            af_wgmma_load_boxes(p, k_stages + stage * stage_bytes, &p->k_map, af_wgmma_bar(bars, AF_WG_FULL_K, stage),
-                                table, tile, keys, first_key, batch, (int)hk, hd);
-        if (n >= AF_WG_STAGES) af_mbarrier_wait_parity(af_wgmma_bar(bars, AF_WG_EMPTY_V, stage), released);
-        uint64_t *full_v = af_wgmma_bar(bars, AF_WG_FULL_V, stage);
-        if (issue)
-            af_wgmma_load_boxes(p, v_stages + stage * stage_bytes, &p->v_map, tile == tail ? tail_bar : full_v, table,
-                                tile, keys, first_key, batch, (int)hk, hd);
-        if (tile == tail) {
-            af_wgmma_clear_tail(v_stages + stage * stage_bytes, tail_bar, keys - tail * bc, hd);
-            if (lane == 0) af_mbarrier_arrive(full_v);
+/* One work item as the consumers compute it (af_wgmma_item_of). */
+typedef struct {
+    int64_t b, hk, r0;                         /* batch, kv head, first packed row */
+    af_sequence sq;
+    int64_t t_begin, t_end, hi_min, lo_max;    /* the tiles it reads; the keys every / some row sees */
+    int bad;                                   /* the sequence's bounds are broken: no key read, its rows NaN */
+    int rows;                                  /* the row block holds rows of its sequence (else skipped: the combine
+                                                  skips them too) */
+} af_wgmma_item;
+
+/* Item `item`'s batch, head, rows, sequence and tile range [t_begin, t_end) (empty when it has no rows or a broken
+ * sequence). */
+AF_DEVICE void af_wgmma_item_of(const af_wgmma_params *wp, int item, af_wgmma_item *it, const int bc) {
+    const af_mma_params *p = &wp->m;
+    int64_t rb, bhk, split, lo_min, hi_max;
+    af_wgmma_sched_item(&wp->sched, item, &rb, &bhk, &split);
+    it->b = af_mma_div(bhk, p->Hkv), it->hk = af_mma_mod(bhk, p->Hkv), it->r0 = rb * AF_WG_ROWS;
+    it->bad = af_mma_sequence_checked(p, it->b, &it->sq) != AF_SEQ_OK;
+    it->rows = it->r0 < p->group * it->sq.L;
+    it->t_begin = it->t_end = 0;
+    if (!it->rows) return;
+    af_mma_block_keys(p, &it->sq, it->r0, AF_WG_ROWS, &lo_min, &it->hi_min, &it->lo_max, &hi_max);
+    const int64_t tiles = (hi_max + bc - 1) / bc, t_first = lo_min / bc;
+    it->t_begin = split * p->tiles_per_split;
+    it->t_end = it->t_begin + p->tiles_per_split < tiles ? it->t_begin + p->tiles_per_split : tiles;
+    if (it->t_begin < t_first) it->t_begin = t_first;
+    /* a broken sequence reads no key (l = NaN makes its rows or partials NaN); a split past the block's keys reads
+     * none either, and its count stays 0 (a record's count -1 ends the items) */
+    if (it->bad || it->t_end < it->t_begin) it->t_end = it->t_begin;
+}
+
+/* What the producer needs of an item, in shared memory: its 24 registers hold no sequence or key-range arithmetic
+ * (the consumers compute the items; count -1: no more items). */
+typedef struct {
+    int t_begin, count, keys, first_key, batch, hk;
+    int issued;                                /* the item's first tile was issued already (af_wgmma_body) */
+    int b;                                     /* the batch's row of the page table */
+} af_wgmma_record;
+
+/* The shared memory's layout from the tiles' base (af_wgmma_tiles_base): the AF_WG_BAR_KINDS·AF_WG_STAGES_MAX stage
+ * mbarriers, the tail's, the items' four ("full" and "empty" of two slots), two item records and a flag in the first
+ * AF_WG_HEAD bytes (constant offsets: the producer keeps one pointer), then Q, the stages' K, the stages' V. */
+AF_DEVICE uint64_t *af_wgmma_bars(char *base) { return (uint64_t *)base; }
+AF_DEVICE uint64_t *af_wgmma_tail_bar(char *base) { return af_wgmma_bars(base) + AF_WG_BAR_KINDS * AF_WG_STAGES_MAX; }
+AF_DEVICE uint64_t *af_wgmma_item_bars(char *base) { return af_wgmma_tail_bar(base) + 1; }
+AF_DEVICE af_wgmma_record *af_wgmma_records(char *base) { return (af_wgmma_record *)(af_wgmma_item_bars(base) + 4); }
+AF_DEVICE int *af_wgmma_bad_page(char *base) { return (int *)(af_wgmma_records(base) + 2); }
+/* the head's contents (204 bytes) fit AF_WG_HEAD: an array of negative size otherwise */
+typedef char af_wgmma_head_fits[(AF_WG_BAR_KINDS * AF_WG_STAGES_MAX + 5) * 8 + 2 * sizeof(af_wgmma_record) + 4 <=
+                                        AF_WG_HEAD
+                                    ? 1
+                                    : -1];
+AF_DEVICE char *af_wgmma_k_stages(char *base, const int hd) {
+    return base + AF_WG_HEAD + (hd / AF_WG_ATOM) * AF_WG_BLOCK_BYTES(AF_WG_ROWS);
+}
+AF_DEVICE char *af_wgmma_v_stages(char *base, int stages, const int hd) {
+    return af_wgmma_k_stages(base, hd) + stages * (hd / AF_WG_ATOM) * AF_WG_BLOCK_BYTES(AF_WG_BC_OF(hd));
+}
+
+#include "cuda/attn_wgmma_gather.cuh"
+
+/* Posts the record of this CTA's j-th item into slot j % 2 ("item full" j % 2) once the producer is done with the
+ * slot's last one ("item empty"): thread 0 posts item 0's before the CTA barrier, consumer 0's first thread item
+ * j + 1's when it starts item j, so the producer loads an item's first tiles under the last item's epilogue. */
+AF_DEVICE void af_wgmma_post_record(const af_wgmma_params *wp, af_wgmma_record *records, uint64_t *item_bars,
+                                    int item, int issued, const int bc) {
+    const int j = (int)((unsigned)item / (unsigned)AF_GRID_DIM_X), slot = j & 1;   /* item AF_BLOCK_IDX_X + j·grid */
+    if (j >= 2) af_mbarrier_wait_parity(item_bars + 2 + slot, (uint32_t)((j / 2 - 1) & 1));
+    af_wgmma_record *r = records + slot;
+    r->count = -1;
+    if (item < wp->sched.items) {
+        af_wgmma_item it;
+        af_wgmma_item_of(wp, item, &it, bc);
+        r->t_begin = (int)it.t_begin, r->count = (int)(it.t_end - it.t_begin), r->keys = (int)it.sq.S;
+        r->first_key = (int)it.sq.k0, r->batch = wp->varlen_k ? 0 : (int)it.b, r->hk = (int)it.hk;
+        r->issued = issued, r->b = (int)it.b;
+    }
+    af_mbarrier_arrive(item_bars + slot);   /* release: the stores above are seen by the producer's wait */
+}
+
+/* The producer, warp 0 of warpgroup 0 (lane 0 issues), item after item (af_wgmma_post_record's records; a paged
+ * cache's one item a CTA, each box's page through the table): tiles [t_begin, t_begin + count) of bc keys, the
+ * ring's g-th tile (counted over the CTA's items) into stage g % AF_WG_STAGES: its K once the consumers' S read the stage's last K ("empty K" phase g / AF_WG_STAGES - 1),
+ * completing "full K", then its V once their P·V read the last V ("empty V"), completing "full V"; a sequence's
+ * partial last tile's V lands on the tail barrier instead (its phases counted by `tails`), is cleared past its keys,
+ * then completes "full V" with lane 0's arrive. */
+AF_DEVICE void af_wgmma_produce(const af_wgmma_params *p, char *base, const int hd) {
+    const int bc = AF_WG_BC_OF(hd), stage_bytes = (hd / AF_WG_ATOM) * AF_WG_BLOCK_BYTES(bc), lane = af_lane();
+    char *k_stages = af_wgmma_k_stages(base, hd), *v_stages = af_wgmma_v_stages(base, AF_WG_STAGES, hd);
+    uint64_t *bars = af_wgmma_bars(base), *tail_bar = af_wgmma_tail_bar(base), *item_bars = af_wgmma_item_bars(base);
+    const af_wgmma_record *records = af_wgmma_records(base);
+    uint32_t g = 0, tails = 0;
+    for (int j = 0; AF_WG_PERSISTENT(hd) || j == 0; j++) {   /* head dim 256: one item a CTA, one record */
+        const int slot = j & 1;
+        af_mbarrier_wait_parity(item_bars + slot, (uint32_t)((j / 2) & 1));
+        /* read in place, where used (volatile: no register holds a field, ptxas spilled them) */
+        const volatile af_wgmma_record *r = records + slot;
+        const int end = r->count < 0;
+        /* the slot released at once (no register holds its address through the item): consumer 0 rewrites it when
+         * it starts the next item (posting the one after), so after the consumers took this item's last tile, which
+         * this lane's "full V" arrive released after its last read of the record */
+        af_mbarrier_arrive(item_bars + 2 + slot);
+        if (end) break;
+        /* a paged cache's one item: each box's page through the table */
+        const int32_t *table = p->m.page_table ? p->m.page_table + (int64_t)r->b * p->m.page_table_stride[0] : NULL;
+        for (int n = 0; n < r->count; n++, g++) {
+            const int stage = (int)(g % AF_WG_STAGES), tile = r->t_begin + n, keys = r->keys;
+            const int tail = keys % bc ? keys / bc : -1, issue = lane == 0 && (n > 0 || !r->issued);
+            const uint32_t released = (g / AF_WG_STAGES - 1) & 1;
+            if (g >= AF_WG_STAGES) af_mbarrier_wait_parity(af_wgmma_bar(bars, AF_WG_EMPTY_K, stage), released);
+            if (issue)
+                af_wgmma_load_boxes(p, k_stages + stage * stage_bytes, &p->k_map,
+                                    af_wgmma_bar(bars, AF_WG_FULL_K, stage), table, tile, keys, r->first_key,
+                                    r->batch, r->hk, hd);
+            if (g >= AF_WG_STAGES) af_mbarrier_wait_parity(af_wgmma_bar(bars, AF_WG_EMPTY_V, stage), released);
+            uint64_t *full_v = af_wgmma_bar(bars, AF_WG_FULL_V, stage);
+            if (issue)
+                af_wgmma_load_boxes(p, v_stages + stage * stage_bytes, &p->v_map, tile == tail ? tail_bar : full_v,
+                                    table, tile, keys, r->first_key, r->batch, r->hk, hd);
+            if (tile == tail) {
+                af_wgmma_clear_tail(v_stages + stage * stage_bytes, tail_bar, tails++ & 1, keys - tail * bc, hd);
+                if (lane == 0) af_mbarrier_arrive(full_v);
+            }
         }
     }
 }
 
-/* The whole CTA: hd (64, 128, 256) and bf16 are constants here (see AF_WGMMA_KERNEL). */
-AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int bf16) {
+/* One item of a consumer warpgroup (`g0` tiles consumed before it; returns the count after it): its Q rows, the
+ * tiles, the epilogue. */
+AF_DEVICE uint32_t af_wgmma_consume(const af_wgmma_params *wp, const af_wgmma_item *it, int item, char *q_tile,
+                                    char *k_stages, char *v_stages, uint64_t *bars, uint32_t g0, int consumer,
+                                    const int hd, const int bf16) {
     const af_mma_params *p = &wp->m;
-    const int bc = AF_WG_BC_OF(hd);
-    int64_t rb, bhk, split;
-    af_wgmma_sched_item(&wp->sched, AF_BLOCK_IDX_X, &rb, &bhk, &split);
-    const int64_t b = af_mma_div(bhk, p->Hkv), hk = af_mma_mod(bhk, p->Hkv), r0 = rb * AF_WG_ROWS;
-    af_sequence sq;
-    int bad = af_mma_sequence_checked(p, b, &sq) != AF_SEQ_OK;
-    if (r0 >= p->group * sq.L) return;   /* past this sequence's rows (the combine skips them) */
-
-    int64_t lo_min, hi_min, lo_max, hi_max;
-    af_mma_block_keys(p, &sq, r0, AF_WG_ROWS, &lo_min, &hi_min, &lo_max, &hi_max);
-    const int64_t tiles = (hi_max + bc - 1) / bc, t_first = lo_min / bc;
-    int64_t t_begin = split * p->tiles_per_split;
-    int64_t t_end = t_begin + p->tiles_per_split < tiles ? t_begin + p->tiles_per_split : tiles;
-    if (t_begin < t_first) t_begin = t_first;
-    if (bad) t_end = t_begin;   /* no key read; l = NaN below makes its rows (or its partials) NaN */
-
-    char *base = af_wgmma_tiles_base();   /* the swizzle patterns count from here */
-    const int blocks = hd / AF_WG_ATOM, stages = AF_WG_STAGES_OF(hd, wp->gather);
-    char *q_tile = base, *k_stages = q_tile + blocks * AF_WG_BLOCK_BYTES(AF_WG_ROWS);
-    char *v_stages = k_stages + stages * blocks * AF_WG_BLOCK_BYTES(bc);
-    uint64_t *bars = (uint64_t *)(v_stages + stages * blocks * AF_WG_BLOCK_BYTES(bc));
-    uint64_t *tail_bar = bars + AF_WG_BAR_KINDS * AF_WG_STAGES_MAX;
-    int *bad_page = (int *)(tail_bar + 1);   /* a page entry of this CTA's keys outside the pool */
-
-    const int first_issued = !p->page_table && t_begin < t_end;   /* no page to check: tile 0 goes out first */
-    if (AF_THREAD_IDX == 0) {
-        *bad_page = 0;
-        for (int s = 0; s < stages; s++) {   /* the stages' slots of each kind */
-            /* TMA: the producer's arrive, with the tile's bytes; gathered: each producer thread's, its copies done */
-            af_mbarrier_init(af_wgmma_bar(bars, AF_WG_FULL_K, s), wp->gather ? AF_WG_GATHER_THREADS : 1);
-            af_mbarrier_init(af_wgmma_bar(bars, AF_WG_FULL_V, s), 1);   /* unused when gathered */
-            af_mbarrier_init(af_wgmma_bar(bars, AF_WG_EMPTY_K, s), AF_WG_THREADS - 128);   /* every consumer thread */
-            af_mbarrier_init(af_wgmma_bar(bars, AF_WG_EMPTY_V, s), AF_WG_THREADS - 128);
-        }
-        af_mbarrier_init(tail_bar, 1);   /* the producer's arrive with the partial last tile's bytes */
-        af_fence_mbarrier_init();
-        /* tile 0's K and V at once, under Q's copy and the barrier below (issue 37 item 5): this thread is the
-         * producer's lane 0 and initialised the barriers; paged caches wait for their pages' check */
-        if (first_issued) {
-            const int bc0 = AF_WG_BC_OF(hd), tail = sq.S % bc0 ? (int)(sq.S / bc0) : -1;
-            const int batch = wp->varlen_k ? 0 : (int)b;
-            af_wgmma_load_boxes(wp, k_stages, &wp->k_map, af_wgmma_bar(bars, AF_WG_FULL_K, 0), NULL, (int)t_begin,
-                                (int)sq.S, (int)sq.k0, batch, (int)hk, hd);
-            af_wgmma_load_boxes(wp, v_stages, &wp->v_map,
-                                t_begin == tail ? tail_bar : af_wgmma_bar(bars, AF_WG_FULL_V, 0), NULL, (int)t_begin,
-                                (int)sq.S, (int)sq.k0, batch, (int)hk, hd);
-        }
-    }
-    if (p->page_table && t_begin < t_end) {   /* the pages this CTA reads, checked before any is: warpgroup 0's share */
-        af_syncthreads();   /* *bad_page is 0 */
-        const int64_t hi = t_end * bc < sq.S ? t_end * bc : sq.S, lo = t_begin * bc;
-        if (AF_THREAD_IDX < 128 && hi > lo &&
-            !af_page_entries_valid(p->page_table, p->page_table_stride, p->num_pages, b, af_mma_div(lo, p->page_size),
-                                   af_mma_div(hi + p->page_size - 1, p->page_size), AF_THREAD_IDX, 128))
-            *bad_page = 1;
-    }
-    af_syncthreads();   /* the barriers and the page check are ready; the last barrier the whole CTA meets */
-    if (*bad_page) {
-        bad = 1;
-        t_end = t_begin;
-    }
-
-    const int warpgroup = AF_THREAD_IDX / 128;
-    if (warpgroup == 0) {
-        AF_SETMAXNREG_DEC(24);
-        if (wp->gather)   /* one barrier a stage for K and V ("full K"), a stage refilled once its V is released */
-            af_wgmma_gather(wp, k_stages, v_stages, af_wgmma_bar(bars, AF_WG_FULL_K, 0),
-                            af_wgmma_bar(bars, AF_WG_EMPTY_V, 0), b, hk, &sq, t_begin, t_end, hd);
-        else if (AF_THREAD_IDX < 32)
-            af_wgmma_produce(wp, k_stages, v_stages, bars, tail_bar, b, hk, &sq, t_begin, t_end, first_issued, hd);
-        return;
-    }
-    AF_SETMAXNREG_INC(240);
-    /* the consumer index as a warp-uniform value: its Q descriptors then live in uniform registers (head dim 256
-     * spilled 16 of them) */
-    const int consumer = af_warp_broadcast(warpgroup - 1), warp = af_warp() % 4;
-    const int64_t rt0 = r0 + 64 * consumer + 16 * warp;   /* this warp's 16 rows, as attn_mma.cuh's row tiles */
-    if (t_begin < t_end) af_wgmma_load_q(q_tile, p, b, hk, &sq, r0, consumer, hd);   /* before any accumulator */
+    const int bc = AF_WG_BC_OF(hd), blocks = hd / AF_WG_ATOM, stages = AF_WG_STAGES_OF(hd, wp->gather);
+    /* 32 bits across the loop (the plan bounds rows, keys and heads): widened where used */
+    const int b = (int)it->b, hk = (int)it->hk, t_begin = (int)it->t_begin, hi_min = (int)it->hi_min;
+    const int lo_max = (int)it->lo_max, warp = af_warp() % 4;
+    const int rt0 = (int)it->r0 + 64 * consumer + 16 * warp;   /* this warp's 16 rows, as attn_mma.cuh's row tiles */
+    const int count = (int)(it->t_end - t_begin);   /* the loop counts in 32 bits: a register pair less at hd 256 */
+    if (count > 0) af_wgmma_load_q(q_tile, p, b, hk, &it->sq, it->r0, consumer, hd);   /* before any accumulator */
     float o[AF_WG_HD_MAX / 2];
     AF_MMA_UNROLL
     for (int d = 0; d < hd / 2; d++) o[d] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {bad ? NAN : 0.0f, bad ? NAN : 0.0f};
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {it->bad ? NAN : 0.0f, it->bad ? NAN : 0.0f};
     const int stage_bytes = blocks * AF_WG_BLOCK_BYTES(bc), ping_pong = hd <= 128;
     /* Two tiles in flight (FlashAttention-3's intra-warpgroup overlap): tile n's S = Q·Kᵀ is issued together with
      * tile n-1's P·V; once S lands its softmax runs while P·V still does, then O takes the correction and the new P
@@ -420,32 +456,32 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
      * Ping-pong between the two consumers (FlashAttention-3's scheduler barriers): a warpgroup issues its GEMMs only
      * on its turn (its named barrier) and hands the turn over once they are issued, so one warpgroup's softmax runs
      * while the other's GEMMs hold the tensor cores (head dims up to 128, as FlashAttention-3: at 256 one P·V is
-     * long enough to keep the other warpgroup waiting). */
+     * long enough to keep the other warpgroup waiting). The ring's g-th tile is in stage g % stages. */
     uint32_t pa[AF_WG_BC / 16][4];
     float correction[2], s[AF_WG_BC / 2];
     /* the gathered producer completes one barrier a stage, K and V together (af_wgmma_wait_full fenced after it) */
     const int full_v_kind = wp->gather ? AF_WG_FULL_K : AF_WG_FULL_V;
-    if (t_begin < t_end) {
-        if (ping_pong && consumer == 0) af_named_bar_arrive(AF_WG_TURN_BAR, 256);   /* consumer 0's turn first */
-        af_wgmma_wait_full(af_wgmma_bar(bars, AF_WG_FULL_K, 0), 0, wp->gather);
+    if (count > 0) {
+        const int stage = (int)(g0 % stages);
+        af_wgmma_wait_full(af_wgmma_bar(bars, AF_WG_FULL_K, stage), (g0 / stages) & 1, wp->gather);
         af_wgmma_zero(s, bc);
         af_wgmma_fence();
         if (ping_pong) af_named_bar_sync(AF_WG_TURN_BAR + consumer, 256);
-        af_wgmma_issue_scores(s, q_tile, k_stages, consumer, hd, bf16);
+        af_wgmma_issue_scores(s, q_tile, k_stages + stage * stage_bytes, consumer, hd, bf16);
         if (ping_pong) af_wgmma_pass_turn(consumer);
         af_wgmma_wait_0();
-        af_mbarrier_arrive(af_wgmma_bar(bars, AF_WG_EMPTY_K, 0));   /* S has read K */
+        af_mbarrier_arrive(af_wgmma_bar(bars, AF_WG_EMPTY_K, stage));   /* S has read K */
         af_wgmma_fence_regs(s, bc / 2);
         af_wgmma_weights(s, p, b, hk, rt0, t_begin, hi_min, lo_max, m, l, correction, bc, bf16);
         af_mma_rescale((float (*)[4])o, correction, hd, p->Ev);
         af_wgmma_pack_p(pa, s, bc, bf16);
     }
-    const int count = (int)(t_end - t_begin);   /* the loop counts in 32 bits: a register pair less at head dim 256 */
-    for (int n = 1; n < count; n++) {
-        const int64_t tile = t_begin + n;
-        const int stage = n % stages, last = (n - 1) % stages;
-        af_wgmma_wait_full(af_wgmma_bar(bars, AF_WG_FULL_K, stage), (uint32_t)((n / stages) & 1), wp->gather);
-        af_mbarrier_wait_parity(af_wgmma_bar(bars, full_v_kind, last), (uint32_t)(((n - 1) / stages) & 1));
+    const uint32_t g_end = g0 + (uint32_t)count;
+    for (uint32_t g = g0 + 1; g < g_end; g++) {
+        const int tile = t_begin + (int)(g - g0);
+        const int stage = (int)(g % stages), last = (int)((g - 1) % stages);
+        af_wgmma_wait_full(af_wgmma_bar(bars, AF_WG_FULL_K, stage), (g / stages) & 1, wp->gather);
+        af_mbarrier_wait_parity(af_wgmma_bar(bars, full_v_kind, last), ((g - 1) / stages) & 1);
         af_wgmma_zero(s, bc);
         af_wgmma_fence_regs_u32(&pa[0][0], bc / 4);
         af_wgmma_fence_regs(o, hd / 2);
@@ -465,8 +501,8 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
         af_wgmma_pack_p(pa, s, bc, bf16);
     }
     if (count > 0) {   /* the last tile's P·V */
-        const int last = (count - 1) % stages;
-        af_mbarrier_wait_parity(af_wgmma_bar(bars, full_v_kind, last), (uint32_t)(((count - 1) / stages) & 1));
+        const int last = (int)((g_end - 1) % stages);
+        af_mbarrier_wait_parity(af_wgmma_bar(bars, full_v_kind, last), ((g_end - 1) / stages) & 1);
         af_wgmma_fence_regs_u32(&pa[0][0], bc / 4);
         af_wgmma_fence_regs(o, hd / 2);
         af_wgmma_fence();
@@ -475,9 +511,101 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
         af_wgmma_fence_regs(o, hd / 2);
         af_mbarrier_arrive(af_wgmma_bar(bars, AF_WG_EMPTY_V, last));
     }
-    int64_t rb_again, bhk_again, split_again;   /* decoded again, from the block index: no register held meanwhile */
-    af_wgmma_sched_item(&wp->sched, AF_BLOCK_IDX_X, &rb_again, &bhk_again, &split_again);
-    af_mma_epilogue(p, (float (*)[4])o, m, l, b, hk, rt0, 1.0f, split_again, hd, bf16);
+    int64_t rb, bhk, split;   /* decoded again from the item: no register held across the loop */
+    af_wgmma_sched_item(&wp->sched, item, &rb, &bhk, &split);
+    af_mma_epilogue(p, (float (*)[4])o, m, l, b, hk, rt0, 1.0f, split, hd, bf16);
+    return g_end;
+}
+
+/* The whole CTA, a persistent loop over its items (item AF_BLOCK_IDX_X, then every AF_GRID_DIM_X-th: one wave of
+ * CTAs, so each item's prologue and epilogue run under another's loads; a paged cache, whose pages are checked
+ * before any is read, gets one item a CTA from the plan): hd (64, 128, 256) and bf16 are constants here (see
+ * AF_WGMMA_KERNEL). */
+AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int bf16) {
+    const af_mma_params *p = &wp->m;
+    const int bc = AF_WG_BC_OF(hd);
+    if (AF_BLOCK_IDX_X >= wp->sched.items) return;
+    af_wgmma_item first;
+    af_wgmma_item_of(wp, AF_BLOCK_IDX_X, &first, bc);
+
+    char *base = af_wgmma_tiles_base();   /* the swizzle patterns count from here */
+    const int stages = AF_WG_STAGES_OF(hd, wp->gather);
+    char *q_tile = base + AF_WG_HEAD, *k_stages = af_wgmma_k_stages(base, hd);
+    char *v_stages = af_wgmma_v_stages(base, stages, hd);
+    uint64_t *bars = af_wgmma_bars(base), *tail_bar = af_wgmma_tail_bar(base), *item_bars = af_wgmma_item_bars(base);
+    af_wgmma_record *records = af_wgmma_records(base);
+    int *bad_page = af_wgmma_bad_page(base);   /* a page entry of the first item's keys outside the pool */
+
+    /* no page to check: the first item's tile 0 goes out first */
+    const int first_issued = !p->page_table && first.t_begin < first.t_end;
+    if (AF_THREAD_IDX == 0) {
+        *bad_page = 0;
+        for (int s = 0; s < stages; s++) {   /* the stages' slots of each kind */
+            /* TMA: the producer's arrive, with the tile's bytes; gathered: each producer thread's, its copies done */
+            af_mbarrier_init(af_wgmma_bar(bars, AF_WG_FULL_K, s), wp->gather ? AF_WG_GATHER_THREADS : 1);
+            af_mbarrier_init(af_wgmma_bar(bars, AF_WG_FULL_V, s), 1);   /* unused when gathered */
+            af_mbarrier_init(af_wgmma_bar(bars, AF_WG_EMPTY_K, s), AF_WG_THREADS - 128);   /* every consumer thread */
+            af_mbarrier_init(af_wgmma_bar(bars, AF_WG_EMPTY_V, s), AF_WG_THREADS - 128);
+        }
+        af_mbarrier_init(tail_bar, 1);   /* the producer's arrive with the partial last tile's bytes */
+        for (int slot = 0; slot < 2; slot++) {
+            af_mbarrier_init(item_bars + slot, 1);       /* the poster's arrive */
+            af_mbarrier_init(item_bars + 2 + slot, 32);   /* the producer warp's lanes, done with the record */
+        }
+        af_fence_mbarrier_init();
+        af_wgmma_post_record(wp, records, item_bars, AF_BLOCK_IDX_X, first_issued, bc);
+        /* tile 0's K and V at once, under Q's copy and the barrier below (issue 37 item 5): this thread is the
+         * producer's lane 0 and initialised the barriers; paged caches wait for their pages' check */
+        if (first_issued) {
+            const int tail = first.sq.S % bc ? (int)(first.sq.S / bc) : -1;
+            const int batch = wp->varlen_k ? 0 : (int)first.b;
+            af_wgmma_load_boxes(wp, k_stages, &wp->k_map, af_wgmma_bar(bars, AF_WG_FULL_K, 0), NULL,
+                                (int)first.t_begin, (int)first.sq.S, (int)first.sq.k0, batch, (int)first.hk, hd);
+            af_wgmma_load_boxes(wp, v_stages, &wp->v_map,
+                                first.t_begin == tail ? tail_bar : af_wgmma_bar(bars, AF_WG_FULL_V, 0), NULL,
+                                (int)first.t_begin, (int)first.sq.S, (int)first.sq.k0, batch, (int)first.hk, hd);
+        }
+    }
+    if (p->page_table && first.t_begin < first.t_end) {   /* its pages, checked before any is: warpgroup 0's share */
+        af_syncthreads();   /* *bad_page is 0 */
+        const af_sequence *sq = &first.sq;
+        const int64_t hi = first.t_end * bc < sq->S ? first.t_end * bc : sq->S, lo = first.t_begin * bc;
+        if (AF_THREAD_IDX < 128 && hi > lo &&
+            !af_page_entries_valid(p->page_table, p->page_table_stride, p->num_pages, first.b,
+                                   af_mma_div(lo, p->page_size), af_mma_div(hi + p->page_size - 1, p->page_size),
+                                   AF_THREAD_IDX, 128))
+            *bad_page = 1, records[0].count = 0;   /* the consumers' flag; the producer reads no tile */
+    }
+    af_syncthreads();   /* the barriers, the first record and the page check are ready; the last CTA-wide barrier */
+
+    const int warpgroup = AF_THREAD_IDX / 128;
+    if (warpgroup == 0) {
+        AF_SETMAXNREG_DEC(24);
+        if (wp->gather)   /* one item a CTA (record 0, its count 0 past a bad page) */
+            af_wgmma_gather(wp, base, records, hd);
+        else if (AF_THREAD_IDX < 32)
+            af_wgmma_produce(wp, base, hd);   /* its pointers from the base: offsets, not registers */
+        return;
+    }
+    AF_SETMAXNREG_INC(240);
+    /* the consumer index as a warp-uniform value: its Q descriptors then live in uniform registers (head dim 256
+     * spilled 16 of them) */
+    const int consumer = af_warp_broadcast(warpgroup - 1);
+    /* consumer 0's turn first; from then on consumer 1's last hand-over of an item is consumer 0's first turn of the
+     * next */
+    if (hd <= 128 && consumer == 0) af_named_bar_arrive(AF_WG_TURN_BAR, 256);   /* ping-pong (af_wgmma_consume) */
+    uint32_t g = 0;   /* tiles consumed so far: the ring's position */
+    /* the item read afresh: the prologue's block index would live through it into this region (ptxas spilled it) */
+    for (int item = af_block_idx_x_reread(); item < wp->sched.items; item += AF_GRID_DIM_X) {
+        if (AF_WG_PERSISTENT(hd) && AF_THREAD_IDX == 128)   /* the producer's next */
+            af_wgmma_post_record(wp, records, item_bars, item + AF_GRID_DIM_X, 0, bc);
+        af_wgmma_item it;
+        af_wgmma_item_of(wp, item, &it, bc);
+        if (!it.rows) continue;
+        if (*bad_page) it.bad = 1, it.t_end = it.t_begin;
+        g = af_wgmma_consume(wp, &it, item, q_tile, k_stages, v_stages, bars, g, consumer, hd, bf16);
+        if (!AF_WG_PERSISTENT(hd)) break;   /* the plan gives head dim 256 one item a CTA */
+    }
 }
 
 /* One kernel per (head dim, dtype). */

@@ -41,44 +41,50 @@ AF_DEVICE void af_wgmma_gather_chunks(char *stage, const char *src, int blocks, 
     }
 }
 
-/* The gathered producer, run by every thread of warpgroup 0: tiles [t_begin, t_end), tile n into stage n % stages
- * once the consumers released it (as af_wgmma_produce), each key's page through the table once a tile. Indexing in
- * 32 bits (the plan bounds keys, pages and the table's row), but for the pool's element offset. */
-AF_DEVICE void af_wgmma_gather(const af_wgmma_params *p, char *k_stages, char *v_stages, uint64_t *full,
-                               uint64_t *empty, int64_t b, int64_t hk, const af_sequence *sq, int64_t t_begin,
-                               int64_t t_end, const int hd) {
+/* The gathered producer, run by every thread of warpgroup 0: the CTA's one item (record `r`: `count` tiles from
+ * t_begin, of the sequence's `keys` keys), tile n into stage n % stages once the consumers released it (as af_wgmma_produce), each
+ * key's page through the table once a tile. Indexing in 32 bits (the plan bounds keys, pages and the table's row),
+ * but for the pool's element offset; pointers recomputed where used from the base and the parameters (this runs on
+ * 24 registers). */
+AF_DEVICE void af_wgmma_gather(const af_wgmma_params *p, char *base, const volatile af_wgmma_record *r,
+                               const int hd) {
     const int bc = AF_WG_BC_OF(hd), stages = AF_WG_STAGES_OF(hd, 1);
     const int stage_bytes = (hd / AF_WG_ATOM) * AF_WG_BLOCK_BYTES(bc);
     const int lane = af_lane(), lane8 = lane % AF_WG_GATHER_ROW_LANES, warp_keys = bc / 4;
     const int warp_row = (af_warp() % 4) * warp_keys;   /* the warp's first key row of a tile */
-    const int32_t *table = p->m.page_table + b * p->m.page_table_stride[0];
-    const int table_step = (int)p->m.page_table_stride[1], page_size = (int)p->m.page_size, keys = (int)sq->S;
-    const char *k_head = p->m.k + 2 * hk * p->m.k_stride[1], *v_head = p->m.v + 2 * hk * p->m.v_stride[1];
-    const int tiles = (int)(t_end - t_begin);
-    for (int n = 0; n < tiles; n++) {
+    for (int n = 0; n < r->count; n++) {   /* the record's fields read where used: no register holds one */
         const int stage = n % stages;
-        if (n >= stages) af_mbarrier_wait_parity(&empty[stage], (uint32_t)((n / stages - 1) & 1));
+        uint64_t *bars = af_wgmma_bars(base);
+        if (n >= stages)   /* the stage refilled once its V is released */
+            af_mbarrier_wait_parity(af_wgmma_bar(bars, AF_WG_EMPTY_V, stage), (uint32_t)((n / stages - 1) & 1));
         /* the key this lane looks up: row `lane` of its warp's share (bc 64: lanes 16.. own none) */
-        const int own_key = ((int)t_begin + n) * bc + warp_row + lane;
+        const int own_key = (r->t_begin + n) * bc + warp_row + lane;
         int own_page = -1, own_slot = 0;   /* page -1: past the sequence, nothing read */
-        if (lane < warp_keys && own_key < keys) {
-            own_page = table[(int)((unsigned)own_key / (unsigned)page_size) * table_step];
+        if (lane < warp_keys && own_key < r->keys) {
+            const int page_size = (int)p->m.page_size;
+            own_page = p->m.page_table[(int64_t)r->b * p->m.page_table_stride[0] +
+                                       (int)((unsigned)own_key / (unsigned)page_size) * p->m.page_table_stride[1]];
             own_slot = (int)((unsigned)own_key % (unsigned)page_size);
         }
-        char *k_stage = k_stages + stage * stage_bytes, *v_stage = v_stages + stage * stage_bytes;
+        char *k_stage = af_wgmma_k_stages(base, hd) + stage * stage_bytes;
+        char *v_stage = af_wgmma_v_stages(base, stages, hd) + stage * stage_bytes;
+        AF_MMA_ROLLED   /* one key row a pass: its addresses are not kept for the next (24 registers) */
         for (int pass = 0; pass < warp_keys / 4; pass++) {
             const int src = 4 * pass + lane / AF_WG_GATHER_ROW_LANES;   /* the lane that looked this key up */
             const int page = af_shfl_int(own_page, src), slot = af_shfl_int(own_slot, src);
             const int inside = page >= 0, row = warp_row + src;
             const char *k_row = p->m.k, *v_row = p->m.v;   /* past the sequence: never read */
             if (inside) {
-                k_row = k_head + 2 * ((int64_t)page * p->m.k_stride[0] + (int64_t)slot * p->m.k_stride[2]);
-                v_row = v_head + 2 * ((int64_t)page * p->m.v_stride[0] + (int64_t)slot * p->m.v_stride[2]);
+                k_row += 2 * ((int64_t)page * p->m.k_stride[0] + (int64_t)r->hk * p->m.k_stride[1] +
+                              (int64_t)slot * p->m.k_stride[2]);
+                v_row += 2 * ((int64_t)page * p->m.v_stride[0] + (int64_t)r->hk * p->m.v_stride[1] +
+                              (int64_t)slot * p->m.v_stride[2]);
             }
             af_wgmma_gather_chunks(k_stage, k_row, p->k_blocks, p->m.E, inside, row, lane8, bc);
             af_wgmma_gather_chunks(v_stage, v_row, hd / AF_WG_ATOM, p->m.Ev, inside, row, lane8, bc);
         }
-        af_cp_async_mbarrier_arrive_noinc(&full[stage]);   /* arrives once this thread's copies have landed */
+        /* arrives on "full K" once this thread's copies have landed */
+        af_cp_async_mbarrier_arrive_noinc(af_wgmma_bar(bars, AF_WG_FULL_K, stage));
     }
 }
 

@@ -17,8 +17,9 @@ typedef struct {
     size_t smem;
     int ctas_per_sm;
     int64_t row_blocks, heads, tiles, tiles_per_split, splits;
-    af_wgmma_sched sched;                      /* the work items, one a CTA */
-    int64_t grid_x;                            /* the items */
+    af_wgmma_sched sched;                      /* the work items */
+    int64_t items, grid_x;                     /* grid_x: min(items, the CTAs resident at once) where the kernel
+                                                  walks items (AF_WG_PERSISTENT, unpaged), else the items */
     size_t lse_bytes, workspace;
 } af_wgmma_plan;
 
@@ -114,7 +115,13 @@ static cudaError_t af_wgmma_make_plan(const af_problem *p, const af_cuda_device 
     if (plan->tiles_per_split < 1) plan->tiles_per_split = 1;   /* S = 0: no tile at all */
     plan->sched.row_blocks = plan->row_blocks, plan->sched.heads = plan->heads, plan->sched.splits = plan->splits;
     plan->sched.heaviest_first = p->causal != AF_CAUSAL_NONE || p->has_window;
-    plan->grid_x = af_wgmma_sched_items(&plan->sched);
+    plan->items = af_wgmma_sched_items(&plan->sched);
+    const int64_t most = AF_MMA_GRID_X_MAX / 2;   /* an item index plus the grid stays in 32 bits */
+    plan->sched.items = plan->items <= most ? (int)plan->items : 0;   /* refused below when past */
+    /* one wave of persistent CTAs (each item's prologue and epilogue under another's loads); head dim 256 and a paged
+     * cache (whose pages each CTA checks before reading any) one item a CTA */
+    const int64_t resident = (int64_t)(dev->sm_count > 0 ? dev->sm_count : 1) * plan->ctas_per_sm;
+    plan->grid_x = p->page_table || !AF_WG_PERSISTENT(plan->hd) || plan->items < resident ? plan->items : resident;
     plan->lse_bytes = plan->workspace = 0;
     if (plan->splits > 1) {
         const size_t rows = (size_t)(p->B * p->Hq * p->L) * (size_t)plan->splits;
@@ -122,7 +129,7 @@ static cudaError_t af_wgmma_make_plan(const af_problem *p, const af_cuda_device 
                           AF_MMA_WORKSPACE_ALIGN;
         plan->workspace = plan->lse_bytes + rows * (size_t)p->Ev * sizeof(float);
     }
-    return plan->grid_x > AF_MMA_GRID_X_MAX ? cudaErrorInvalidConfiguration : cudaSuccess;
+    return plan->items > most ? cudaErrorInvalidConfiguration : cudaSuccess;
 }
 
 cudaError_t af_cuda_wgmma_workspace_bytes(const af_problem *p, const af_cuda_device *dev, size_t *bytes) {

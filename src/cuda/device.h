@@ -24,6 +24,10 @@
  * Indices (1-D blocks)
  *   AF_THREAD_IDX, AF_BLOCK_DIM, AF_BLOCK_IDX_X/_Y/_Z, AF_GRID_DIM_X/_Y/_Z    (int)
  *   af_lane() = AF_THREAD_IDX % 32, af_warp() = AF_THREAD_IDX / 32
+ *   int af_block_idx_x_reread(), int af_thread_idx_reread()
+ *                                  AF_BLOCK_IDX_X, AF_THREAD_IDX read afresh (asm volatile mov from %ctaid.x, %tid.x):
+ *                                  values the compiler can neither carry over from an earlier read nor hoist out of a
+ *                                  loop, so a setmaxnreg region's loop holds no register for them from before it
  * Memory
  *   af_shared_memory()             char * to the block's dynamic shared memory (128-byte aligned at least; declared
  *                                  1024-aligned, which a static __shared__ array could undo); kernels declare no

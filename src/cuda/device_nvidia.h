@@ -47,6 +47,16 @@ static inline cudaError_t af_launch_kernel(const void *kernel, dim3 grid, unsign
 
 AF_DEVICE int af_lane(void) { return (int)(threadIdx.x & 31u); }
 AF_DEVICE int af_warp(void) { return (int)(threadIdx.x >> 5); }
+AF_DEVICE int af_block_idx_x_reread(void) {
+    int v;
+    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(v));
+    return v;
+}
+AF_DEVICE int af_thread_idx_reread(void) {
+    int v;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(v));
+    return v;
+}
 
 /* Memory */
 AF_DEVICE char *af_shared_memory(void)

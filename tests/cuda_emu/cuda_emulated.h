@@ -254,6 +254,9 @@ extern __thread const af_emu_thread_view *af_emu_self;
 
 static inline int af_lane(void) { return af_emu_self->thread_idx % 32; }
 static inline int af_warp(void) { return af_emu_self->thread_idx / 32; }
+/* read afresh on a GPU (no register carried from an earlier read); the same values here */
+static inline int af_block_idx_x_reread(void) { return af_emu_self->block_idx[0]; }
+static inline int af_thread_idx_reread(void) { return af_emu_self->thread_idx; }
 
 /* ---- Memory ---- */
 static inline char *af_shared_memory(void) { return af_emu_self->shared_memory; }

@@ -41,6 +41,9 @@
 #define TEST_OCCUPANCY "1"
 static const af_cuda_device one_sm = {0, 1, 9, 0, 227 * 1024};
 static const af_cuda_device many_sms = {1, 132, 9, 0, 227 * 1024};
+/* Three multiprocessors: a persistent grid of 3 CTAs, fewer than the work items, so a CTA runs several items (its
+ * mbarrier phases, tail-barrier phase, ping-pong turn, item records and Q rows carried from one to the next). */
+static const af_cuda_device three_sms = {2, 3, 9, 0, 227 * 1024};
 
 /* ---------------------------------------------------------------- running the kernel on device copies */
 
@@ -50,7 +53,11 @@ typedef struct {
     size_t workspace_bytes;
     void *workspace;
     bool refused;   /* af_cuda_wgmma_accepts said no: the case is not one the test meant */
+    int64_t items, grid_x;   /* the plan's work items and CTAs */
 } wgmma_launch;
+
+/* Set by a check that means the persistent loop: the plan must have given some CTA several items. */
+static bool expect_persistent;
 
 /* What a check does when af_cuda_wgmma_accepts refuses the case. */
 typedef enum { MUST_ACCEPT = 0, MAY_REFUSE } refusal_rule;
@@ -61,8 +68,11 @@ static cudaError_t launch_wgmma(const af_problem *p, void *context) {
         run->refused = true;
         return cudaErrorInvalidValue;
     }
-    cudaError_t err = af_cuda_wgmma_workspace_bytes(p, run->dev, &run->workspace_bytes);
+    af_wgmma_plan plan;
+    cudaError_t err = af_wgmma_make_plan(p, run->dev, &plan);
     if (err != cudaSuccess) return err;
+    run->items = plan.items, run->grid_x = plan.grid_x;
+    if ((err = af_cuda_wgmma_workspace_bytes(p, run->dev, &run->workspace_bytes)) != cudaSuccess) return err;
     if (run->workspace_bytes && (err = cudaMalloc(&run->workspace, run->workspace_bytes)) != cudaSuccess) return err;
     return af_cuda_wgmma_forward(p, run->dev, run->workspace, run->workspace_bytes, NULL);
 }
@@ -71,6 +81,9 @@ static cudaError_t launch_wgmma(const af_problem *p, void *context) {
 typedef enum { SPLIT_ANY = 0, SPLIT_NONE, SPLIT_YES } split_expectation;
 
 static void check_split(const wgmma_launch *run, split_expectation split, const char *desc) {
+    if (expect_persistent && run->grid_x >= run->items)
+        fail_msg("expected a persistent grid, got %lld CTAs for %lld items: %s", (long long)run->grid_x,
+                 (long long)run->items, desc);
     if (split == SPLIT_YES && run->workspace_bytes == 0) fail_msg("expected split-KV, got none: %s", desc);
     if (split == SPLIT_NONE && run->workspace_bytes != 0) fail_msg("expected no split-KV, got one: %s", desc);
 }
@@ -83,7 +96,7 @@ static void check_case_if(const sdpa_case *c, aligned_layout layout, const af_cu
     case_describe(c, desc, sizeof desc);
     case_tensors t;
     const bool built = case_build(c, &t) && emu_relayout_qkv(&t.q, &t.k, &t.v, layout) && emu_edit_case(&t, edit);
-    wgmma_launch run = {dev, 0, NULL, false};
+    wgmma_launch run = {dev, 0, NULL, false, 0, 0};
     const bool ok = built && emu_run_case(&t, launch_wgmma, &run, why, sizeof why);
     cudaFree(run.workspace);
     case_free(&t);
@@ -154,7 +167,7 @@ static void check_flash_with(const flash_case *c, aligned_layout layout, const a
     flash_tensors t;
     const bool built = flash_case_build(c, &t) && emu_relayout_qkv(&t.q, &t.k, &t.v, layout);
     if (built && poison) poison_unread_rows(&t);
-    wgmma_launch run = {dev, 0, NULL, false};
+    wgmma_launch run = {dev, 0, NULL, false, 0, 0};
     const bool ok = built && emu_run_flash(&t, launch_wgmma, &run, NULL, why, sizeof why);
     cudaFree(run.workspace);
     flash_case_free(&t);
@@ -698,7 +711,7 @@ static void views_fit(void **state) {
 static void schedule_order(void **state) {
     (void)state;
     for (int heaviest = 0; heaviest < 2; heaviest++) {
-        const af_wgmma_sched s = {5, 3, 2, heaviest};
+        const af_wgmma_sched s = {5, 3, 2, heaviest, 30};
         const int64_t items = af_wgmma_sched_items(&s);
         assert_int_equal(items, 30);
         bool seen[30] = {false};
@@ -718,15 +731,33 @@ static void schedule_order(void **state) {
     af_problem p = hopper_problem();   /* 2 row blocks */
     af_wgmma_plan plan;
     assert_int_equal(af_wgmma_make_plan(&p, &one_sm, &plan), cudaSuccess);
-    assert_int_equal(plan.grid_x, af_wgmma_sched_items(&plan.sched));
+    assert_int_equal(plan.items, af_wgmma_sched_items(&plan.sched));
+    assert_int_equal(plan.grid_x, 1);   /* persistent: one CTA walks both items */
     assert_false(plan.sched.heaviest_first);
     p.causal = AF_CAUSAL_TOP_LEFT, p.B = 4;
     assert_int_equal(af_wgmma_make_plan(&p, &many_sms, &plan), cudaSuccess);
     assert_int_equal(plan.grid_x, af_wgmma_sched_items(&plan.sched));
     assert_true(plan.sched.heaviest_first);
+    assert_int_equal(af_wgmma_make_plan(&p, &three_sms, &plan), cudaSuccess);
+    assert_int_equal(plan.items, 8);   /* 2 row blocks x 4 batches */
+    assert_int_equal(plan.sched.items, 8);
+    assert_int_equal(plan.grid_x, 3);
     p.causal = AF_CAUSAL_NONE, p.has_window = true, p.window_left = 10, p.window_right = 0;
     assert_int_equal(af_wgmma_make_plan(&p, &one_sm, &plan), cudaSuccess);
     assert_true(plan.sched.heaviest_first);
+    assert_int_equal(plan.grid_x, 1);
+    /* one item a CTA: head dim 256 (no persistent variant), paged caches (pages checked per CTA), TMA or gathered */
+    p.E = p.Ev = 256;
+    assert_int_equal(af_wgmma_make_plan(&p, &three_sms, &plan), cudaSuccess);
+    assert_int_equal(plan.grid_x, plan.items);
+    p.E = p.Ev = 128;
+    static const int32_t table[3] = {0, 1, 2};
+    for (int page = 16; page <= 24; page += 8) {
+        p.page_table = table, p.page_size = page, p.page_table_stride[1] = 1, p.num_pages = 3;
+        assert_int_equal(af_wgmma_make_plan(&p, &three_sms, &plan), cudaSuccess);
+        assert_true(plan.items > 3);
+        assert_int_equal(plan.grid_x, plan.items);
+    }
 }
 
 /* af_cuda_wgmma_accepts: yes for f16/bf16, E and Ev up to 256, more than 64 packed rows, fixed or varlen K/V and
@@ -839,6 +870,70 @@ static void workspace_sizes(void **state) {
     assert_int_equal(workspace_of(&p, &many_sms), 0);
 }
 
+/* ---------------------------------------------------------------- the persistent schedule */
+
+/* More work items than the 3 CTAs of the grid (expect_persistent): causal of both alignments over many row blocks
+ * (heaviest first), a mask, full attention with GQA, split-KV (6 items on 3 CTAs), a sliding window with sinks and a
+ * right-only one, varlen q and K/V with ragged sequences (items past a sequence's rows skipped, one sequence without
+ * keys, partial last tiles: the tail barrier's phases); a CTA's items alternate between ones with and without
+ * tiles. Head dim 256 and paged caches run one item a CTA on the same device. */
+static void persistent_items(void **state) {
+    (void)state;
+    expect_persistent = true;
+    for (int n = 0; n < 4; n++) {   /* causal (or masked), 4 or 3 row blocks x 2 heads, 1 to 4 tiles an item */
+        sdpa_case c = small_case(1500 + (uint64_t)n, half_dtype(n), 2, 2, n < 2 ? 500 : 300, n < 2 ? 500 : 420,
+                                 n % 2 ? 128 : 64, 64);
+        c.is_causal = n % 2 == 0;
+        c.causal_bottom_right = n == 1;   /* n = 3: a mask instead (masks exclude causality) */
+        c.with_lse = n != 1;
+        if (n == 3) {
+            c.mask = MASK_BOOL;
+            c.mask_shape = "LS";
+            c.masked_row_rate = 0.1;
+        }
+        check_case(&c, (aligned_layout)(n % ALIGNED_COUNT), &three_sms, SPLIT_NONE, NULL);
+    }
+    {   /* full attention, GQA 2: 3 row blocks x 2 pairs, all of 3 tiles */
+        sdpa_case c = small_case(1510, AF_BF16, 4, 2, 150, 300, 80, 96);
+        check_case(&c, ALIGNED_SWAPPED, &three_sms, SPLIT_NONE, NULL);
+    }
+    {   /* split-KV and persistence: 2 pairs of one row block, 6 tiles: 3 splits, 6 items on 3 CTAs */
+        sdpa_case c = small_case(1520, AF_F16, 2, 2, 100, 700, 64, 64);
+        c.causal_bottom_right = true;
+        check_case(&c, ALIGNED_CONTIGUOUS, &three_sms, SPLIT_YES, NULL);
+    }
+    flash_case f = half_flash(1540, AF_F16, 1, 2, 2, 400, 450, 64, 64);   /* sliding window: 4 x 2 items */
+    f.causal = true, f.has_window = true, f.left = 100, f.right = -1, f.sink = true;
+    check_flash(&f, ALIGNED_CONTIGUOUS, &three_sms, SPLIT_NONE);
+    f = half_flash(1541, AF_BF16, 1, 2, 1, 300, 300, 128, 128);   /* right only, GQA 2: 5 row blocks */
+    f.has_window = true, f.left = -1, f.right = 40;
+    check_flash(&f, ALIGNED_SWAPPED, &three_sms, SPLIT_NONE);
+    {   /* varlen q and K/V, ragged: 3 sequences of 1..3 row blocks (items past a sequence's rows skipped), one
+         * without keys, causal; partial last tiles in two sequences */
+        flash_case c = half_flash(1550, AF_BF16, 3, 2, 2, 0, 0, 64, 64);
+        const int64_t rows[3] = {300, 20, 150}, keys[3] = {260, 0, 330};
+        set_lengths(&c, rows, keys, NULL);
+        c.varlen_q = true, c.kv = KV_VARLEN, c.causal = true;
+        check_flash(&c, ALIGNED_PADDED, &three_sms, SPLIT_NONE);
+    }
+    expect_persistent = false;
+    {   /* head dim 256 (64-key tiles, no ping-pong), causal: 3 row blocks x 2 heads, one a CTA */
+        sdpa_case c = small_case(1530, AF_BF16, 2, 2, 300, 260, 256, 200);
+        c.is_causal = true;
+        check_case(&c, ALIGNED_PADDED, &three_sms, SPLIT_NONE, NULL);
+    }
+    {   /* paged K/V through TMA (pages of 16 keys) and gathered (pages of 24), seqused_k, one item a CTA, NaN in
+         * every row no sequence reads */
+        flash_case c = half_flash(1560, AF_F16, 3, 4, 2, 0, 0, 128, 128);
+        const int64_t rows[3] = {70, 70, 70}, keys[3] = {150, 37, 200}, stored[3] = {260, 260, 260};
+        set_lengths(&c, rows, keys, stored);
+        c.kv = KV_PAGED, c.seqused = true, c.page_size = 16;
+        check_flash_with(&c, ALIGNED_CONTIGUOUS, &three_sms, SPLIT_NONE, true);
+        c.seed++, c.causal = true, c.page_size = 24;
+        check_flash_with(&c, ALIGNED_SWAPPED, &three_sms, SPLIT_NONE, true);
+    }
+}
+
 /* ---------------------------------------------------------------- random suite */
 
 typedef struct {
@@ -849,6 +944,7 @@ typedef struct {
 
 static void random_case(void **state) {
     const random_item *item = *state;
+    expect_persistent = false;   /* a failed persistent_items leaves it set */
     check_case(&item->c, item->layout, item->dev, SPLIT_ANY, NULL);
 }
 
@@ -887,7 +983,7 @@ int main(void) {
         cmocka_unit_test(accepts_and_refusals), cmocka_unit_test(workspace_sizes),
         cmocka_unit_test(head_dims),            cmocka_unit_test(head_dim_256),
         cmocka_unit_test(shared_window_off_pattern), cmocka_unit_test(views_fit),
-        cmocka_unit_test(schedule_order),
+        cmocka_unit_test(schedule_order),       cmocka_unit_test(persistent_items),
         cmocka_unit_test(gqa_row_wrapping),
         cmocka_unit_test(causal_alignments),    cmocka_unit_test(masks),
         cmocka_unit_test(kv_ring),              cmocka_unit_test(split_kv),
