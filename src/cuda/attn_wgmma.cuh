@@ -50,8 +50,8 @@
 #define AF_WG_ROWS 128                         /* packed query rows per CTA: 64 per consumer warpgroup */
 #define AF_WG_BC 128                           /* keys per K/V tile, head dims 64 and 128 (the most of any) */
 /* head dim 256: 64-key tiles, two stages beside Q. FlashAttention-3's tiles fit the shared memory but ptxas spills
- * them (issue 37, docs/CUDA.md): 128 x 80 at head dim 256 32 bytes, 128 x 176 at 128 348 bytes, and head dim 64's
- * 192 x 128 would give three consumers 160 registers, at which this consumer spills 524 bytes. */
+ * them (issue 37, docs/CUDA.md): 128 x 80 at head dim 256 32 bytes, 128 x 176 at 128 496 bytes, and head dim 64's
+ * 192 x 128 would give three consumers 160 registers, at which this consumer spills 676 bytes. */
 #define AF_WG_BC_OF(hd) ((hd) > 128 ? 64 : AF_WG_BC)
 /* Head dims whose CTAs walk several items (af_wgmma_body): at 256 the item loop spills 56 bytes of the consumers'
  * 240 registers beside O's 128 accumulators, so the plan gives each CTA one item there. */
