@@ -4,7 +4,8 @@
  * double reference: f16 and bf16, both head-dim variants (64, 128) with E != Ev and padded columns, GQA packed into
  * 128-row blocks whose rows wrap from one head to the next, L != S with both causal alignments (rows that see no
  * key), S not a multiple of 128 and several K/V tiles (the ring wraps more than once), bool and additive masks,
- * LSE on and off, split-KV on a device with many multiprocessors, the fold of (batch, kv head) pairs into grid x;
+ * LSE on and off, split-KV on a device with many multiprocessors, many (batch, kv head) pairs; the persistent
+ * schedule (on one multiprocessor one CTA runs every item; on three, more items than CTAs in every form);
  * af_flash_attn's features (windows, softcap, sinks, varlen q and K/V, seqused_k) through af_flash_check's problem;
  * af_cuda_wgmma_accepts' refusals; a random suite. The tolerance is the CPU path's (af_error_bound).
  * ATTNFORGE_TEST_CASES / ATTNFORGE_TEST_SEED change the random suite's count and seed. */
