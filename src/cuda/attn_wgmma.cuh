@@ -242,8 +242,9 @@ AF_DEVICE void af_wgmma_issue_values(float *o, uint32_t pa[AF_WG_BC / 16][4], co
 }
 
 /* A tile's scores (its wgmma group complete) into weights: the scale or softcap, the masks of its parts of 64 keys
- * or fewer (attn_mma.cuh's, on the same fragment layout; 80 keys are 64 + 16), then the online softmax over all bc keys before any weight is used
- * (O's correction left to the caller, whose P·V of the last tile may still be running). */
+ * or fewer (attn_mma.cuh's, on the same fragment layout; 80 keys are 64 + 16), then the online softmax over all bc
+ * keys before any weight is used (O's correction left to the caller, whose P·V of the last tile may still be
+ * running). */
 AF_DEVICE void af_wgmma_weights(float s[AF_WG_BC / 2], const af_mma_params *p, int64_t b, int64_t hk, int64_t rt0,
                                 int64_t tile, int64_t hi_min, int64_t lo_max, float m[2], float l[2],
                                 float correction[2], const int bc, const int bf16) {
@@ -364,11 +365,19 @@ AF_DEVICE char *af_wgmma_v_stages(char *base, int stages, const int hd) {
 
 #include "cuda/attn_wgmma_gather.cuh"
 
-/* Posts the record of this CTA's j-th item into slot j % 2 ("item full" j % 2) once the producer is done with the
- * slot's last one ("item empty"): thread 0 posts item 0's before the CTA barrier, consumer 0's first thread item
- * j + 1's when it starts item j, so the producer loads an item's first tiles under the last item's epilogue. */
+/* Item `it`'s record. Posted (af_wgmma_post_record) into slot j % 2 for this CTA's j-th item ("item full" j % 2)
+ * once the producer is done with the slot's last one ("item empty"): thread 0 fills item 0's before the CTA barrier,
+ * consumer 0's first thread posts item j + 1's when it starts item j, so the producer loads an item's first tiles
+ * under the last item's epilogue. */
+AF_DEVICE void af_wgmma_fill_record(const af_wgmma_params *wp, const af_wgmma_item *it, af_wgmma_record *r,
+                                    int issued) {
+    r->t_begin = (int)it->t_begin, r->count = (int)(it->t_end - it->t_begin), r->keys = (int)it->sq.S;
+    r->first_key = (int)it->sq.k0, r->batch = wp->varlen_k ? 0 : (int)it->b, r->hk = (int)it->hk;
+    r->issued = issued, r->b = (int)it->b;
+}
+
 AF_DEVICE void af_wgmma_post_record(const af_wgmma_params *wp, af_wgmma_record *records, uint64_t *item_bars,
-                                    int item, int issued, const int bc) {
+                                    int item, const int bc) {
     const int j = (int)((unsigned)item / (unsigned)AF_GRID_DIM_X), slot = j & 1;   /* item AF_BLOCK_IDX_X + j·grid */
     if (j >= 2) af_mbarrier_wait_parity(item_bars + 2 + slot, (uint32_t)((j / 2 - 1) & 1));
     af_wgmma_record *r = records + slot;
@@ -376,22 +385,37 @@ AF_DEVICE void af_wgmma_post_record(const af_wgmma_params *wp, af_wgmma_record *
     if (item < wp->sched.items) {
         af_wgmma_item it;
         af_wgmma_item_of(wp, item, &it, bc);
-        r->t_begin = (int)it.t_begin, r->count = (int)(it.t_end - it.t_begin), r->keys = (int)it.sq.S;
-        r->first_key = (int)it.sq.k0, r->batch = wp->varlen_k ? 0 : (int)it.b, r->hk = (int)it.hk;
-        r->issued = issued, r->b = (int)it.b;
+        af_wgmma_fill_record(wp, &it, r, 0);
     }
     af_mbarrier_arrive(item_bars + slot);   /* release: the stores above are seen by the producer's wait */
 }
 
+/* Lane 0 of the producer's warp: K (or V, `values`) of record r's tile n into `stage`, completing "full K" (or
+ * "full V"; the tail barrier for a sequence's partial last tile, whose V rows past the keys are cleared after it
+ * lands). */
+AF_DEVICE void af_wgmma_issue(const af_wgmma_params *p, char *base, const volatile af_wgmma_record *r, int n,
+                              int stage, int values, const int hd) {
+    const int bc = AF_WG_BC_OF(hd), stage_bytes = (hd / AF_WG_ATOM) * AF_WG_BLOCK_BYTES(bc);
+    const int tile = r->t_begin + n, keys = r->keys, tail = keys % bc ? keys / bc : -1;
+    /* a paged cache's one item: each box's page through the table */
+    const int32_t *table = p->m.page_table ? p->m.page_table + (int64_t)r->b * p->m.page_table_stride[0] : NULL;
+    uint64_t *bar = af_wgmma_bar(af_wgmma_bars(base), values ? AF_WG_FULL_V : AF_WG_FULL_K, stage);
+    if (values && tile == tail) bar = af_wgmma_tail_bar(base);
+    char *stages = values ? af_wgmma_v_stages(base, AF_WG_STAGES, hd) : af_wgmma_k_stages(base, hd);
+    af_wgmma_load_boxes(p, stages + stage * stage_bytes, values ? &p->v_map : &p->k_map, bar, table, tile, keys,
+                        r->first_key, r->batch, r->hk, hd);
+}
+
 /* The producer, warp 0 of warpgroup 0 (lane 0 issues), item after item (af_wgmma_post_record's records; a paged
  * cache's one item a CTA, each box's page through the table): tiles [t_begin, t_begin + count) of bc keys, the
- * ring's g-th tile (counted over the CTA's items) into stage g % AF_WG_STAGES: its K once the consumers' S read the stage's last K ("empty K" phase g / AF_WG_STAGES - 1),
- * completing "full K", then its V once their P·V read the last V ("empty V"), completing "full V"; a sequence's
- * partial last tile's V lands on the tail barrier instead (its phases counted by `tails`), is cleared past its keys,
- * then completes "full V" with lane 0's arrive. */
+ * ring's g-th tile (counted over the CTA's items) into stage g % AF_WG_STAGES: its K once the consumers' S read
+ * the stage's last K ("empty K" phase g / AF_WG_STAGES - 1), completing "full K", then its V once their P·V read
+ * the last V ("empty V"), completing "full V"; a sequence's partial last tile's V lands on the tail barrier instead
+ * (its phases counted by `tails`), is cleared past its keys, then completes "full V" with lane 0's arrive
+ * (af_wgmma_issue issues each). */
 AF_DEVICE void af_wgmma_produce(const af_wgmma_params *p, char *base, const int hd) {
     const int bc = AF_WG_BC_OF(hd), stage_bytes = (hd / AF_WG_ATOM) * AF_WG_BLOCK_BYTES(bc), lane = af_lane();
-    char *k_stages = af_wgmma_k_stages(base, hd), *v_stages = af_wgmma_v_stages(base, AF_WG_STAGES, hd);
+    char *v_stages = af_wgmma_v_stages(base, AF_WG_STAGES, hd);
     uint64_t *bars = af_wgmma_bars(base), *tail_bar = af_wgmma_tail_bar(base), *item_bars = af_wgmma_item_bars(base);
     const af_wgmma_record *records = af_wgmma_records(base);
     uint32_t g = 0, tails = 0;
@@ -406,22 +430,15 @@ AF_DEVICE void af_wgmma_produce(const af_wgmma_params *p, char *base, const int 
          * this lane's "full V" arrive released after its last read of the record */
         af_mbarrier_arrive(item_bars + 2 + slot);
         if (end) break;
-        /* a paged cache's one item: each box's page through the table */
-        const int32_t *table = p->m.page_table ? p->m.page_table + (int64_t)r->b * p->m.page_table_stride[0] : NULL;
         for (int n = 0; n < r->count; n++, g++) {
             const int stage = (int)(g % AF_WG_STAGES), tile = r->t_begin + n, keys = r->keys;
             const int tail = keys % bc ? keys / bc : -1, issue = lane == 0 && (n > 0 || !r->issued);
             const uint32_t released = (g / AF_WG_STAGES - 1) & 1;
             if (g >= AF_WG_STAGES) af_mbarrier_wait_parity(af_wgmma_bar(bars, AF_WG_EMPTY_K, stage), released);
-            if (issue)
-                af_wgmma_load_boxes(p, k_stages + stage * stage_bytes, &p->k_map,
-                                    af_wgmma_bar(bars, AF_WG_FULL_K, stage), table, tile, keys, r->first_key,
-                                    r->batch, r->hk, hd);
+            if (issue) af_wgmma_issue(p, base, r, n, stage, 0, hd);
             if (g >= AF_WG_STAGES) af_mbarrier_wait_parity(af_wgmma_bar(bars, AF_WG_EMPTY_V, stage), released);
             uint64_t *full_v = af_wgmma_bar(bars, AF_WG_FULL_V, stage);
-            if (issue)
-                af_wgmma_load_boxes(p, v_stages + stage * stage_bytes, &p->v_map, tile == tail ? tail_bar : full_v,
-                                    table, tile, keys, r->first_key, r->batch, r->hk, hd);
+            if (issue) af_wgmma_issue(p, base, r, n, stage, 1, hd);
             if (tile == tail) {
                 af_wgmma_clear_tail(v_stages + stage * stage_bytes, tail_bar, tails++ & 1, keys - tail * bc, hd);
                 if (lane == 0) af_mbarrier_arrive(full_v);
@@ -553,17 +570,13 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
             af_mbarrier_init(item_bars + 2 + slot, 32);   /* the producer warp's lanes, done with the record */
         }
         af_fence_mbarrier_init();
-        af_wgmma_post_record(wp, records, item_bars, AF_BLOCK_IDX_X, first_issued, bc);
+        af_wgmma_fill_record(wp, &first, records, first_issued);   /* slot 0, item 0: nothing to wait for */
+        af_mbarrier_arrive(item_bars);
         /* tile 0's K and V at once, under Q's copy and the barrier below (issue 37 item 5): this thread is the
          * producer's lane 0 and initialised the barriers; paged caches wait for their pages' check */
         if (first_issued) {
-            const int tail = first.sq.S % bc ? (int)(first.sq.S / bc) : -1;
-            const int batch = wp->varlen_k ? 0 : (int)first.b;
-            af_wgmma_load_boxes(wp, k_stages, &wp->k_map, af_wgmma_bar(bars, AF_WG_FULL_K, 0), NULL,
-                                (int)first.t_begin, (int)first.sq.S, (int)first.sq.k0, batch, (int)first.hk, hd);
-            af_wgmma_load_boxes(wp, v_stages, &wp->v_map,
-                                first.t_begin == tail ? tail_bar : af_wgmma_bar(bars, AF_WG_FULL_V, 0), NULL,
-                                (int)first.t_begin, (int)first.sq.S, (int)first.sq.k0, batch, (int)first.hk, hd);
+            af_wgmma_issue(wp, base, records, 0, 0, 0, hd);
+            af_wgmma_issue(wp, base, records, 0, 0, 1, hd);
         }
     }
     if (p->page_table && first.t_begin < first.t_end) {   /* its pages, checked before any is: warpgroup 0's share */
@@ -598,7 +611,7 @@ AF_DEVICE void af_wgmma_body(const af_wgmma_params *wp, const int hd, const int 
     /* the item read afresh: the prologue's block index would live through it into this region (ptxas spilled it) */
     for (int item = af_block_idx_x_reread(); item < wp->sched.items; item += AF_GRID_DIM_X) {
         if (AF_WG_PERSISTENT(hd) && AF_THREAD_IDX == 128)   /* the producer's next */
-            af_wgmma_post_record(wp, records, item_bars, item + AF_GRID_DIM_X, 0, bc);
+            af_wgmma_post_record(wp, records, item_bars, item + AF_GRID_DIM_X, bc);
         af_wgmma_item it;
         af_wgmma_item_of(wp, item, &it, bc);
         if (!it.rows) continue;

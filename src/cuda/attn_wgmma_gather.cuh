@@ -42,10 +42,10 @@ AF_DEVICE void af_wgmma_gather_chunks(char *stage, const char *src, int blocks, 
 }
 
 /* The gathered producer, run by every thread of warpgroup 0: the CTA's one item (record `r`: `count` tiles from
- * t_begin, of the sequence's `keys` keys), tile n into stage n % stages once the consumers released it (as af_wgmma_produce), each
- * key's page through the table once a tile. Indexing in 32 bits (the plan bounds keys, pages and the table's row),
- * but for the pool's element offset; pointers recomputed where used from the base and the parameters (this runs on
- * 24 registers). */
+ * t_begin, of the sequence's `keys` keys), tile n into stage n % stages once the consumers released it (as
+ * af_wgmma_produce), each key's page through the table once a tile. Indexing in 32 bits (the plan bounds keys, pages
+ * and the table's row), but for the pool's element offset; pointers recomputed where used from the base and the
+ * parameters (this runs on 24 registers). */
 AF_DEVICE void af_wgmma_gather(const af_wgmma_params *p, char *base, const volatile af_wgmma_record *r,
                                const int hd) {
     const int bc = AF_WG_BC_OF(hd), stages = AF_WG_STAGES_OF(hd, 1);

@@ -708,7 +708,8 @@ static void views_fit(void **state) {
 
 /* The order CTAs take their items (af_wgmma_sched): every item once; full attention row blocks fastest (the grid's
  * old order); under causality or a window the heaviest (largest) row block first, never a lighter one before a
- * heavier; the plan's grid one CTA an item, heaviest-first exactly when causal or windowed. */
+ * heavier, heaviest-first exactly when causal or windowed; the plan's grid one wave of persistent CTAs, or one CTA an
+ * item at head dim 256 and for paged caches. */
 static void schedule_order(void **state) {
     (void)state;
     for (int heaviest = 0; heaviest < 2; heaviest++) {
