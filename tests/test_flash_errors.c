@@ -213,7 +213,7 @@ static const rule rules[] = {
      "key: dtype float8_e5m2 does not match query's float8_e4m3fn"},
     {"out_f8", false, out_f8, INVALID, "out: dtype float8_e5m2 is not supported for float8 inputs; expected float32"},
     {"out_not_query_under_f8_kv", false, out_not_query_under_f8_kv, INVALID,
-     "out: dtype bfloat16 does not match query's float32"},
+     "out: dtype bfloat16 does not match query's float32 (float32 is also taken for a float16 or bfloat16 query)"},
 };
 
 static flash_case base_case(bool paged) {

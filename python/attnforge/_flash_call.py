@@ -61,14 +61,15 @@ def _shape(x, name):
     return tuple(int(d) for d in shape)
 
 
-def _outputs(q, v, varlen_q, return_lse):
-    """out (*q.shape[:-1], Ev) in q's dtype, NHD-contiguous; lse (B, Hq, Lq), varlen (Hq, total_q), f32 or None.
-    A q or v of the wrong rank gets an empty out: the C checks then name the bad argument."""
+def _outputs(q, v, varlen_q, return_lse, float32_out=False):
+    """out (*q.shape[:-1], Ev) in q's dtype (float32 with float32_out), NHD-contiguous; lse (B, Hq, Lq), varlen
+    (Hq, total_q), f32 or None. A q or v of the wrong rank gets an empty out: the C checks then name the bad
+    argument."""
     q_shape, v_shape = _shape(q, "q"), _shape(v, "v")
     rank = 3 if varlen_q else 4
     if len(q_shape) != rank or len(v_shape) < 3:
         return _empty(q, (0,) * rank), (_empty(q, (0,) * (rank - 1), float32=True) if return_lse else None)
-    out = _empty(q, q_shape[:-1] + (v_shape[-1],))
+    out = _empty(q, q_shape[:-1] + (v_shape[-1],), float32=float32_out)
     if not return_lse:
         return out, None
     lse_shape = (q_shape[1], q_shape[0]) if varlen_q else (q_shape[0], q_shape[2], q_shape[1])
@@ -100,13 +101,14 @@ def _length_bound(cu_seqlens, fallback):
 
 def run(q, k, v, softmax_scale, causal, window, softcap, learnable_sink, cu_seqlens_q=None, cu_seqlens_k=None,
         max_seqlen_q=None, max_seqlen_k=None, seqused_k=None, page_table=None, q_descale=None, k_descale=None,
-        v_descale=None, return_lse=False, varlen=False):
+        v_descale=None, return_lse=False, varlen=False, float32_out=False):
     """One af_flash_attn call on checked, resolved arguments (window from resolve_window): allocates (out, lse)
     and runs the C library; the kernel of the attnforge::flash_attn operators and the NumPy path. Reads
     cu_seqlens only where it is on the CPU (flash_attn_varlen_func's max_seqlen defaults; 0 for flash_attn_func,
-    whose lengths are the tensors')."""
+    whose lengths are the tensors'). float32_out: out in float32 under a float16/bfloat16 q (CPU; partial results
+    that are merged later, attnforge.distributed's ring)."""
     varlen_q = cu_seqlens_q is not None
-    out, lse = _outputs(q, v, varlen_q, return_lse)
+    out, lse = _outputs(q, v, varlen_q, return_lse, float32_out)
     rows, keys = _bounds(_shape(q, "q"), _shape(k, "k"), varlen_q, cu_seqlens_k is not None, page_table)
     if max_seqlen_q is None:
         max_seqlen_q = _length_bound(cu_seqlens_q, rows) if varlen else 0

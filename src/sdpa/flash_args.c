@@ -338,9 +338,15 @@ static af_status check_outputs(const af_flash_args *a, const flash_shape *s, con
     if (is_f8(a->query->dtype) && !is_float_dtype(out->dtype))   /* FA4: bf16; here any float dtype, never fp8 */
         return af_fail(AF_ERR_INVALID_ARGUMENT, "out: dtype %s is not supported for float8 inputs; expected float32, "
                        "float16 or bfloat16", af_dtype_name(out->dtype));
-    if (!is_f8(a->query->dtype) && out->dtype != a->query->dtype)
-        return af_fail(AF_ERR_INVALID_ARGUMENT, "out: dtype %s does not match query's %s", af_dtype_name(out->dtype),
-                       af_dtype_name(a->query->dtype));
+    /* a float32 out under a float16/bfloat16 query (CPU): partial results that are merged later (context
+     * parallelism's ring) keep f32 precision instead of being rounded once per block */
+    const bool widened = out->dtype == AF_F32 && (a->query->dtype == AF_F16 || a->query->dtype == AF_BF16);
+    if (!is_f8(a->query->dtype) && out->dtype != a->query->dtype && !widened)
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "out: dtype %s does not match query's %s (float32 is also taken "
+                       "for a float16 or bfloat16 query)", af_dtype_name(out->dtype), af_dtype_name(a->query->dtype));
+    if (widened && out->device.type == AF_DEVICE_CUDA)
+        return af_fail(AF_ERR_UNSUPPORTED, "out: float32 under a %s query runs on the CPU only; on CUDA out takes "
+                       "the query's dtype", af_dtype_name(a->query->dtype));
     if (!af_no_self_overlap(out))
         return af_fail(AF_ERR_INVALID_ARGUMENT, "out: strides make distinct elements share memory");
     if (lse) {

@@ -1,0 +1,18 @@
+"""attnforge.distributed: one attention call split over the processes of a torch.distributed group (gloo on CPUs,
+NCCL on GPUs) — context parallelism, forward and backward, on attnforge's kernels. docs/DISTRIBUTED.md.
+
+- Ring attention with ring-flash-attn's API (ring, zigzag, stripe; batched and varlen): attnforge.distributed.ring.
+- shard / unshard: cutting a sequence into each layout's shards and back.
+- CommunicationError: a transfer failed (a peer died, timed out or raised mid-call).
+"""
+from ._comm import CommunicationError, set_consistency_check
+from .ring import (
+    ring_flash_attn_func, ring_flash_attn_kvpacked_func, ring_flash_attn_qkvpacked_func,
+    ring_flash_attn_varlen_func, ring_flash_attn_varlen_kvpacked_func, ring_flash_attn_varlen_qkvpacked_func,
+    stripe_flash_attn_func, stripe_flash_attn_kvpacked_func, stripe_flash_attn_qkvpacked_func,
+    stripe_flash_attn_varlen_func, stripe_flash_attn_varlen_kvpacked_func, stripe_flash_attn_varlen_qkvpacked_func,
+    zigzag_ring_flash_attn_func, zigzag_ring_flash_attn_kvpacked_func, zigzag_ring_flash_attn_qkvpacked_func,
+    zigzag_ring_flash_attn_varlen_func, zigzag_ring_flash_attn_varlen_kvpacked_func,
+    zigzag_ring_flash_attn_varlen_qkvpacked_func,
+)
+from .shard import positions, shard, shard_varlen, unshard, unshard_varlen

@@ -1,0 +1,45 @@
+"""One block of a ring on attnforge's own kernels: the forward with its float32 lse (out in float32 on the CPU, so a
+bf16 block is not rounded before the merge), and the backward with the merged out and lse. The only module of
+attnforge.distributed that calls below the public API (the flash call and its backward), so that the per-block out
+can be float32 and the C checks still see every argument."""
+import torch
+
+from .. import _backward, _flash_call
+
+
+def _window_args(window):
+    """A block window (FULL or FA4's (left, right)) as the flash call's (causal, window)."""
+    if window == "full":
+        return False, None
+    return _flash_call.resolve_window(False, window)
+
+
+def forward(q, k, v, scale, window, softcap, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+            max_seqlen_k=None):
+    """(out float32, lse float32) of q against k, v under the block window; 4-D NHD, or packed 3-D with cu_seqlens."""
+    causal, resolved = _window_args(window)
+    wide = q.device.type == "cpu" and q.dtype in (torch.float16, torch.bfloat16)
+    varlen = cu_seqlens_q is not None
+    out, lse = _flash_call.run(q, k, v, scale, causal, resolved, softcap, None, cu_seqlens_q=cu_seqlens_q,
+                               cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                               return_lse=True, varlen=varlen, float32_out=wide)
+    return out, lse
+
+
+def backward(dout, q, k, v, out, lse, scale, window, softcap, cu_seqlens_q=None, cu_seqlens_k=None,
+             max_seqlen_q=None, max_seqlen_k=None):
+    """(dq, dk, dv) of one block in q/k/v's dtypes, from the merged out and lse (P = exp(s - lse) is then the
+    global softmax's, D = rowsum(dout * out) the global one). out and dout: float32 under a CPU f16/bf16 q, else
+    q's dtype."""
+    causal, resolved = _window_args(window)
+    window_size = resolved if resolved is not None else (None, None)
+    dq, dk, dv, _ = _backward.flash_backward(dout, q, k, v, out, lse, softmax_scale=scale, causal=causal,
+                                             window_size=window_size, softcap=softcap, cu_seqlens_q=cu_seqlens_q,
+                                             cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                                             max_seqlen_k=max_seqlen_k)
+    return dq, dk, dv
+
+
+def out_dtype(q):
+    """The dtype the ring keeps out and dout in for the per-block backward: float32 where the CPU kernels take it."""
+    return torch.float32 if q.device.type == "cpu" else q.dtype
