@@ -109,10 +109,11 @@ def _kv_gradient(grad4, lead, heads, shape, rank):
 
 def flash_backward(grad_out, q, k, v, out, lse, *, softmax_scale=None, causal=False, window_size=(None, None),
                    softcap=0.0, learnable_sink=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-                   max_seqlen_k=None, seqused_k=None, reference=False):
+                   max_seqlen_k=None, seqused_k=None, reference=False, float32_grads=False):
     """The gradients of (out, lse) = flash_attn_func / flash_attn_varlen_func(q, k, v, ...) (FlashAttention-4's NHD
     layouts; window_size unresolved, as FA4 takes it) for dLoss/dout = grad_out: (dq, dk, dv, dsink), each in its
-    input's shape and dtype (contiguous); dsink None without a learnable_sink."""
+    input's shape and dtype (contiguous), dq/dk/dv in float32 with float32_grads (CPU: gradients that are summed
+    later, attnforge.distributed's blocks, are not rounded first); dsink None without a learnable_sink."""
     grad_out, q, k, v, out, lse, learnable_sink = _detached(grad_out, q, k, v, out, lse, learnable_sink)
     causal, window = _flash_call.resolve_window(causal, window_size)
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None or seqused_k is not None
@@ -122,7 +123,8 @@ def flash_backward(grad_out, q, k, v, out, lse, *, softmax_scale=None, causal=Fa
         max_seqlen_q = _flash_call._length_bound(cu_seqlens_q, rows) if varlen else 0
     if max_seqlen_k is None:
         max_seqlen_k = _flash_call._length_bound(cu_seqlens_k, keys) if varlen else 0
-    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    dq, dk, dv = (torch.empty(t.shape, dtype=torch.float32 if float32_grads else t.dtype, device=t.device)
+                  for t in (q, k, v))
     dsink = None if learnable_sink is None else torch.empty(learnable_sink.shape, dtype=learnable_sink.dtype,
                                                               device=learnable_sink.device)
     _C.flash_attn_backward(q, k, v, out, grad_out, lse, dq, dk, dv, dsink, scale=softmax_scale, causal=causal,

@@ -42,6 +42,7 @@ typedef struct {
     bool pre_scale;             /* S = S·scale (+ mask, or softcap) before the exponent, as the forward */
     bool q_direct, do_direct;   /* f32 Q / dO rows read in place as gemm operands (f32_rows_direct) */
     size_t q_elem, kv_elem, out_elem;
+    size_t dq_elem, dk_elem, dv_elem;   /* bytes per gradient element (f32 where the caller widened them) */
     float *lse2;                /* (Hq, R): lse·log2(e) */
     float *D;                   /* (Hq, R): rowsum(dout ∘ out) */
     float *dq_partial;          /* (chunks, Hq, R, e_pad) */
@@ -310,10 +311,10 @@ static void store_tile(const bwd_plan *bw, const key_item *w, int64_t j0, int co
     for (int j = 0; j < cols; j++) {
         const int64_t key = w->seq.k0 + j0 + j;
         if (bp->dk)
-            store_row(bp->dk + (size_t)at(bp->dk_stride, w->b, w->hk, key) * bw->kv_elem, p->kv_dtype, bp->dk_stride[3],
+            store_row(bp->dk + (size_t)at(bp->dk_stride, w->b, w->hk, key) * bw->dk_elem, bp->dk_dtype, bp->dk_stride[3],
                       dk + (size_t)j * bw->e_pad, bw->E, (float)p->scale);
         if (bp->dv && bw->Ev > 0)
-            store_row(bp->dv + (size_t)at(bp->dv_stride, w->b, w->hk, key) * bw->kv_elem, p->kv_dtype, bp->dv_stride[3],
+            store_row(bp->dv + (size_t)at(bp->dv_stride, w->b, w->hk, key) * bw->dv_elem, bp->dv_dtype, bp->dv_stride[3],
                       dv + (size_t)j * bw->ev_pad, bw->Ev, 1.0f);
     }
 }
@@ -367,7 +368,7 @@ static void finish_item(void *ctx, int64_t t, void *scratch) {
             const float *pc = part + (size_t)(c * p->Hq * bw->R * bw->e_pad);
             for (int e = 0; e < bw->E; e++) sum[e] += pc[e];
         }
-        store_row(bp->dq + (size_t)at(bp->dq_stride, b, h, seq.q0 + i) * bw->q_elem, p->dtype, bp->dq_stride[3], sum,
+        store_row(bp->dq + (size_t)at(bp->dq_stride, b, h, seq.q0 + i) * bw->dq_elem, bp->dq_dtype, bp->dq_stride[3], sum,
                   bw->E, (float)p->scale);
     }
 }
@@ -389,11 +390,11 @@ static void zero_view(char *data, const int64_t *stride, af_dtype dtype, int64_t
 
 static void zero_uncovered(const af_backward_problem *bp) {
     const af_problem *p = &bp->f;
-    if (p->cu_seqlens_q && bp->dq) zero_view(bp->dq, bp->dq_stride, p->dtype, 1, p->Hq, p->total_q, p->E);
+    if (p->cu_seqlens_q && bp->dq) zero_view(bp->dq, bp->dq_stride, bp->dq_dtype, 1, p->Hq, p->total_q, p->E);
     if (!p->cu_seqlens_k && !p->seqused_k) return;
     const int64_t n0 = p->cu_seqlens_k ? 1 : p->B, rows = p->cu_seqlens_k ? p->total_k : p->S;
-    if (bp->dk) zero_view(bp->dk, bp->dk_stride, p->kv_dtype, n0, p->Hkv, rows, p->E);
-    if (bp->dv) zero_view(bp->dv, bp->dv_stride, p->kv_dtype, n0, p->Hkv, rows, p->Ev);
+    if (bp->dk) zero_view(bp->dk, bp->dk_stride, bp->dk_dtype, n0, p->Hkv, rows, p->E);
+    if (bp->dv) zero_view(bp->dv, bp->dv_stride, bp->dv_dtype, n0, p->Hkv, rows, p->Ev);
 }
 
 /* Scratch of one thread in the key pass: the stationary tile (Kᵀ, K rows, Vᵀ, dK, dV), one row block's operands
@@ -442,6 +443,9 @@ af_status af_flash_backward(const af_backward_problem *bp) {
     bwd_plan bw = {.bp = bp, .p = p, .uk = af_ukernel_current(), .E = (int)p->E, .Ev = (int)p->Ev};
     bw.q_elem = af_dtype_size(p->dtype);
     bw.kv_elem = af_dtype_size(p->kv_dtype);
+    bw.dq_elem = af_dtype_size(bp->dq_dtype);
+    bw.dk_elem = af_dtype_size(bp->dk_dtype);
+    bw.dv_elem = af_dtype_size(bp->dv_dtype);
     bw.out_elem = af_dtype_size(p->out_dtype);
     bw.e_pad = af_tile_ld((size_t)bw.E);
     bw.ev_pad = af_tile_ld((size_t)bw.Ev);

@@ -8,7 +8,8 @@ typedef struct {
     af_problem f;                   /* the forward's call: q, k, v, out, lse (required), mask and features */
     const char *dout;               /* in f.out_dtype */
     int64_t dout_stride[4];
-    char *dq, *dk, *dv;             /* NULL: not wanted; dq in f.dtype, dk and dv in f.kv_dtype */
+    char *dq, *dk, *dv;             /* NULL: not wanted */
+    af_dtype dq_dtype, dk_dtype, dv_dtype;   /* each its input's dtype, or f32 under an f16/bf16 input (CPU) */
     int64_t dq_stride[4], dk_stride[4], dv_stride[4];
     char *dsink;                    /* NULL, or (Hq,) in f.sink_dtype */
     int64_t dsink_stride;

@@ -18,16 +18,22 @@ static bool same_shape(const af_tensor *a, const af_tensor *b) {
     return true;
 }
 
-/* `t` must have `like`'s shape and dtype (dout: out's; a gradient: its input's). */
-static af_status check_like(const view *t, const af_tensor *like, const char *like_name) {
+/* `t` must have `like`'s shape and dtype (dout: out's; a gradient: its input's, or float32 under a float16/bfloat16
+ * input on the CPU when `widen`: gradients summed later, a ring's blocks, stay unrounded). */
+static af_status check_like(const view *t, const af_tensor *like, const char *like_name, bool widen) {
     if (!same_shape(t->t, like)) {
         int64_t want[AF_MAX_DIMS];
         memcpy(want, like->shape, sizeof(int64_t) * (size_t)like->ndim);
         return af_check_shape(t->t, t->name, like->ndim, want);
     }
-    if (t->t->dtype != like->dtype)
-        return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: dtype %s does not match %s's %s", t->name,
-                       af_dtype_name(t->t->dtype), like_name, af_dtype_name(like->dtype));
+    const bool widened = widen && t->t->dtype == AF_F32 && (like->dtype == AF_F16 || like->dtype == AF_BF16);
+    if (t->t->dtype != like->dtype && !widened)
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: dtype %s does not match %s's %s%s", t->name,
+                       af_dtype_name(t->t->dtype), like_name, af_dtype_name(like->dtype),
+                       widen ? " (float32 is also taken under a float16 or bfloat16 input)" : "");
+    if (widened && like->device.type == AF_DEVICE_CUDA)
+        return af_fail(AF_ERR_UNSUPPORTED, "%s: float32 under a %s %s runs on the CPU only; on CUDA it takes %s's "
+                       "dtype", t->name, af_dtype_name(like->dtype), like_name, like_name);
     if (t->t->device.type != like->device.type || t->t->device.index != like->device.index)
         return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: on a different device than %s", t->name, like_name);
     return AF_OK;
@@ -59,7 +65,7 @@ static af_status check_gradients(view *grads, int n_grads, const af_tensor *cons
     for (int g = 0; g < n_grads; g++) {
         if (!grads[g].t) continue;
         if ((st = af_view_span(grads[g].t, grads[g].name, &grads[g].bytes, &grads[g].numel)) != AF_OK) return st;
-        if ((st = check_like(&grads[g], like[g], like_names[g])) != AF_OK) return st;
+        if ((st = check_like(&grads[g], like[g], like_names[g], g < 3)) != AF_OK) return st;
         if (!af_no_self_overlap(grads[g].t))
             return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: strides make distinct elements share memory", grads[g].name);
         for (int i = 0; i < n_read; i++)
@@ -107,7 +113,7 @@ static af_status check_cuda(const af_problem *p, const af_tensor *query) {
 static af_status check_dout(const af_backward_inputs *in, view *dout) {
     af_status st = af_view_span(in->dout, "dout", &dout->bytes, &dout->numel);
     if (st != AF_OK) return st;
-    return check_like(dout, in->out, "out");
+    return check_like(dout, in->out, "out", false);
 }
 
 af_status af_sdpa_backward_check(const af_sdpa_args *args, const af_backward_inputs *in, const af_gradients *grads,
@@ -138,9 +144,11 @@ af_status af_sdpa_backward_check(const af_sdpa_args *args, const af_backward_inp
     af_problem_strides(in->dout, dout.numel, bp->dout_stride);
     char **to[3] = {&bp->dq, &bp->dk, &bp->dv};
     int64_t *strides[3] = {bp->dq_stride, bp->dk_stride, bp->dv_stride};
+    af_dtype *dtypes[3] = {&bp->dq_dtype, &bp->dk_dtype, &bp->dv_dtype};
     for (int i = 0; i < 3; i++)
         if (g[i].t) {
             *to[i] = g[i].t->data;
+            *dtypes[i] = g[i].t->dtype;
             af_problem_strides(g[i].t, g[i].numel, strides[i]);
         }
     return AF_OK;
@@ -189,9 +197,11 @@ af_status af_flash_backward_check(const af_flash_args *args, const af_backward_i
     char **to[3] = {&bp->dq, &bp->dk, &bp->dv};
     int64_t *strides[3] = {bp->dq_stride, bp->dk_stride, bp->dv_stride};
     const bool packed[3] = {varlen_q, varlen_k, varlen_k};
+    af_dtype *dtypes[3] = {&bp->dq_dtype, &bp->dk_dtype, &bp->dv_dtype};
     for (int i = 0; i < 3; i++)
         if (g[i].t) {
             *to[i] = g[i].t->data;
+            *dtypes[i] = g[i].t->dtype;
             af_flash_permute_strides(g[i].t, g[i].numel, packed[i], strides[i]);
         }
     if (g[3].t && g[3].numel > 0) {

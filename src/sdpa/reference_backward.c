@@ -194,7 +194,7 @@ static void store_dq_row(const af_backward_problem *bp, int64_t b, const af_sequ
                          const double *dq_row) {
     const af_problem *p = &bp->f;
     const int64_t row = b * bp->dq_stride[0] + h * bp->dq_stride[1] + (seq->q0 + i) * bp->dq_stride[2];
-    for (int64_t e = 0; e < p->E; e++) store(bp->dq, p->dtype, row + e * bp->dq_stride[3], dq_row[e]);
+    for (int64_t e = 0; e < p->E; e++) store(bp->dq, bp->dq_dtype, row + e * bp->dq_stride[3], dq_row[e]);
 }
 
 /* One query row of head h: its P and D, its dq, its share of dk, dv and dsink. */
@@ -223,20 +223,21 @@ static void zero_dq(const af_backward_problem *bp) {
         for (int64_t h = 0; h < p->Hq; h++)
             for (int64_t r = 0; r < x.rows; r++)
                 for (int64_t e = 0; e < p->E; e++)
-                    store(bp->dq, p->dtype,
+                    store(bp->dq, bp->dq_dtype,
                           slot * bp->dq_stride[0] + h * bp->dq_stride[1] + r * bp->dq_stride[2] + e * bp->dq_stride[3],
                           0.0);
 }
 
 /* A dk or dv accumulator to its tensor, every element (keys no row sees stay 0). */
-static void store_key_gradient(const af_problem *p, const double *acc, int64_t dim, char *to, const int64_t *stride) {
+static void store_key_gradient(const af_problem *p, const double *acc, int64_t dim, char *to, af_dtype dtype,
+                               const int64_t *stride) {
     const rows_extent x = key_rows(p);
     for (int64_t slot = 0; slot < x.slots; slot++)
         for (int64_t hk = 0; hk < p->Hkv; hk++)
             for (int64_t r = 0; r < x.rows; r++) {
                 const double *from = acc + ((slot * p->Hkv + hk) * x.rows + r) * dim;
                 for (int64_t e = 0; e < dim; e++)
-                    store(to, p->kv_dtype, slot * stride[0] + hk * stride[1] + r * stride[2] + e * stride[3], from[e]);
+                    store(to, dtype, slot * stride[0] + hk * stride[1] + r * stride[2] + e * stride[3], from[e]);
             }
 }
 
@@ -255,8 +256,8 @@ af_status af_reference_backward(const af_backward_problem *bp) {
         for (int64_t h = 0; h < p->Hq; h++)
             for (int64_t i = 0; i < seq.L; i++) backward_row(bp, b, &seq, h, i, &w);
     }
-    if (bp->dk) store_key_gradient(p, w.dk, p->E, bp->dk, bp->dk_stride);
-    if (bp->dv) store_key_gradient(p, w.dv, p->Ev, bp->dv, bp->dv_stride);
+    if (bp->dk) store_key_gradient(p, w.dk, p->E, bp->dk, bp->dk_dtype, bp->dk_stride);
+    if (bp->dv) store_key_gradient(p, w.dv, p->Ev, bp->dv, bp->dv_dtype, bp->dv_stride);
     if (bp->dsink) store_dsink(bp, w.dsink);
     scratch_free(&w);
     return AF_OK;

@@ -2,6 +2,7 @@
 NCCL on GPUs) — context parallelism, forward and backward, on attnforge's kernels. docs/DISTRIBUTED.md.
 
 - Ring attention with ring-flash-attn's API (ring, zigzag, stripe; batched and varlen): attnforge.distributed.ring.
+- Ulysses (all-to-all over heads) and the hybrid USP (Ulysses × ring): ulysses_attention, hybrid_attention.
 - shard / unshard: cutting a sequence into each layout's shards and back.
 - CommunicationError: a transfer failed (a peer died, timed out or raised mid-call).
 """
@@ -16,3 +17,10 @@ from .ring import (
     zigzag_ring_flash_attn_varlen_qkvpacked_func,
 )
 from .shard import positions, shard, shard_varlen, unshard, unshard_varlen
+from .decode import sharded_decode
+from .llama3 import (
+    llama3_flash_attn_prepare_cu_seqlens, llama3_flash_attn_varlen_func, llama3_flash_attn_varlen_kvpacked_func,
+    llama3_flash_attn_varlen_qkvpacked_func,
+)
+from .ulysses import ulysses_attention
+from .hybrid import hybrid_attention, hybrid_groups, hybrid_shard, hybrid_unshard

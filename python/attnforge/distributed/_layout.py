@@ -27,7 +27,7 @@ class Segment(NamedTuple):
 
 def segments(layout: str, rank: int, world: int, n: int):
     """The segments of rank `rank`'s shard of n local tokens of one sequence."""
-    if layout == "ring":
+    if layout == "ring" or (world == 1 and layout in LAYOUTS):   # one rank: the whole sequence in order, any n
         return (Segment(rank * n, n, 1, 0),)
     if layout == "zigzag":
         c = n // 2

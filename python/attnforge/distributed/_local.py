@@ -1,7 +1,7 @@
 """One block of a ring on attnforge's own kernels: the forward with its float32 lse (out in float32 on the CPU, so a
-bf16 block is not rounded before the merge), and the backward with the merged out and lse. The only module of
-attnforge.distributed that calls below the public API (the flash call and its backward), so that the per-block out
-can be float32 and the C checks still see every argument."""
+bf16 block is not rounded before the merge), and the backward with the merged out and lse (gradients in float32 on
+the CPU, summed over blocks unrounded). It calls below the public API (the flash call and its backward: the public
+functions return q's dtype), as llama3 and decode do for the same reason; the C checks still see every argument."""
 import torch
 
 from .. import _backward, _flash_call
@@ -28,15 +28,15 @@ def forward(q, k, v, scale, window, softcap, cu_seqlens_q=None, cu_seqlens_k=Non
 
 def backward(dout, q, k, v, out, lse, scale, window, softcap, cu_seqlens_q=None, cu_seqlens_k=None,
              max_seqlen_q=None, max_seqlen_k=None):
-    """(dq, dk, dv) of one block in q/k/v's dtypes, from the merged out and lse (P = exp(s - lse) is then the
-    global softmax's, D = rowsum(dout * out) the global one). out and dout: float32 under a CPU f16/bf16 q, else
-    q's dtype."""
+    """(dq, dk, dv) of one block, from the merged out and lse (P = exp(s - lse) is then the global softmax's,
+    D = rowsum(dout * out) the global one): float32 on the CPU (they are summed over blocks unrounded), q/k/v's dtypes
+    on CUDA. out and dout: float32 under a CPU f16/bf16 q, else q's dtype."""
     causal, resolved = _window_args(window)
     window_size = resolved if resolved is not None else (None, None)
     dq, dk, dv, _ = _backward.flash_backward(dout, q, k, v, out, lse, softmax_scale=scale, causal=causal,
                                              window_size=window_size, softcap=softcap, cu_seqlens_q=cu_seqlens_q,
                                              cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                                             max_seqlen_k=max_seqlen_k)
+                                             max_seqlen_k=max_seqlen_k, float32_grads=q.device.type == "cpu")
     return dq, dk, dv
 
 

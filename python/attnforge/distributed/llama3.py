@@ -138,7 +138,7 @@ def _backward_pass(p, dout, q, k, v, out, lse):
             dout[:, qh], q[:, qh], kg[p.k_slice], vg[p.k_slice], out[:, qh], lse[qh], softmax_scale=p.scale,
             causal=causal, window_size=window if window is not None else (None, None), softcap=p.softcap,
             learnable_sink=sink, cu_seqlens_q=p.cu_q, cu_seqlens_k=p.cu_k, max_seqlen_q=p.max_q,
-            max_seqlen_k=p.max_k)
+            max_seqlen_k=p.max_k, float32_grads=q.device.type == "cpu")   # reduced over ranks: unrounded first
         dq[:, qh] = gq
         dk_whole[p.k_slice, kh] = gk.float()
         dv_whole[p.k_slice, kh] = gv.float()
