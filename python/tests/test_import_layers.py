@@ -121,3 +121,45 @@ def test_the_public_modules_import_no_integration():
     edges = graph()
     for name in PUBLIC:
         assert not edges[name] & INTEGRATIONS, f"{name} imports {sorted(edges[name] & INTEGRATIONS)}"
+
+
+# attnforge.distributed: a front end of its own, written on the public functions and what is below the operators;
+# its Transformers integration alone may import the package's Transformers backend. Nothing outside it imports it.
+DISTRIBUTED = PACKAGE / "distributed"
+DISTRIBUTED_INTEGRATIONS = {"transformers", "__init__"}
+
+
+def _distributed_imports(path):
+    """(parent package modules, sibling modules) a module of attnforge.distributed imports, anywhere in it."""
+    parents, siblings = set(), set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        names = [node.module.split(".")[0]] if node.module else [alias.name for alias in node.names]
+        if node.level == 2:
+            parents.update(names)
+        elif node.level == 1:
+            siblings.update(names)
+        elif node.level == 0 and (node.module or "").startswith("attnforge.distributed."):
+            siblings.add(node.module.split(".")[2])
+    return parents, siblings
+
+
+def test_distributed_walks_one_way_down():
+    modules = {p.stem: p for p in sorted(DISTRIBUTED.glob("*.py"))}
+    assert {"_ring", "_comm", "_merge", "ring", "llama3", "ulysses", "decode"} <= set(modules)
+    edges = {}
+    for name, path in modules.items():
+        parents, siblings = _distributed_imports(path)
+        allowed = PUBLIC | BELOW | {"_C"} | ({"transformers"} if name in DISTRIBUTED_INTEGRATIONS else set())
+        assert parents <= allowed, f"distributed/{name} imports {sorted(parents - allowed)} from the package"
+        edges[name] = siblings & set(modules)
+    assert cycles(edges) == []
+    for name, path in _modules().items():   # the package's own modules never reach up into distributed
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.ImportFrom):
+                target = (node.module or "") if node.level else (node.module or "")[len("attnforge."):]
+                named = [alias.name for alias in node.names] if not node.module else []
+                assert not target.startswith("distributed") and "distributed" not in named, name
+            elif isinstance(node, ast.Import):
+                assert not any(a.name.startswith("attnforge.distributed") for a in node.names), name

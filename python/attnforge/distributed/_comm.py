@@ -2,6 +2,7 @@
 same call (so a mismatch raises on every rank instead of hanging one), the ring's point-to-point exchange, and
 communication failures turned into one error type that names them. Nothing here computes attention."""
 import struct
+import time
 import zlib
 
 import torch
@@ -102,6 +103,20 @@ def check_consistent(group, world: int, device, what: str, fields: dict, local_e
     raise _C.InvalidArgumentError(f"{what}: the ranks' calls differ")   # a CRC matched across different values
 
 
+class _Stats:
+    """Counters for benchmarks (bench/distributed_efficiency.py): seconds spent waiting for the ring's transfers
+    (exposed communication) and bytes sent, since the last reset()."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.wait_seconds, self.bytes_sent, self.steps = 0.0, 0, 0
+
+
+stats = _Stats()
+
+
 class Ring:
     """Point-to-point exchange with the ring's neighbours: send to rank + 1, receive from rank - 1 (group ranks),
     posted together (batch_isend_irecv: one coalesced group on NCCL, plain isend/irecv on gloo), waited for later so
@@ -118,10 +133,14 @@ class Ring:
         ops = [dist.P2POp(dist.isend, t, self.next, self.group) for t in send]
         ops += [dist.P2POp(dist.irecv, t, self.prev, self.group) for t in receive]
         requests = guarded(f"{self.what}: posting the ring's send/receive", dist.batch_isend_irecv, ops)
+        stats.bytes_sent += sum(t.numel() * t.element_size() for t in send)
+        stats.steps += 1
         self._pending.append((requests, tuple(send) + tuple(receive)))   # the tensors live until the wait
 
     def wait(self):
         pending, self._pending = self._pending, []
+        start = time.perf_counter()
         for requests, _tensors in pending:
             for request in requests:
                 guarded(f"{self.what}: the ring's send/receive", request.wait)
+        stats.wait_seconds += time.perf_counter() - start
