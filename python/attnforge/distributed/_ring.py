@@ -235,7 +235,9 @@ class Problem:
     def calls(self, source: int) -> List[Call]:
         """This rank's calls against the K/V shard of rank `source` (cached: the backward replays them)."""
         if source not in self._calls:
-            if self.packed:
+            if source == self.rank and self.left is None and self.right in (None, 0):
+                self._calls[source] = [self._own_block_call()]
+            elif self.packed:
                 segs = lambda r: [_layout.segments(self.layout, r, self.world, n) for n in self.lengths]  # noqa
                 self._calls[source] = _packed_calls(segs(self.rank), segs(source), self.offsets, self.left,
                                                     self.right, self.device)
@@ -244,6 +246,16 @@ class Problem:
                 ksegs = _layout.segments(self.layout, source, self.world, self.n)
                 self._calls[source] = _batched_calls(qsegs, ksegs, self.left, self.right)
         return self._calls[source]
+
+    def _own_block_call(self) -> Call:
+        """A rank's own K/V without a window: its local order is the global order (every layout keeps each shard's
+        tokens increasing), so the global causal (or no) mask is the local one, and the step is one call."""
+        window = _layout.FULL if self.right is None else (None, 0)
+        if not self.packed:
+            return Call(Sel(1, 0, self.n), Sel(1, 0, self.n), window)
+        total = self.offsets[-1][0]
+        return Call(Sel(0, 0, total), Sel(0, 0, total), window, self.cu_seqlens, self.cu_seqlens, self.max_seqlen,
+                    self.max_seqlen)
 
     def rows_shape(self, q):
         return tuple(q.shape[:-2])
