@@ -5,6 +5,8 @@ NCCL on GPUs) — context parallelism, forward and backward, on attnforge's kern
 - Ulysses (all-to-all over heads) and the hybrid USP (Ulysses × ring): ulysses_attention, hybrid_attention.
 - shard / unshard: cutting a sequence into each layout's shards and back.
 - CommunicationError: a transfer failed (a peer died, timed out or raised mid-call).
+- Context parallelism inside Hugging Face Transformers models (attn_implementation="attnforge_cp", shard_batch, the
+  loss over the ranks): attnforge.distributed.transformers (imports Transformers only when registering).
 """
 from ._comm import CommunicationError, set_consistency_check
 from .ring import (
@@ -24,3 +26,4 @@ from .llama3 import (
 )
 from .ulysses import ulysses_attention
 from .hybrid import hybrid_attention, hybrid_groups, hybrid_shard, hybrid_unshard
+from . import transformers  # noqa: E402,F401 (attnforge.distributed.transformers; light to import)
