@@ -9,6 +9,7 @@ from typing import List, NamedTuple, Optional
 
 import torch
 
+from .._flash import flash_attn_func, flash_attn_varlen_func
 from . import _comm, _layout, _local, _merge
 
 
@@ -365,6 +366,20 @@ def ring_attention(what, q, k, v, *, group, layout, causal, window_size, softmax
         raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__}")
     problem = Problem(what, q, k, v, group, layout, causal, window_size, softmax_scale, softcap, learnable_sink,
                       cu_seqlens, dropout_p, alibi_slopes)
-    out, lse = RingAttention.apply(q, k, v, learnable_sink, problem)
+    if problem.world == 1:   # a group of one rank is plain attnforge: the same call, the same bits
+        out, lse = _whole_sequence(problem, q, k, v, cu_seqlens)
+    else:
+        out, lse = RingAttention.apply(q, k, v, learnable_sink, problem)
     return (out, lse, None) if return_attn_probs else out
+
+
+def _whole_sequence(p: Problem, q, k, v, cu_seqlens):
+    """attnforge's public flash_attn_func / flash_attn_varlen_func with the ring's meaning (the global window is FA4's
+    literal one when queries and keys are the same sequence)."""
+    kwargs = dict(softmax_scale=p.scale, causal=False, window_size=(p.left, p.right), softcap=p.softcap,
+                  learnable_sink=p.sink, return_lse=True)
+    if cu_seqlens is None:
+        return flash_attn_func(q, k, v, **kwargs)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q=p.cu_seqlens, cu_seqlens_k=p.cu_seqlens,
+                                  max_seqlen_q=p.max_seqlen, max_seqlen_k=p.max_seqlen, **kwargs)
 
