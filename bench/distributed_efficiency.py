@@ -6,10 +6,12 @@ attnforge.flash_attn_func as the baseline.
 
     efficiency = time(one process, W·T threads) / time(W processes × T threads)      (1.00 = perfect scaling)
 
-For the rings it also reports the exposed communication (seconds a rank waited for its transfers, the ring's
-counters in attnforge.distributed._comm.stats), the same transfers alone (ranks exchanging the same K/V and dK/dV
-bytes with no compute), the share of that time hidden under compute (1 - exposed / alone), and the bytes each rank
-sends per step, from which a slower network's effect follows (docs/DISTRIBUTED.md).
+For the rings it also reports the exposed communication (seconds the slowest rank waited for its transfers, the
+ring's counters in attnforge.distributed._comm.stats; it includes waiting for a neighbour with more work, which is
+all of the plain ring's), its share of the call's time, the same transfers alone (ranks exchanging the same K/V and
+dK/dV bytes with no compute), the share of those hidden under compute (1 - exposed / alone, floored at 0), and the
+bytes each rank sends per transfer (the forward's K/V and the backward's K/V and float32 dK/dV posts, averaged),
+from which a slower network's effect follows (docs/DISTRIBUTED.md).
 
     python bench/distributed_efficiency.py                         # S 8192, H 8, E 128, W 2 x 1 thread, f32 + bf16
     python bench/distributed_efficiency.py --seq 16384 --world 2 --threads 1 --rounds 3 --dtypes bfloat16
@@ -161,20 +163,24 @@ def main():
             hidden = None if not alone else max(0.0, 1.0 - wait / alone)
             row = {"dtype": dtype_name, "method": method, "single_s": statistics.median(base),
                    "distributed_s": median, "efficiency": statistics.median(base) / median,
-                   "exposed_comm_s": wait, "comm_alone_s": alone, "hidden_share": hidden,
+                   "exposed_comm_s": wait, "exposed_share": wait / median, "comm_alone_s": alone,
+                   "hidden_share": hidden,
                    "bytes_per_step": bytes_step, "per_rank_s": [statistics.median(x[0] for x in r[1]) for r in ranks]}
             table.append(row)
             extra = "" if method == "ulysses" else (
-                f", exposed comm {wait:.3f} s of {alone:.3f} s alone (hidden {100 * hidden:.0f}%), "
-                f"{bytes_step / 2**20:.1f} MiB sent per step")
+                f", exposed comm {wait:.3f} s ({100 * wait / median:.1f}% of the call; the transfers alone "
+                f"{alone:.3f} s, hidden {100 * hidden:.0f}%), {bytes_step / 2**20:.1f} MiB per transfer")
             print(f"  {method:8s}: {median:.3f} s, efficiency {row['efficiency']:.2f}, per rank "
                   f"{', '.join(f'{x:.3f}' for x in row['per_rank_s'])} s{extra}", flush=True)
-    print("\n| dtype | method | 1 process x %d threads (s) | %d x %d (s) | efficiency | comm hidden |" % (w * t, w, t))
-    print("|---|---|---|---|---|---|")
+    print("\n| dtype | method | 1 process x %d threads (s) | %d x %d (s) | efficiency | exposed comm | "
+          "transfers alone | hidden |" % (w * t, w, t))
+    print("|---|---|---|---|---|---|---|---|")
     for r in table:
         hid = "-" if r["hidden_share"] is None else f"{100 * r['hidden_share']:.0f}%"
+        exposed = "-" if r["method"] == "ulysses" else f"{r['exposed_comm_s']:.3f} s ({100 * r['exposed_share']:.1f}%)"
+        alone = "-" if r["comm_alone_s"] is None else f"{r['comm_alone_s']:.3f} s"
         print(f"| {r['dtype']} | {r['method']} | {r['single_s']:.3f} | {r['distributed_s']:.3f} | "
-              f"{r['efficiency']:.2f} | {hid} |")
+              f"{r['efficiency']:.2f} | {exposed} | {alone} | {hid} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"shape": shape, "world": w, "threads": t, "rows": table}, f, indent=1)
