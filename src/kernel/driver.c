@@ -72,6 +72,7 @@ typedef struct {
     size_t prefetch_value_bytes;/* ... of its V rows */
     int heads_per_item;         /* kv heads per work item: 1, or all of them for direct items over interleaved heads */
     size_t off_qp, off_kt, off_v, off_rows, off_cache;   /* scratch layout, bytes */
+    size_t off_stage;           /* products over paged K/V: a tile's rows copied page run by page run (else 0) */
     size_t off_q, off_s, off_o, off_m, off_l, off_a, state_bytes;   /* row_state slot 0; slot h is state_bytes·h on */
 } flash_plan;
 
@@ -142,6 +143,27 @@ static const char *key_row(const flash_plan *fp, const work_item *w, int64_t j) 
 static const char *value_row(const flash_plan *fp, const work_item *w, int64_t j) {
     const af_problem *p = fp->p;
     return p->v + (size_t)af_kv_row_offset(p, p->v_stride, w->b, w->hk, &w->seq, j) * fp->elem;
+}
+
+/* The item's K (or V) rows of keys j0..j0+cols as one base and key stride, for the products' packers, which read a
+ * tile from one base: in place when the rows lie one stride apart (not paged, or the tile within one page), else
+ * copied page run by page run into `stage`. The packed tile is then the same as from a contiguous cache, so paged
+ * K/V give the contiguous path's bits. */
+static const char *rows_for_products(const flash_plan *fp, const work_item *w, int64_t j0, int cols, bool values,
+                                     char *stage, size_t *stride) {
+    const af_problem *p = fp->p;
+    const size_t row_stride = (size_t)(values ? p->v_stride[2] : p->k_stride[2]) * fp->elem;
+    const size_t row_bytes = (size_t)(values ? fp->Ev : fp->E) * fp->elem;
+    *stride = row_stride;
+    if (run_length(fp, j0, cols) == cols) return values ? value_row(fp, w, j0) : key_row(fp, w, j0);
+    for (int j = 0; j < cols;) {
+        const int run = run_length(fp, j0 + j, cols - j);
+        const char *src = values ? value_row(fp, w, j0 + j) : key_row(fp, w, j0 + j);
+        for (int r = 0; r < run; r++) memcpy(stage + (size_t)(j + r) * row_bytes, src + (size_t)r * row_stride, row_bytes);
+        j += run;
+    }
+    *stride = row_bytes;
+    return stage;
 }
 
 /* K tile transposed: kt[e][j] for keys j0..j0+cols, zero-padded to a whole vector of columns. */
@@ -518,8 +540,9 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
         float *Sn = rs.S + (size_t)skip * fp->keys_pad, *On = rs.O + (size_t)skip * fp->ev_pad;
         const float *qn = rs.qb + (size_t)skip * fp->E;
         if (fp->px) {
-            const char *k = key_row(fp, &w, j0);
-            fp->px->pack_k(cols, fp->E, k, (size_t)p->k_stride[2] * fp->elem, p->dtype, kt);
+            size_t stride;
+            const char *k = rows_for_products(fp, &w, j0, cols, false, base + fp->off_stage, &stride);
+            fp->px->pack_k(cols, fp->E, k, stride, p->dtype, kt);
             fp->px->scores(n, cols, fp->E, qpack, skip, kt, Sn, fp->keys_pad);
         } else {
             /* vt is free until the V tile: a row buffer for the transpose */
@@ -529,8 +552,9 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
         softmax_tile(fp, &w, &rs, r0, skip, end, j0, cols, edge);
         if (fp->Ev == 0) continue;
         if (fp->px) {
-            const char *v = value_row(fp, &w, j0);
-            fp->px->pack_v(cols, fp->Ev, v, (size_t)p->v_stride[2] * fp->elem, p->dtype, vt);
+            size_t stride;
+            const char *v = rows_for_products(fp, &w, j0, cols, true, base + fp->off_stage, &stride);
+            fp->px->pack_v(cols, fp->Ev, v, stride, p->dtype, vt);
             fp->px->values(n, fp->Ev, cols, Sn, fp->keys_pad, vt, On, fp->ev_pad);
         } else if (fp->v_direct) {
             const float *v = (const float *)value_row(fp, &w, j0);
@@ -596,7 +620,6 @@ static const af_products *products_for(const af_problem *p, const af_ukernel *uk
     const af_products *px = uk->products;
     if (!px || p->k_stride[3] != 1 || p->v_stride[3] != 1 || !px->accepts(p->dtype, (int)p->E, (int)p->Ev)) return NULL;
     if (p->kv_dtype != p->dtype) return NULL;   /* float8 K/V under a wider q: the f32 path converts them */
-    if (p->page_table) return NULL;   /* they pack a tile from one base and stride: the f32 path gathers pages */
     if (rows_total < px->min_rows && uk->scores_direct && uk->values_direct) return NULL;
     return px;
 }
@@ -680,6 +703,10 @@ af_status af_flash_forward(const af_problem *p) {
         fp.off_v = at;  at += af_round_up(sizeof(float) * keys_pad * (ev_pad > e_pad ? ev_pad : e_pad), 64);
     }
     fp.off_rows = at; at += af_round_up(2 * sizeof(char *) * (size_t)fp.block_keys, 64);   /* direct: tile_rows */
+    if (fp.px && p->page_table) {   /* rows_for_products' staging: one tile of K or V rows */
+        fp.off_stage = at;
+        at += af_round_up((size_t)fp.block_keys * (size_t)(fp.E > fp.Ev ? fp.E : fp.Ev) * fp.elem, 64);
+    }
     const size_t state0 = at;   /* row_state slots, one per kv head of an item */
     fp.off_q = at;  at += af_round_up(sizeof(float) * br * (size_t)fp.E, 64);
     fp.off_s = at;  at += af_round_up(sizeof(float) * br * keys_pad, 64);
