@@ -154,3 +154,14 @@ def test_rank_that_raises_mid_call_and_leaves():
     outcomes = run_group(ring_call_with_fault, 2, 1, "raise", 0, timeout=60, group_timeout=GROUP_TIMEOUT,
                          expect_errors=True)
     assert_survivors_failed_cleanly(outcomes, 1, "Injected: injected failure", GROUP_TIMEOUT + 5)
+
+
+def test_the_check_can_be_switched_off_by_the_environment():
+    """ATTNFORGE_DISTRIBUTED_CHECK=0 turns the per-call consistency check off at import (docs/DISTRIBUTED.md)."""
+    import subprocess
+    import sys
+    code = "import attnforge.distributed._comm as c; print(c.checks.enabled)"
+    for value, want in (("0", "False"), ("1", "True")):
+        env = dict(__import__("os").environ, ATTNFORGE_DISTRIBUTED_CHECK=value)
+        got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert got.stdout.strip() == want, (value, got.stdout, got.stderr)

@@ -1,6 +1,7 @@
 """What attnforge.distributed asks of torch.distributed: the group's size and rank, a check that every rank makes the
 same call (so a mismatch raises on every rank instead of hanging one), the ring's point-to-point exchange, and
 communication failures turned into one error type that names them. Nothing here computes attention."""
+import os
 import struct
 import time
 import zlib
@@ -19,7 +20,7 @@ class CommunicationError(RuntimeError):
 class _Checks:
     """Module settings. enabled: every call first checks that all ranks agree on shapes, dtypes and flags (one small
     all_gather; ATTNFORGE_DISTRIBUTED_CHECK=0 or set_consistency_check(False) turns it off)."""
-    enabled = True
+    enabled = os.environ.get("ATTNFORGE_DISTRIBUTED_CHECK", "1") != "0"
 
 
 checks = _Checks()
