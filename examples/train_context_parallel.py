@@ -6,7 +6,7 @@ training in one process.
     python examples/train_context_parallel.py --single                       # the same training, one process
     torchrun --nproc_per_node 2 examples/train_context_parallel.py --check   # both; asserts the losses agree
 
-Needs transformers and attnforge on the path (PYTHONPATH=python from the repository root). --check trains the
+Needs transformers and an installed attnforge (`pip install .`, or scripts/test-python.sh's venv). --check trains the
 single-process reference on every rank too and asserts that each step's loss agrees to 1e-4 relative.
 
 The task: each sequence counts up from a random token by a random step of 1 to 7 (mod 128); the step can only be
