@@ -69,7 +69,32 @@ __attribute__((target("avx512f"))) static void fma_loop_avx512(long iterations) 
     for (int i = 1; i < PEAK_ACCUMULATORS; i++) s = _mm512_add_ps(s, acc[i]);
     sink = _mm512_reduce_add_ps(s);
 }
+
+/* vdpbf16ps: each of 16 lanes takes two bf16 pairs into its f32 sum, 64 FLOP an instruction (twice an FMA's); the
+ * ceiling of the bf16 rows on the AVX512-BF16 products. a·b tiny keeps the chains finite. */
+__attribute__((target("avx512f,avx512bf16"))) static void dpbf16_loop_avx512(long iterations) {
+    __m512 acc[PEAK_ACCUMULATORS];
+    const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f), _mm512_set1_ps(1e-3f));
+    const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f), _mm512_set1_ps(1e-3f));
+    for (int i = 0; i < PEAK_ACCUMULATORS; i++) acc[i] = _mm512_set1_ps((float)i);
+    for (long n = 0; n < iterations; n++)
+        for (int i = 0; i < PEAK_ACCUMULATORS; i++) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+    __m512 s = acc[0];
+    for (int i = 1; i < PEAK_ACCUMULATORS; i++) s = _mm512_add_ps(s, acc[i]);
+    sink = _mm512_reduce_add_ps(s);
+}
 #endif
+
+/* Whether the bf16 rows on the avx512 table run on the vdpbf16ps products (src/kernel/dispatch.c's rule: the CPU has
+ * AVX512-BF16, ATTNFORGE_AVX512_BF16 is not 0) and this build can time them. */
+static bool avx512_bf16_products(void) {
+#if defined(__x86_64__)
+    const char *env = getenv("ATTNFORGE_AVX512_BF16");
+    return af_isa_available("avx512") && __builtin_cpu_supports("avx512bf16") && !(env && strcmp(env, "0") == 0);
+#else
+    return false;
+#endif
+}
 
 static void fma_loop_scalar(long iterations) {
     float acc[PEAK_ACCUMULATORS];
@@ -82,7 +107,8 @@ static void fma_loop_scalar(long iterations) {
 }
 
 typedef struct {
-    int lanes;    /* floats per FMA; 0: the AMX bf16 tile loop */
+    int lanes;    /* f32 multiply-adds per instruction: 16 / 8 / 1 FMA lanes, 32 for vdpbf16ps; 0: the AMX bf16 tile
+                     loop */
     long iterations;
     double cpu_seconds[256];   /* per thread */
 } fma_job;
@@ -98,6 +124,7 @@ static void fma_worker(void *arg, int t) {
     const double cpu0 = thread_cpu_seconds();
 #if defined(__x86_64__)
     if (job->lanes == 0) bench_amx_tile_loop(job->iterations);
+    else if (job->lanes == 32) dpbf16_loop_avx512(job->iterations);
     else if (job->lanes == 16) fma_loop_avx512(job->iterations);
     else if (job->lanes == 8) fma_loop_avx2(job->iterations);
     else
@@ -110,7 +137,10 @@ static fma_job fma_job_for(const char *isa, long iterations) {
     fma_job job = {.lanes = 1, .iterations = iterations};
     if (!strcmp(isa, "amx") && af_isa_available("amx") && bench_amx_tile_loop_built())   /* ~64× an FMA iteration */
         job = (fma_job){.lanes = 0, .iterations = iterations / 64};
-    else if ((!strcmp(isa, "avx512") || !strcmp(isa, "amx")) && af_isa_available("avx512")) job.lanes = 16;
+    else if (!strcmp(isa, "avx512-bf16") && avx512_bf16_products()) job.lanes = 32;
+    else if ((!strcmp(isa, "avx512") || !strcmp(isa, "amx") || !strcmp(isa, "avx512-bf16")) &&
+             af_isa_available("avx512"))
+        job.lanes = 16;
     else if (af_isa_available("avx2")) job.lanes = 8;
     else job.iterations /= 8;
     return job;
@@ -281,6 +311,7 @@ void bench_machine_release(void) {
 }
 
 const char *bench_peak_kind(const char *isa, af_dtype dtype) {
+    if (!strcmp(isa, "avx512") && dtype == AF_BF16 && avx512_bf16_products()) return "avx512-bf16";
     if (strcmp(isa, "amx")) return isa;
     return dtype == AF_BF16 ? "amx" : "avx512";
 }

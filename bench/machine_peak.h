@@ -9,7 +9,8 @@
 
 /* f32 FMA throughput of `threads` threads, each running independent FMA chains on the vectors of `isa`
  * ("avx512": 16-wide, "avx2": 8-wide; "portable": the avx2 loop when the CPU has it, else scalar C); "amx": the
- * bf16 tdpbf16ps tile loop instead (amx_peak.h), where the machine and the build have it.
+ * bf16 tdpbf16ps tile loop instead (amx_peak.h), where the machine and the build have it; "avx512-bf16": vdpbf16ps
+ * chains (64 FLOP an instruction), where the bf16 rows run on the AVX512-BF16 products (else the avx512 FMA loop).
  * Best of a few trials, GFLOP/s (an FMA counts 2). *per_cpu_second (if not NULL): the same FLOPs over the CPU
  * time the threads actually got — one core's peak, unaffected by other processes preempting them. */
 double bench_fma_peak_gflops(const char *isa, int threads, double *per_cpu_second);
@@ -34,7 +35,8 @@ void bench_machine_release(void);
 void bench_on_threads(int threads, void (*fn)(void *arg, int t), void *arg);
 
 /* The ceiling a row's calls are measured against: the FMA loop of the row's ISA, except that "amx" runs only bf16
- * on the tiles (against the tile loop) and everything else on its AVX-512 vectors (against their FMA loop). */
+ * on the tiles (against the tile loop) and everything else on its AVX-512 vectors (against their FMA loop), and
+ * bf16 on "avx512" with the AVX512-BF16 products is measured against the vdpbf16ps loop ("avx512-bf16"). */
 const char *bench_peak_kind(const char *isa, af_dtype dtype);
 
 #endif
