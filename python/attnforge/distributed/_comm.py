@@ -53,7 +53,7 @@ def guarded(what: str, function, *args, **kwargs):
         return function(*args, **kwargs)
     except CommunicationError:
         raise
-    except (RuntimeError, dist.DistError if hasattr(dist, "DistError") else RuntimeError) as error:
+    except RuntimeError as error:   # torch.distributed.DistError and its kinds are RuntimeErrors
         raise CommunicationError(f"attnforge.distributed: {what} failed: {error}") from error
 
 

@@ -1,7 +1,7 @@
 """One block of a ring on attnforge's own kernels: the forward with its float32 lse (out in float32 on the CPU, so a
 bf16 block is not rounded before the merge), and the backward with the merged out and lse (gradients in float32 on
-the CPU, summed over blocks unrounded). It calls below the public API (the flash call and its backward: the public
-functions return q's dtype), as llama3 and decode do for the same reason; the C checks still see every argument."""
+the CPU, summed over blocks unrounded); sharded decode's per-shard call too. It calls below the public API (the
+flash call and its backward: the public functions return q's dtype); the C checks still see every argument."""
 import torch
 
 from .. import _backward, _flash_call
@@ -15,14 +15,16 @@ def _window_args(window):
 
 
 def forward(q, k, v, scale, window, softcap, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-            max_seqlen_k=None):
-    """(out float32, lse float32) of q against k, v under the block window; 4-D NHD, or packed 3-D with cu_seqlens."""
+            max_seqlen_k=None, seqused_k=None, page_table=None):
+    """(out, lse float32) of q against k, v under the block window: 4-D NHD, packed 3-D with cu_seqlens, or paged
+    K/V (sharded decode); out float32 on the CPU, q's dtype on CUDA."""
     causal, resolved = _window_args(window)
     wide = q.device.type == "cpu" and q.dtype in (torch.float16, torch.bfloat16)
-    varlen = cu_seqlens_q is not None
+    varlen = any(t is not None for t in (cu_seqlens_q, cu_seqlens_k, seqused_k, page_table))
     out, lse = _flash_call.run(q, k, v, scale, causal, resolved, softcap, None, cu_seqlens_q=cu_seqlens_q,
                                cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                               return_lse=True, varlen=varlen, float32_out=wide)
+                               seqused_k=seqused_k, page_table=page_table, return_lse=True, varlen=varlen,
+                               float32_out=wide)
     return out, lse
 
 

@@ -27,9 +27,9 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .. import _C, _flash_call
+from .. import _C
 from .._flash import flash_attn_varlen_func
-from . import _comm, _layout, _merge
+from . import _comm, _layout, _local, _merge
 
 WHAT = "sharded_decode"
 SKIP = None   # a sequence of which no row sees any key of this shard
@@ -200,16 +200,6 @@ def local_window(left, right, after: int, n: int, lq: int):
     return lo, hi
 
 
-def _kernel_window(window):
-    """A local (lo, hi) as _flash_call.run's (causal, window)."""
-    lo, hi = window
-    if lo is None and hi is None:
-        return False, None
-    if lo is None and hi == 0:
-        return True, None
-    return False, (lo, hi)
-
-
 def _groups(p: _Problem, placement):
     """[(window, batch rows or None for all)]: the sequences that share one local window, SKIP ones left out.
     placement: None (no mask depends on positions) or (this rank's lengths, keys behind them) per sequence."""
@@ -252,12 +242,9 @@ def _partial_(p: _Problem, groups, out, lse_t):
     and -inf (no key seen) where nothing is written. Out stays float32 on the CPU (not rounded before the merge)."""
     if not _has_work(p):
         return
-    wide = p.q.device.type == "cpu" and p.q.dtype in (torch.float16, torch.bfloat16)
-    for window, rows in groups:
+    for window, rows in groups:   # FA4's local (left, right), as the ring's blocks: the same block call
         q, k, v, table, used = _rows(p, rows)
-        causal, resolved = _kernel_window(window)
-        block_out, block_lse = _flash_call.run(q, k, v, p.scale, causal, resolved, p.softcap, None, seqused_k=used,
-                                               page_table=table, return_lse=True, varlen=True, float32_out=wide)
+        block_out, block_lse = _local.forward(q, k, v, p.scale, window, p.softcap, seqused_k=used, page_table=table)
         if rows is None:
             out.copy_(block_out)
             lse_t.copy_(block_lse.transpose(1, 2))
