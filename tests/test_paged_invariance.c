@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "attnforge.h"
+#include "core/dtype.h"
 #include "kernel/dispatch_testing.h"
 #include "test_tensor.h"
 #include "ukernel_amx_emulated.h"
@@ -32,32 +33,14 @@ typedef struct {
     size_t out_bytes, lse_bytes;
 } buffers;
 
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static test_rng rng = {0x9E3779B97F4A7C15ull};
 
-static uint64_t next_u64(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
-
-/* Random values exactly representable in every dtype (multiples of 1/64 in [-2, 2)), so that one byte pattern per
- * dtype can be built from doubles. */
+/* Random values exactly representable in every dtype (multiples of 1/64 in [-2, 2)). */
 static void fill(void *data, af_dtype dtype, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
-        const float x = (float)((int)(next_u64() % 256) - 128) / 64.0f;
+        const float x = (float)(rng_range(&rng, -128, 127)) / 64.0f;
         if (dtype == AF_F32) ((float *)data)[i] = x;
-        else {
-            uint32_t bits;
-            memcpy(&bits, &x, 4);
-            uint16_t h;
-            if (dtype == AF_BF16) h = (uint16_t)(bits >> 16);   /* exact: 8 significant bits at most */
-            else {                                               /* f16: exact for these values */
-                const uint32_t sign = (bits >> 16) & 0x8000u, exp = (bits >> 23) & 0xff, mant = bits & 0x7fffff;
-                h = exp == 0 ? (uint16_t)sign : (uint16_t)(sign | ((exp - 112) << 10) | (mant >> 13));
-            }
-            ((uint16_t *)data)[i] = h;
-        }
+        else ((uint16_t *)data)[i] = dtype == AF_BF16 ? af_f32_to_bf16(x) : af_f32_to_f16(x);
     }
 }
 
@@ -90,7 +73,7 @@ static void build(const layout_case *c, buffers *b) {
     int64_t *order = zalloc(sizeof(int64_t) * (size_t)pool);
     for (int64_t i = 0; i < pool; i++) order[i] = i;
     for (int64_t i = pool - 1; i > 0; i--) {   /* shuffled page order */
-        const int64_t j = (int64_t)(next_u64() % (uint64_t)(i + 1)), t = order[i];
+        const int64_t j = rng_range(&rng, 0, i), t = order[i];
         order[i] = order[j];
         order[j] = t;
     }
