@@ -41,14 +41,17 @@ def unshard(shards, layout: str, dim: int = 1) -> torch.Tensor:
     return out
 
 
+def _varlen_positions(bounds, layout: str, rank: int, world: int) -> torch.Tensor:
+    """The packed positions rank `rank` holds of the documents at `bounds` (global cu_seqlens), in document order."""
+    pieces = [bounds[d] + positions(layout, rank, world, bounds[d + 1] - bounds[d]) for d in range(len(bounds) - 1)]
+    return torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int64)
+
+
 def shard_varlen(x: torch.Tensor, cu_seqlens, layout: str, rank: int, world: int, dim: int = 0) -> torch.Tensor:
     """Rank `rank`'s pieces of every document of a packed x (documents at the global cu_seqlens along `dim`), in
     document order: the input of a *_varlen_func whose cu_seqlens are cu_seqlens // world."""
     bounds = [int(c) for c in torch.as_tensor(cu_seqlens).tolist()]
-    pieces = [bounds[d] + positions(layout, rank, world, bounds[d + 1] - bounds[d])
-              for d in range(len(bounds) - 1)]
-    index = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int64)
-    return x.index_select(dim, index.to(x.device)).contiguous()
+    return x.index_select(dim, _varlen_positions(bounds, layout, rank, world).to(x.device)).contiguous()
 
 
 def unshard_varlen(shards, cu_seqlens, layout: str, dim: int = 0) -> torch.Tensor:
@@ -57,7 +60,5 @@ def unshard_varlen(shards, cu_seqlens, layout: str, dim: int = 0) -> torch.Tenso
     bounds = [int(c) for c in torch.as_tensor(cu_seqlens).tolist()]
     out = shards[0].new_empty((*shards[0].shape[:dim], bounds[-1], *shards[0].shape[dim + 1:]))
     for r, s in enumerate(shards):
-        pieces = [bounds[d] + positions(layout, r, world, bounds[d + 1] - bounds[d]) for d in range(len(bounds) - 1)]
-        index = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int64)
-        out.index_copy_(dim, index.to(s.device), s)
+        out.index_copy_(dim, _varlen_positions(bounds, layout, r, world).to(s.device), s)
     return out
