@@ -35,10 +35,11 @@ typedef struct {
 
 static test_rng rng = {0x9E3779B97F4A7C15ull};
 
-/* Random values exactly representable in every dtype (multiples of 1/64 in [-2, 2)). */
+/* Random values in [-2, 2) with full mantissas: products and their sums round, so any change in the order of a
+ * reduction shows (values on a coarse grid would make every dot product exact and hide it). */
 static void fill(void *data, af_dtype dtype, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
-        const float x = (float)(rng_range(&rng, -128, 127)) / 64.0f;
+        const float x = (float)(rng_uniform(&rng) * 4.0 - 2.0);
         if (dtype == AF_F32) ((float *)data)[i] = x;
         else ((uint16_t *)data)[i] = dtype == AF_BF16 ? af_f32_to_bf16(x) : af_f32_to_f16(x);
     }

@@ -24,16 +24,15 @@
 #include "kernel/tiling.h"
 #include "kernel/ukernel.h"
 
-#define SPLIT_KEYS 512          /* fewest keys per split-KV chunk; chunks are fixed by shape: results never depend on threads */
-#define SPLIT_KEYS_MAX 2048     /* most: each chunk starts on a tile nothing prefetched (docs/BENCHMARKS-HISTORY.md, third round) */
-#define SPLIT_ITEMS 128         /* chunks as long as leaves this many work items: two for each of 64 threads */
+#define KEY_CHUNK 512           /* every row reduces its keys in chunks of this many, at fixed key positions, folded in
+                                   order (fold_row): a row's bits never depend on the batch, the split or the threads */
+#define SPLIT_KEYS_MAX 2048     /* most keys per split-KV work item: each starts on a tile nothing prefetched
+                                   (docs/BENCHMARKS-HISTORY.md, third round) */
+#define SPLIT_ITEMS 128         /* splits as long as leaves this many work items: two for each of 64 threads */
 #define SPLIT_MAX_ROWS 64       /* split the keys only when one (batch, kv head) has at most this many rows */
-#define DIRECT_MAX_ROWS 16      /* blocks this small read K/V in place (scores_direct/values_direct): nothing to
-                                   amortise a K^T pack over */
+#define DIRECT_MAX_ROWS 16      /* sequences with this few rows per kv head read K/V in place (scores_direct /
+                                   values_direct): nothing to amortise a K^T pack over */
 #define DIRECT_MAX_HEADS 32     /* kv heads per direct item at most: their row states share the thread's scratch */
-#define DIRECT_L2_BYTES ((size_t)128 << 10)   /* a multi-head direct item's tile and the next one: a quarter of an
-                                                  L2 (measured on Zen 3: 16 keys of 8 f16 heads 5-10% faster than 32,
-                                                  8 keys 20-30% slower) */
 #define TILE_CACHE_BYTES ((size_t)16 << 20)   /* all threads' caches of packed K/V tiles together (see below) */
 
 /* The packed K^T and V tiles of the (batch, kv head) a thread last worked on, kept in its scratch so that the next
@@ -49,22 +48,27 @@ typedef struct {
     const af_problem *p;
     const af_ukernel *uk;
     const af_products *px;      /* the micro-kernel's own products for this call, or NULL: the f32 path */
-    int block_rows, block_keys;
+    int block_rows, block_keys; /* block_keys: the key tiles of product / packed items */
+    int direct_keys;            /* ... of direct items: the table's own tile, whatever the layout (a row's bits follow
+                                   its tiles' bounds) */
+    int direct_rows;            /* a sequence with at most this many rows per kv head runs as direct items (0: none) */
     int E, Ev;
     int keys_pad, ev_pad;       /* padded leading dims of the S/P and V/O tiles */
     int64_t rows_total;         /* L·G packed rows per (batch, kv head) */
     int64_t row_blocks, splits, split_keys;
+    int64_t chunks_per_split;   /* split_keys / KEY_CHUNK: split-KV keeps one partial per chunk */
     bool pre_scale;             /* S = S·scale (+ mask) before the softmax: masks and scale <= 0 need it */
     bool v_direct;              /* f32 V already laid out as the P·V gemm wants it: no V tile is packed */
-    bool direct;                /* few rows: the micro-kernel's direct kernels read K and V in place */
+    bool direct;                /* some sequences have few rows: their items read K and V in place (direct_rows) */
+    bool all_direct;            /* ... every sequence: items may span several kv heads (heads_per_item) */
     bool tile_cache;            /* keep every packed tile of the current (batch, kv head): tile_cache above */
     size_t cache_kt_floats, cache_tile_floats;   /* per cached tile: Kᵀ (E × keys_pad), then V (keys × ev_pad) */
     int exp2_degree;
     size_t elem;                /* bytes per k/v element */
     size_t q_elem;              /* bytes per q element (float8 K/V: q may be wider) */
     size_t out_elem;            /* bytes per out element */
-    float *partials;            /* splits > 1: per (batch, kv head, row block, split), rows × (ev_pad + 2) floats:
-                                   O, then m and l */
+    float *partials;            /* splits > 1: per (batch, kv head, row block, key chunk), rows × (ev_pad + 2)
+                                   floats: O, then m and l */
     bool prefetch;              /* direct items: prefetch the next tile's K/V rows (prefetch_cursor) */
     bool prefetch_v_now;        /* ... one-head items over contiguous rows: this tile's V, then half the next K (run_item) */
     bool prefetch_phased;       /* ... multi-head items, f32 or <= 2 rows a kv head: all scores (this V), then values */
@@ -73,7 +77,8 @@ typedef struct {
     int heads_per_item;         /* kv heads per work item: 1, or all of them for direct items over interleaved heads */
     size_t off_qp, off_kt, off_v, off_rows, off_cache;   /* scratch layout, bytes */
     size_t off_stage;           /* products over paged K/V: a tile's rows copied page run by page run (else 0) */
-    size_t off_q, off_s, off_o, off_m, off_l, off_a, state_bytes;   /* row_state slot 0; slot h is state_bytes·h on */
+    size_t off_q, off_s, off_o, off_m, off_l, off_a;   /* row_state slot 0; slot h is state_bytes·h on */
+    size_t off_ao, off_am, off_al, state_bytes;       /* ... the rows' folded chunks */
 } flash_plan;
 
 typedef struct {
@@ -284,28 +289,56 @@ static void store_row(const flash_plan *fp, const work_item *w, int64_t h, int64
             l > 0.0f || l != l ? (m + log2f(l)) * 0.69314718055994531f : -INFINITY;
 }
 
-/* One kv head's rows of a work item: its slot of the thread's scratch (an item spanning several heads has one each). */
+/* One kv head's rows of a work item: its slot of the thread's scratch (an item spanning several heads has one each).
+ * O, m, l: the online softmax over the current key chunk; ao, am, al: the chunks before it, folded (fold_row). */
 typedef struct {
     float *qb, *S, *O, *m, *l, *alpha;
+    float *ao, *am, *al;
 } row_state;
 
 static row_state state_of(const flash_plan *fp, char *base, int slot) {
     char *s = base + (size_t)slot * fp->state_bytes;
     return (row_state){.qb = (float *)(s + fp->off_q), .S = (float *)(s + fp->off_s), .O = (float *)(s + fp->off_o),
-                       .m = (float *)(s + fp->off_m), .l = (float *)(s + fp->off_l), .alpha = (float *)(s + fp->off_a)};
+                       .m = (float *)(s + fp->off_m), .l = (float *)(s + fp->off_l), .alpha = (float *)(s + fp->off_a),
+                       .ao = (float *)(s + fp->off_ao), .am = (float *)(s + fp->off_am), .al = (float *)(s + fp->off_al)};
 }
 
-/* Load the block's query rows as f32 and start their online softmax: m = -inf, l = 0, O = 0. */
+/* A fresh online softmax for rows [0, rows): m = -inf, l = 0, O = 0. */
+static void reset_softmax(const flash_plan *fp, float *O, float *m, float *l, int rows) {
+    for (int r = 0; r < rows; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
+    memset(O, 0, sizeof(float) * (size_t)rows * (size_t)fp->ev_pad);
+}
+
+/* Load the block's query rows as f32 and start their online softmax and their folded result. */
 static void begin_rows(const flash_plan *fp, const work_item *w, const row_state *rs, int64_t r0, int rows) {
     const af_problem *p = fp->p;
     for (int r = 0; r < rows; r++) {
         int64_t h, i;
         const char *src = qrow_ptr(fp, w, r0 + r, &h, &i);
         af_load_f32(fp->uk, rs->qb + (size_t)r * fp->E, src, p->dtype, p->q_stride[3], fp->E, fp->q_elem);
-        rs->m[r] = -INFINITY;
-        rs->l[r] = 0.0f;
     }
-    memset(rs->O, 0, sizeof(float) * (size_t)rows * (size_t)fp->ev_pad);
+    reset_softmax(fp, rs->O, rs->m, rs->l, rows);
+    reset_softmax(fp, rs->ao, rs->am, rs->al, rows);
+}
+
+/* One key chunk's unnormalised row (o, m, l) folded into the row's result so far (acc, *am, *al). Every row goes
+ * through this one reduction, chunk after chunk in key order, whether its chunks ran in one work item or in split-KV
+ * items (combine_item): a row's bits then depend on its keys alone. One instance (noinline), so that no call site
+ * gets its own contraction of the multiply-adds. A chunk that saw no key of the row changes nothing but a NaN sum. */
+__attribute__((noinline)) static void fold_row(int Ev, const float *o, float m, float l, float *acc, float *am,
+                                               float *al) {
+    if (m == -INFINITY) {
+        if (l != l) *al = l;
+        return;
+    }
+    const float m_new = m > *am ? m : *am;
+    const float wa = *am == -INFINITY ? 0.0f : exp2f(*am - m_new), wc = exp2f(m - m_new);
+    for (int e = 0; e < Ev; e++) acc[e] = acc[e] * wa + o[e] * wc;
+    *al = *al * wa + l * wc;
+    *am = m_new;
 }
 
 /* From the raw S block of rows [skip, end) to P: softcap or scale and mask, the causal/window limits on the tiles
@@ -402,29 +435,60 @@ static void direct_values(const flash_plan *fp, const work_item *w, int h, const
                           fp->ev_pad, pf);
 }
 
-/* Index of the (batch, kv head, row block, split) among all of them: where split-KV keeps its partial result. */
-static int64_t partial_index(const flash_plan *fp, const work_item *w) {
-    return ((w->b * fp->p->Hkv + w->hk) * fp->row_blocks + w->rb) * fp->splits + w->split;
+/* Where split-KV keeps key chunk `chunk` of the item's (batch, kv head, row block): rows × (ev_pad + 2) floats. */
+static float *partial_of(const flash_plan *fp, const work_item *w, int64_t chunk) {
+    const int64_t chunks = fp->splits * fp->chunks_per_split;
+    const int64_t index = ((w->b * fp->p->Hkv + w->hk) * fp->row_blocks + w->rb) * chunks + chunk;
+    return fp->partials + (size_t)index * (size_t)fp->block_rows * ((size_t)fp->ev_pad + 2);
 }
 
-/* The block's finished rows: stored (normalised), or, split-KV, kept unnormalised for combine_item. */
-static void finish_rows(const flash_plan *fp, const work_item *w, const row_state *rs, int64_t r0, int rows) {
-    if (fp->splits == 1) {
+/* The end of key chunk `chunk` (counted from the sequence's first key) for the rows of one kv head: split-KV keeps it for combine_item, else it is folded
+ * into the rows' result here; either way the next chunk starts a fresh online softmax. */
+static void close_chunk(const flash_plan *fp, const work_item *w, const row_state *rs, int rows, int64_t chunk) {
+    if (fp->splits > 1) {
+        const size_t row_floats = (size_t)fp->ev_pad + 2;
+        float *part = partial_of(fp, w, chunk);
         for (int r = 0; r < rows; r++) {
-            int64_t h, i;
-            qrow_ptr(fp, w, r0 + r, &h, &i);
-            store_row(fp, w, h, i, rs->O + (size_t)r * fp->ev_pad, rs->m[r], rs->l[r]);
+            float *dst = part + (size_t)r * row_floats;
+            memcpy(dst, rs->O + (size_t)r * fp->ev_pad, sizeof(float) * (size_t)fp->Ev);
+            dst[fp->ev_pad] = rs->m[r];
+            dst[fp->ev_pad + 1] = rs->l[r];
         }
-        return;
+    } else {
+        for (int r = 0; r < rows; r++)
+            fold_row(fp->Ev, rs->O + (size_t)r * fp->ev_pad, rs->m[r], rs->l[r], rs->ao + (size_t)r * fp->ev_pad,
+                     rs->am + r, rs->al + r);
     }
+    reset_softmax(fp, rs->O, rs->m, rs->l, rows);
+}
+
+/* Split-KV: every chunk of the item's split starts as seen-nothing (m = -inf, l = 0), for the chunks its rows never
+ * reach. */
+static void clear_split_chunks(const flash_plan *fp, const work_item *w, int rows) {
     const size_t row_floats = (size_t)fp->ev_pad + 2;
-    float *part = fp->partials + (size_t)partial_index(fp, w) * (size_t)fp->block_rows * row_floats;
-    for (int r = 0; r < rows; r++) {
-        float *dst = part + (size_t)r * row_floats;
-        memcpy(dst, rs->O + (size_t)r * fp->ev_pad, sizeof(float) * (size_t)fp->Ev);
-        dst[fp->ev_pad] = rs->m[r];
-        dst[fp->ev_pad + 1] = rs->l[r];
+    for (int64_t c = 0; c < fp->chunks_per_split; c++) {
+        float *part = partial_of(fp, w, w->split * fp->chunks_per_split + c);
+        for (int r = 0; r < rows; r++) {
+            part[(size_t)r * row_floats + fp->ev_pad] = -INFINITY;
+            part[(size_t)r * row_floats + fp->ev_pad + 1] = 0.0f;
+        }
     }
+}
+
+/* The block's finished rows, stored normalised (split-KV: combine_item does it). */
+static void finish_rows(const flash_plan *fp, const work_item *w, const row_state *rs, int64_t r0, int rows) {
+    if (fp->splits > 1) return;
+    for (int r = 0; r < rows; r++) {
+        int64_t h, i;
+        qrow_ptr(fp, w, r0 + r, &h, &i);
+        store_row(fp, w, h, i, rs->ao + (size_t)r * fp->ev_pad, rs->am[r], rs->al[r]);
+    }
+}
+
+/* True when the item's sequence runs on the direct kernels: few rows per kv head, so that a row's arithmetic follows
+ * its own sequence, never the longest one of the batch. */
+static bool item_direct(const flash_plan *fp, const work_item *w) {
+    return fp->direct && w->seq.L * fp->p->group <= fp->direct_rows;
 }
 
 static void run_item(void *ctx, int64_t t, void *scratch) {
@@ -447,17 +511,24 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
         begin_rows(fp, &wh, &rs, r0, rows);
     }
     const row_state rs = state_of(fp, base, 0);
-    if (fp->px) fp->px->pack_q(rows, fp->E, rs.qb, fp->E, qpack);
+    const bool direct = item_direct(fp, &w);
+    const int tile = direct ? fp->direct_keys : fp->block_keys;   /* divides KEY_CHUNK: no tile spans two chunks */
+    if (fp->px && !direct) fp->px->pack_q(rows, fp->E, rs.qb, fp->E, qpack);
+    if (fp->splits > 1)
+        for (int h = 0; h < heads; h++) {
+            const work_item wh = with_head(&w, w.hk + h);
+            clear_split_chunks(fp, &wh, rows);
+        }
 
     /* The block's keys: from the first row's lower limit to the last row's upper one (both grow with the row), within
-     * this split; the first tile stays aligned to block_keys (the tile cache indexes tiles by j0 / block_keys). */
+     * this split; the first tile stays aligned to its size (the tile cache indexes tiles by j0 / block_keys). */
     int64_t first_lo, first_hi, last_lo, last_hi;
     row_key_range(fp, &w, r0, &first_lo, &first_hi);
     row_key_range(fp, &w, r0 + rows - 1, &last_lo, &last_hi);
-    int64_t k_lo = w.split * fp->split_keys;   /* < S; a multiple of block_keys */
+    int64_t k_lo = w.split * fp->split_keys;   /* < S; a multiple of KEY_CHUNK */
     int64_t k_hi = w.seq.S - k_lo < fp->split_keys ? w.seq.S : k_lo + fp->split_keys;
     if (k_hi > last_hi) k_hi = last_hi;   /* tiles wholly past the rows' keys are never touched ... */
-    if (first_lo / fp->block_keys * fp->block_keys > k_lo) k_lo = first_lo / fp->block_keys * fp->block_keys;
+    if (first_lo / tile * tile > k_lo) k_lo = first_lo / tile * tile;
                                           /* ... nor those wholly before them (a window) */
 
     tile_cache *cache = (tile_cache *)base;
@@ -466,8 +537,18 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
 
     int skip = 0;   /* leading rows of the block that see no key of the tile (causal): they sit the tile out */
     int cols;
-    for (int64_t j0 = k_lo; j0 < k_hi; j0 += cols) {   /* += cols: j0 + block_keys may pass 2^63 */
-        cols = (int)(k_hi - j0 < fp->block_keys ? k_hi - j0 : fp->block_keys);
+    int64_t chunk = -1;   /* the key chunk the rows' online softmax is in */
+    for (int64_t j0 = k_lo; j0 < k_hi; j0 += cols) {   /* += cols: j0 + tile may pass 2^63 */
+        cols = (int)(k_hi - j0 < tile ? k_hi - j0 : tile);
+        if (j0 / KEY_CHUNK != chunk) {   /* a new chunk: the last one is done */
+            if (chunk >= 0)
+                for (int h = 0; h < heads; h++) {
+                    const work_item wh = with_head(&w, w.hk + h);
+                    const row_state rh = state_of(fp, base, h);
+                    close_chunk(fp, &wh, &rh, rows, chunk);
+                }
+            chunk = j0 / KEY_CHUNK;
+        }
         /* Rows whose scores in this tile would all be -inf: P = 0, alpha = 1, m and l unchanged, so skipping them is
          * exact. Leading rows end before the tile (causal, right edge), trailing rows start after it (left edge). */
         int64_t lo, hi;
@@ -476,14 +557,14 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
         while (end > skip && (row_key_range(fp, &w, r0 + end - 1, &lo, &hi), lo >= j0 + cols)) end--;
         if (end == skip) continue;
         const bool edge = j0 < last_lo || j0 + cols > first_hi;
-        if (fp->direct) {
-            const int64_t next = j0 + cols, next_n = k_hi - next < fp->block_keys ? k_hi - next : fp->block_keys;
+        if (direct) {
+            const int64_t next = j0 + cols, next_n = k_hi - next < tile ? k_hi - next : tile;
             prefetch_cursor next_k = {&w, false, next, next + next_n, 0}, next_v = {&w, true, next, next + next_n, 0};
             prefetch_cursor this_v = {&w, true, j0, j0 + cols, 0};
             /* each head's share of the next tile's K and V lines */
             const size_t pf_lines = (size_t)next_n * fp->prefetch_key_bytes / 64 / (size_t)heads + 2;
             const size_t pf_v_lines = (size_t)next_n * fp->prefetch_value_bytes / 64 / (size_t)heads + 2;
-            const char **k_rows = (const char **)(base + fp->off_rows), **v_rows = k_rows + fp->block_keys;
+            const char **k_rows = (const char **)(base + fp->off_rows), **v_rows = k_rows + tile;
             tile_rows(fp, &w, j0, cols, k_rows, v_rows);
             if (fp->prefetch_phased) {
                 /* Interleaved heads, f32 or <= 2 rows a kv head: every head's scores first, prefetching this tile's
@@ -567,11 +648,12 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
     for (int h = 0; h < heads; h++) {
         const work_item wh = with_head(&w, w.hk + h);
         const row_state rh = state_of(fp, base, h);
+        if (chunk >= 0) close_chunk(fp, &wh, &rh, rows, chunk);
         finish_rows(fp, &wh, &rh, r0, rows);
     }
 }
 
-/* Merge the splits of one (batch, kv head, row block) with their log-sum-exp weights, in split order. */
+/* Fold the key chunks of one (batch, kv head, row block) in key order, as an unsplit item does (fold_row). */
 static void combine_item(void *ctx, int64_t t, void *scratch) {
     const flash_plan *fp = ctx;
     float *acc = scratch;
@@ -579,30 +661,17 @@ static void combine_item(void *ctx, int64_t t, void *scratch) {
     const int64_t r0 = w.rb * fp->block_rows;
     const int rows = block_rows_of(fp, &w);
     const size_t row_floats = (size_t)fp->ev_pad + 2;
-    const float *first = fp->partials + (size_t)partial_index(fp, &w) * (size_t)fp->block_rows * row_floats;
-    const size_t split_stride = (size_t)fp->block_rows * row_floats;
+    const int64_t chunks = fp->splits * fp->chunks_per_split;
     for (int r = 0; r < rows; r++) {
-        float m_all = -INFINITY;
-        for (int64_t s = 0; s < fp->splits; s++) {
-            const float ms = first[s * split_stride + (size_t)r * row_floats + fp->ev_pad];
-            m_all = ms > m_all ? ms : m_all;
-        }
-        float l_all = 0.0f;
+        float m = -INFINITY, l = 0.0f;
         memset(acc, 0, sizeof(float) * (size_t)fp->Ev);
-        for (int64_t s = 0; s < fp->splits; s++) {
-            const float *part = first + s * split_stride + (size_t)r * row_floats;
-            const float ms = part[fp->ev_pad], ls = part[fp->ev_pad + 1];
-            if (ms == -INFINITY) {       /* this split saw no key for the row; NaN sums still count */
-                if (ls != ls) l_all = ls;
-                continue;
-            }
-            const float weight = exp2f(ms - m_all);
-            l_all += ls * weight;
-            for (int e = 0; e < fp->Ev; e++) acc[e] += part[e] * weight;
+        for (int64_t c = 0; c < chunks; c++) {
+            const float *part = partial_of(fp, &w, c) + (size_t)r * row_floats;
+            fold_row(fp->Ev, part, part[fp->ev_pad], part[fp->ev_pad + 1], acc, &m, &l);
         }
         int64_t h, i;
         qrow_ptr(fp, &w, r0 + r, &h, &i);
-        store_row(fp, &w, h, i, acc, m_all, l_all);
+        store_row(fp, &w, h, i, acc, m, l);
     }
 }
 
@@ -615,13 +684,19 @@ static bool kv_heads_interleave(const af_problem *p) {
 }
 
 /* The micro-kernel's own products when it has them, accepts the call, and K and V are contiguous along the head
- * dim; not for calls with fewer rows than they need when the table's direct kernels can take them instead. */
-static const af_products *products_for(const af_problem *p, const af_ukernel *uk, int64_t rows_total) {
+ * dim. */
+static const af_products *products_for(const af_problem *p, const af_ukernel *uk) {
     const af_products *px = uk->products;
     if (!px || p->k_stride[3] != 1 || p->v_stride[3] != 1 || !px->accepts(p->dtype, (int)p->E, (int)p->Ev)) return NULL;
     if (p->kv_dtype != p->dtype) return NULL;   /* float8 K/V under a wider q: the f32 path converts them */
-    if (rows_total < px->min_rows && uk->scores_direct && uk->values_direct) return NULL;
     return px;
+}
+
+/* Rows per (batch, kv head) up to which a sequence runs on the table's direct kernels (0: never): where they can read
+ * K/V in place, below what the products need (a tile product costs the same for 1 row as for 16). */
+static int direct_rows_for(const af_problem *p, const af_ukernel *uk, const af_products *px) {
+    if (!uk->scores_direct || !uk->values_direct || p->k_stride[3] != 1 || p->v_stride[3] != 1) return 0;
+    return px && px->min_rows - 1 < DIRECT_MAX_ROWS ? px->min_rows - 1 : DIRECT_MAX_ROWS;
 }
 
 af_status af_flash_forward(const af_problem *p) {
@@ -631,16 +706,27 @@ af_status af_flash_forward(const af_problem *p) {
     fp.elem = af_dtype_size(p->kv_dtype);
     fp.q_elem = af_dtype_size(p->dtype);
     fp.out_elem = af_dtype_size(p->out_dtype);
-    fp.px = products_for(p, fp.uk, rows_total);
+    fp.px = products_for(p, fp.uk);
+    /* Each sequence picks its kernels by its own rows (item_direct): a mixed batch of decodes and a prefill chunk
+     * gives every row the bits it gets alone. rows_total is the longest sequence's. */
+    fp.direct_rows = direct_rows_for(p, fp.uk, fp.px);
+    fp.direct = fp.direct_rows > 0;
+    fp.all_direct = fp.direct && rows_total <= fp.direct_rows;
+    if (fp.all_direct) fp.px = NULL;   /* nothing runs on them: no scratch for them */
+    int direct_block_rows;
+    fp.uk->blocking(fp.E, fp.Ev, &direct_block_rows, &fp.direct_keys);
     (fp.px ? fp.px->blocking : fp.uk->blocking)(fp.E, fp.Ev, &fp.block_rows, &fp.block_keys);
+    if (fp.all_direct) fp.block_rows = direct_block_rows;
+    if (fp.block_rows < fp.direct_rows) fp.block_rows = fp.direct_rows;   /* a direct sequence fits one block */
     if (fp.block_rows > rows_total) fp.block_rows = (int)rows_total;   /* scratch and split partials sized to use */
-    fp.direct = !fp.px && fp.uk->scores_direct && fp.uk->values_direct && p->k_stride[3] == 1 && p->v_stride[3] == 1 &&
-                fp.block_rows <= DIRECT_MAX_ROWS;
+    if (KEY_CHUNK % fp.block_keys != 0 || KEY_CHUNK % fp.direct_keys != 0)
+        return af_fail(AF_ERR_INTERNAL, "internal error: key tiles of %d / %d keys do not divide the %d-key chunks",
+                       fp.block_keys, fp.direct_keys, KEY_CHUNK);
 
     /* Direct items over K/V whose heads interleave (a transformer's (B,S,H,E) cache, paged pages of (page_size, H,
      * E)) take all kv heads of their key range: every cache line fetched is used at once, and memory is read in
      * order instead of one head's rows a page apart. */
-    fp.heads_per_item = !fp.direct || !kv_heads_interleave(p) ? 1
+    fp.heads_per_item = !fp.all_direct || !kv_heads_interleave(p) ? 1
                         : p->Hkv < DIRECT_MAX_HEADS           ? (int)p->Hkv
                                                               : DIRECT_MAX_HEADS;
     /* Direct items prefetch the next tile's rows as spans over their heads: only when the spans are mostly rows the
@@ -656,26 +742,25 @@ af_status af_flash_forward(const af_problem *p) {
      * K/V at one or two query rows per kv head, where the kernels are memory-bound: 0.87-0.97 of the time there, 1.00
      * at G 4 (docs/BENCHMARKS-HISTORY.md, "Decode, the whole matrix"). */
     fp.prefetch_phased = fp.prefetch && fp.heads_per_item > 1 && (fp.elem >= 4 || rows_total <= 2);
-    /* A multi-head direct item keeps its tile and the next one (being prefetched) in L2: fewer keys per tile when
-     * all heads' rows are wide (many heads, f32), so that the prefetch does not evict what this tile still reads. */
-    if (fp.heads_per_item > 1) {
-        const size_t key_bytes = (size_t)(span_k + span_v) * fp.elem;
-        int keys = fp.block_keys;
-        while (keys > 16 && 2 * (size_t)keys * key_bytes > DIRECT_L2_BYTES) keys /= 2;
-        fp.block_keys = keys;
-    }
-    fp.keys_pad = af_tile_ld((size_t)fp.block_keys);
+    /* Multi-head direct items keep the table's tile: one of fewer keys when all heads' rows are wide (to keep it and
+     * the next in L2) gave no measurable gain on Zen 4 (docs/BENCHMARKS-HISTORY.md) and changed the rows' bits with
+     * the layout. */
+    const int max_keys = fp.block_keys > fp.direct_keys ? fp.block_keys : fp.direct_keys;
+    fp.keys_pad = af_tile_ld((size_t)max_keys);
     fp.ev_pad = af_tile_ld((size_t)(fp.Ev > 0 ? fp.Ev : 1));
     fp.rows_total = rows_total;
     fp.row_blocks = (rows_total + fp.block_rows - 1) / fp.block_rows;
     fp.splits = 1;
     fp.split_keys = p->S > 0 ? p->S : 1;
-    if (rows_total <= SPLIT_MAX_ROWS && p->S > 2 * SPLIT_KEYS) {   /* decode: spread the keys over the threads */
-        const int64_t per_chunk = p->B * af_ceil_div(p->Hkv, fp.heads_per_item) * fp.row_blocks;   /* items per chunk */
-        int64_t keys = af_ceil_div(p->S, af_ceil_div(SPLIT_ITEMS, per_chunk > 0 ? per_chunk : 1));
-        keys = keys < SPLIT_KEYS ? SPLIT_KEYS : keys > SPLIT_KEYS_MAX ? SPLIT_KEYS_MAX : keys;
-        fp.split_keys = af_round_up((size_t)keys, (size_t)fp.block_keys);
+    fp.chunks_per_split = 1;
+    /* Decode: spread the keys over the threads, in whole chunks. How many does not change a bit of the result. */
+    if (rows_total <= SPLIT_MAX_ROWS && p->S > 2 * KEY_CHUNK) {
+        const int64_t per_split = p->B * af_ceil_div(p->Hkv, fp.heads_per_item) * fp.row_blocks;   /* items per split */
+        int64_t keys = af_ceil_div(p->S, af_ceil_div(SPLIT_ITEMS, per_split > 0 ? per_split : 1));
+        keys = keys < KEY_CHUNK ? KEY_CHUNK : keys > SPLIT_KEYS_MAX ? SPLIT_KEYS_MAX : keys;
+        fp.split_keys = af_round_up((size_t)keys, KEY_CHUNK);
         fp.splits = af_ceil_div(p->S, fp.split_keys);
+        fp.chunks_per_split = fp.split_keys / KEY_CHUNK;
     }
     fp.pre_scale = p->mask != NULL || !(p->scale > 0.0) || p->softcap > 0.0;
     fp.exp2_degree = p->out_dtype == AF_BF16 ? 3 : p->out_dtype == AF_F16 ? 4 : 5;   /* what out's precision needs */
@@ -702,7 +787,7 @@ af_status af_flash_forward(const af_problem *p) {
         fp.off_kt = at; at += af_round_up(sizeof(float) * e_pad * keys_pad, 64);
         fp.off_v = at;  at += af_round_up(sizeof(float) * keys_pad * (ev_pad > e_pad ? ev_pad : e_pad), 64);
     }
-    fp.off_rows = at; at += af_round_up(2 * sizeof(char *) * (size_t)fp.block_keys, 64);   /* direct: tile_rows */
+    fp.off_rows = at; at += af_round_up(2 * sizeof(char *) * (size_t)max_keys, 64);   /* direct: tile_rows */
     if (fp.px && p->page_table) {   /* rows_for_products' staging: one tile of K or V rows */
         fp.off_stage = at;
         at += af_round_up((size_t)fp.block_keys * (size_t)(fp.E > fp.Ev ? fp.E : fp.Ev) * fp.elem, 64);
@@ -714,6 +799,9 @@ af_status af_flash_forward(const af_problem *p) {
     fp.off_m = at;  at += af_round_up(sizeof(float) * br, 64);
     fp.off_l = at;  at += af_round_up(sizeof(float) * br, 64);
     fp.off_a = at;  at += af_round_up(sizeof(float) * br, 64);
+    fp.off_ao = at; at += af_round_up(sizeof(float) * br * ev_pad, 64);
+    fp.off_am = at; at += af_round_up(sizeof(float) * br, 64);
+    fp.off_al = at; at += af_round_up(sizeof(float) * br, 64);
     fp.state_bytes = at - state0;
     at += fp.state_bytes * (size_t)(fp.heads_per_item - 1);
 
@@ -724,7 +812,7 @@ af_status af_flash_forward(const af_problem *p) {
     const int64_t tiles = af_ceil_div(p->S, fp.block_keys);
     const size_t threads = (size_t)af_get_num_threads();
     const double cache_bytes = (double)tiles * (double)fp.cache_tile_floats * sizeof(float) * (double)threads;
-    fp.tile_cache = !fp.px && !fp.direct && fp.splits == 1 && fp.row_blocks > 1 && fp.Ev > 0 &&
+    fp.tile_cache = !fp.px && !fp.all_direct && fp.splits == 1 && fp.row_blocks > 1 && fp.Ev > 0 &&
                     cache_bytes <= (double)TILE_CACHE_BYTES;
     if (fp.tile_cache) {
         fp.v_direct = false;   /* V tiles come from the cache */
@@ -737,14 +825,14 @@ af_status af_flash_forward(const af_problem *p) {
            "flash: isa %s, %lld row blocks (of %d rows) over all heads, key tiles of %d, %lld key splits, %s%s, %d kv "
            "heads per item%s",
            fp.uk->isa, (long long)groups, fp.block_rows, fp.block_keys, (long long)fp.splits,
-           fp.px ? "own-format products" : fp.direct ? "direct K/V reads" : "packed f32 tiles",
+           fp.all_direct ? "direct K/V reads" : fp.px ? "own-format products" : "packed f32 tiles",
            fp.tile_cache ? ", tile cache on" : "", fp.heads_per_item, fp.prefetch ? ", next tiles prefetched" : "");
     /* run_item's items: (batch, head chunk, row block, split). A broadcast (stride-0) key can make S, hence the
      * splits, the items and partials, huge. */
     int64_t items = p->B * af_ceil_div(p->Hkv, fp.heads_per_item) * fp.row_blocks;
     if (fp.splits > 1) {
         size_t count, parts;
-        if (__builtin_mul_overflow(items, fp.splits, &items) || __builtin_mul_overflow(groups, fp.splits, &parts) ||
+        if (__builtin_mul_overflow(items, fp.splits, &items) || __builtin_mul_overflow(groups, fp.splits * fp.chunks_per_split, &parts) ||
             __builtin_mul_overflow(parts, br * (ev_pad + 2), &count) || count > SIZE_MAX / sizeof(float))
             return af_fail(AF_ERR_NO_MEMORY, "out of memory: split-KV partial results for %lld splits exceed 2^64 bytes",
                            (long long)fp.splits);

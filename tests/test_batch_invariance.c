@@ -1,0 +1,223 @@
+/* A sequence's output and lse are bitwise the same whatever it is batched with (issue 46's batch invariant): alone in
+ * a plain call, or packed into a varlen batch among decodes and prefill chunks of other lengths (which change the
+ * longest sequence, hence the kernels the call could pick, and the batch size, hence how split-KV cuts the keys), at
+ * 1 or 2 threads, with its K/V in a (B,S,H,E) cache (heads interleaved: direct items span every kv head) or a
+ * (B,H,S,E) one. Every ISA this machine runs and the emulated AMX tile products, f32 / f16 / bf16, causal, windowed
+ * or full, for decode rows (the direct kernels, split-KV over long caches) and for prefill chunks (the products). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attnforge.h"
+#include "core/dtype.h"
+#include "kernel/dispatch_testing.h"
+#include "test_tensor.h"
+#include "ukernel_amx_emulated.h"
+
+#define MAX_SEQS 6
+
+typedef struct {
+    af_dtype dtype;
+    int64_t Hq, Hkv, E, Ev;
+    int64_t L[MAX_SEQS], S[MAX_SEQS];   /* the batch's sequences; `target` is the one checked */
+    int n, target;
+    bool causal, window;
+} batch_case;
+
+typedef struct {
+    void *q, *k, *v;            /* packed: (total_q, Hq, E), (total_k, Hkv, E / Ev) */
+    void *k_hsd, *v_hsd;        /* the target's K/V as (1, Hkv, S, E / Ev) memory */
+    int32_t cu_q[MAX_SEQS + 1], cu_k[MAX_SEQS + 1];
+    int64_t total_q, total_k, max_q, max_k;
+} batch_data;
+
+static test_rng rng = {0x2545F4914F6CDD1Dull};
+
+/* Random values in [-2, 2) with full mantissas: products and their sums round, so any change in the order of a
+ * reduction shows (values on a coarse grid would make every dot product exact and hide it). */
+static void fill(void *data, af_dtype dtype, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float x = (float)(rng_uniform(&rng) * 4.0 - 2.0);
+        if (dtype == AF_F32) ((float *)data)[i] = x;
+        else ((uint16_t *)data)[i] = dtype == AF_BF16 ? af_f32_to_bf16(x) : af_f32_to_f16(x);
+    }
+}
+
+static void *zalloc(size_t bytes) {
+    void *p = calloc(1, bytes ? bytes : 1);
+    if (!p) fail_msg("out of memory");
+    return p;
+}
+
+static void build(const batch_case *c, batch_data *d) {
+    const size_t el = af_dtype_size(c->dtype);
+    d->cu_q[0] = d->cu_k[0] = 0;
+    d->max_q = d->max_k = 0;
+    for (int s = 0; s < c->n; s++) {
+        d->cu_q[s + 1] = d->cu_q[s] + (int32_t)c->L[s];
+        d->cu_k[s + 1] = d->cu_k[s] + (int32_t)c->S[s];
+        if (c->L[s] > d->max_q) d->max_q = c->L[s];
+        if (c->S[s] > d->max_k) d->max_k = c->S[s];
+    }
+    d->total_q = d->cu_q[c->n];
+    d->total_k = d->cu_k[c->n];
+    d->q = zalloc((size_t)(d->total_q * c->Hq * c->E) * el);
+    d->k = zalloc((size_t)(d->total_k * c->Hkv * c->E) * el);
+    d->v = zalloc((size_t)(d->total_k * c->Hkv * c->Ev) * el);
+    fill(d->q, c->dtype, d->total_q * c->Hq * c->E);
+    fill(d->k, c->dtype, d->total_k * c->Hkv * c->E);
+    fill(d->v, c->dtype, d->total_k * c->Hkv * c->Ev);
+    const int64_t S = c->S[c->target], k0 = d->cu_k[c->target];
+    d->k_hsd = zalloc((size_t)(S * c->Hkv * c->E) * el);
+    d->v_hsd = zalloc((size_t)(S * c->Hkv * c->Ev) * el);
+    for (int64_t j = 0; j < S; j++)
+        for (int64_t h = 0; h < c->Hkv; h++) {
+            memcpy((char *)d->k_hsd + (size_t)((h * S + j) * c->E) * el,
+                   (char *)d->k + (size_t)(((k0 + j) * c->Hkv + h) * c->E) * el, (size_t)c->E * el);
+            memcpy((char *)d->v_hsd + (size_t)((h * S + j) * c->Ev) * el,
+                   (char *)d->v + (size_t)(((k0 + j) * c->Hkv + h) * c->Ev) * el, (size_t)c->Ev * el);
+        }
+}
+
+static void release(batch_data *d) {
+    void *all[] = {d->q, d->k, d->v, d->k_hsd, d->v_hsd};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
+}
+
+typedef enum { AS_BATCH, ALONE_BSHE, ALONE_BHSE } call_form;
+
+/* The target's rows: out (L, Hq, Ev) in the dtype and lse (Hq, L), malloc'd, from one call in `form`. */
+static void run(const batch_case *c, const batch_data *d, call_form form, unsigned char **out, float **lse) {
+    const size_t el = af_dtype_size(c->dtype);
+    const int t = c->target;
+    const int64_t L = c->L[t], S = c->S[t], q0 = d->cu_q[t], k0 = d->cu_k[t];
+    af_tensor q, k, v, o, l, cu_q, cu_k;
+    af_flash_args a = {.query = &q, .key = &k, .value = &v, .causal = c->causal, .has_window = c->window,
+                       .window_left = 700, .window_right = c->causal ? 0 : 300};
+    const int64_t rows = form == AS_BATCH ? d->total_q : L;
+    unsigned char *o_all = zalloc((size_t)(rows * c->Hq * c->Ev) * el);
+    float *l_all = zalloc(sizeof(float) * (size_t)(rows * c->Hq));
+    if (form == AS_BATCH) {
+        q = af_tensor_contiguous(d->q, c->dtype, 3, (int64_t[]){d->total_q, c->Hq, c->E});
+        k = af_tensor_contiguous(d->k, c->dtype, 3, (int64_t[]){d->total_k, c->Hkv, c->E});
+        v = af_tensor_contiguous(d->v, c->dtype, 3, (int64_t[]){d->total_k, c->Hkv, c->Ev});
+        cu_q = af_tensor_contiguous((void *)d->cu_q, AF_I32, 1, (int64_t[]){c->n + 1});
+        cu_k = af_tensor_contiguous((void *)d->cu_k, AF_I32, 1, (int64_t[]){c->n + 1});
+        a.cu_seqlens_q = &cu_q;
+        a.cu_seqlens_k = &cu_k;
+        a.max_seqlen_q = d->max_q;
+        a.max_seqlen_k = d->max_k;
+        o = af_tensor_contiguous(o_all, c->dtype, 3, (int64_t[]){d->total_q, c->Hq, c->Ev});
+        l = af_tensor_contiguous(l_all, AF_F32, 2, (int64_t[]){c->Hq, d->total_q});
+    } else {
+        q = af_tensor_contiguous((char *)d->q + (size_t)(q0 * c->Hq * c->E) * el, c->dtype, 4,
+                                 (int64_t[]){1, L, c->Hq, c->E});
+        if (form == ALONE_BSHE) {
+            k = af_tensor_contiguous((char *)d->k + (size_t)(k0 * c->Hkv * c->E) * el, c->dtype, 4,
+                                     (int64_t[]){1, S, c->Hkv, c->E});
+            v = af_tensor_contiguous((char *)d->v + (size_t)(k0 * c->Hkv * c->Ev) * el, c->dtype, 4,
+                                     (int64_t[]){1, S, c->Hkv, c->Ev});
+        } else {   /* (B, S, H, E) views of (B, H, S, E) memory */
+            k = af_tensor_contiguous(d->k_hsd, c->dtype, 4, (int64_t[]){1, S, c->Hkv, c->E});
+            v = af_tensor_contiguous(d->v_hsd, c->dtype, 4, (int64_t[]){1, S, c->Hkv, c->Ev});
+            const int64_t ks[4] = {c->Hkv * S * c->E, c->E, S * c->E, 1}, vs[4] = {c->Hkv * S * c->Ev, c->Ev, S * c->Ev, 1};
+            memcpy(k.strides, ks, sizeof ks);
+            memcpy(v.strides, vs, sizeof vs);
+        }
+        o = af_tensor_contiguous(o_all, c->dtype, 4, (int64_t[]){1, L, c->Hq, c->Ev});
+        l = af_tensor_contiguous(l_all, AF_F32, 3, (int64_t[]){1, c->Hq, L});
+    }
+    if (af_flash_attn(&a, &o, &l) != AF_OK) fail_msg("form %d: %s", (int)form, af_last_error());
+    const int64_t first = form == AS_BATCH ? q0 : 0;
+    *out = zalloc((size_t)(L * c->Hq * c->Ev) * el);
+    *lse = zalloc(sizeof(float) * (size_t)(L * c->Hq));
+    memcpy(*out, o_all + (size_t)(first * c->Hq * c->Ev) * el, (size_t)(L * c->Hq * c->Ev) * el);
+    for (int64_t h = 0; h < c->Hq; h++) memcpy(*lse + h * L, l_all + h * rows + first, sizeof(float) * (size_t)L);
+    free(o_all);
+    free(l_all);
+}
+
+/* Under valgrind (scripts/valgrind-tests.sh sets ATTNFORGE_TEST_LIGHT): one thread count. */
+static bool light(void) { return getenv("ATTNFORGE_TEST_LIGHT") != NULL; }
+
+/* The target alone at 1 thread is the reference; every other form and thread count must give its bits. */
+static void same_bits(const batch_case *c, const batch_data *d, const char *isa) {
+    const size_t out_bytes = (size_t)(c->L[c->target] * c->Hq * c->Ev) * af_dtype_size(c->dtype);
+    const size_t lse_bytes = sizeof(float) * (size_t)(c->L[c->target] * c->Hq);
+    unsigned char *ref_out, *out;
+    float *ref_lse, *lse;
+    af_set_num_threads(1);
+    run(c, d, ALONE_BSHE, &ref_out, &ref_lse);
+    for (int threads = 1; threads <= (light() ? 1 : 2); threads++) {
+        af_set_num_threads(threads);
+        for (int f = 0; f < 3; f++) {
+            if (f == ALONE_BSHE && threads == 1) continue;
+            run(c, d, (call_form)f, &out, &lse);
+            if (memcmp(ref_out, out, out_bytes) != 0 || memcmp(ref_lse, lse, lse_bytes) != 0)
+                fail_msg("%s, %d threads, %s, target L %lld S %lld of %d sequences, causal %d, window %d: %s differs "
+                         "from the sequence alone", isa, threads, af_dtype_name(c->dtype),
+                         (long long)c->L[c->target], (long long)c->S[c->target], c->n, c->causal, c->window,
+                         f == AS_BATCH ? "inside the varlen batch" : f == ALONE_BSHE ? "alone at 2 threads"
+                                                                                     : "alone over (B,H,S,E) K/V");
+            free(out);
+            free(lse);
+        }
+    }
+    free(ref_out);
+    free(ref_lse);
+    af_set_num_threads(0);
+}
+
+static void check_case(const batch_case *c) {
+    batch_data d;
+    build(c, &d);
+    const char *before = af_get_isa();
+    const char *isas[] = {"portable", "avx2", "avx512", "amx"};
+    for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
+        if (!af_isa_available(isas[i])) continue;
+        assert_int_equal(af_set_isa(isas[i]), AF_OK);
+        same_bits(c, &d, isas[i]);
+    }
+    af_ukernel_force_for_tests(af_ukernel_amx_emulated());   /* the AMX tile products on emulated tiles */
+    same_bits(c, &d, "amx-emulated");
+    af_ukernel_force_for_tests(NULL);
+    assert_int_equal(af_set_isa(before), AF_OK);
+    release(&d);
+}
+
+/* Random batches around a target: decodes over long caches (split-KV cuts them by the batch), short chunks, and a
+ * prefill chunk long enough that the call's longest sequence runs on the products. */
+static void random_batches(void **state) {
+    (void)state;
+    const af_dtype dtypes[3] = {AF_F32, AF_F16, AF_BF16};
+    const int64_t target_rows[3] = {1, 3, 40};   /* decode (direct, split-KV), a short chunk, a prefill chunk */
+    for (int round = 0; round < (light() ? 3 : 6); round++) {
+        batch_case c = {.dtype = dtypes[round % 3], .Hq = 8, .Hkv = round % 2 ? 2 : 4, .E = 64, .Ev = round % 2 ? 32 : 64,
+                        .causal = round % 3 != 1, .window = round % 4 == 3};
+        c.n = (int)rng_range(&rng, 2, MAX_SEQS);
+        c.target = (int)rng_range(&rng, 0, c.n - 1);
+        for (int s = 0; s < c.n; s++) {
+            const int kind = (int)rng_range(&rng, 0, 2);
+            c.L[s] = kind == 0 ? 1 : kind == 1 ? rng_range(&rng, 2, 5) : rng_range(&rng, 20, 70);
+            c.S[s] = c.L[s] + rng_range(&rng, 0, 2600);
+        }
+        c.L[c.target] = target_rows[round % 3];
+        c.S[c.target] = c.L[c.target] + rng_range(&rng, 1100, 2600);   /* more than two key chunks: split-KV alone */
+        for (int s = 0; s < c.n; s++) fprintf(stderr, "%s(%lld,%lld) ", s == c.target ? "*" : "", (long long)c.L[s], (long long)c.S[s]);
+        fprintf(stderr, "\n");
+        check_case(&c);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(random_batches),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
