@@ -225,6 +225,17 @@ typedef struct {
  * executor and the thread count. */
 AF_API void af_set_parallel_executor(const af_parallel_executor *executor);
 
+/* Decode rows on the prefill's arithmetic. Whatever this says, a row's output and lse never depend on its K/V layout
+ * (contiguous, strided, paged in any page size and order, packed), on the other sequences of its batch or on the
+ * thread count (docs/API.md, "Invariance"). But by default a sequence with few query rows per kv head (a decode step:
+ * at most 16, 3 on AMX) runs on kernels that read K/V in place, whose dot products are summed in another order than
+ * the tile products of a longer call: a decoded token's bits then differ, within the error bound, from the same row
+ * computed inside a prefill or chunked-prefill call. On: every row runs on the tile products, and the two agree bit
+ * for bit, at a cost in decode time docs/API.md gives. The environment variable ATTNFORGE_PHASE_INVARIANT=1 turns it on
+ * initially. Applies to the CPU kernels; process-wide, for calls that start after it. */
+AF_API void af_set_phase_invariant(bool on);
+AF_API bool af_get_phase_invariant(void);
+
 /* Kernel ISA: "portable", "avx2", "avx512", "amx" (what the CPU and OS allow; "amx" = AVX-512 plus AMX tiles for
  * bf16 inputs, f16/f32 run its AVX-512 path). The environment variable ATTNFORGE_ISA sets the initial choice.
  * af_set_isa fails with AF_ERR_UNSUPPORTED if the machine (or this build) lacks it. */

@@ -209,15 +209,88 @@ static void random_batches(void **state) {
         }
         c.L[c.target] = target_rows[round % 3];
         c.S[c.target] = c.L[c.target] + rng_range(&rng, 1100, 2600);   /* more than two key chunks: split-KV alone */
-        for (int s = 0; s < c.n; s++) fprintf(stderr, "%s(%lld,%lld) ", s == c.target ? "*" : "", (long long)c.L[s], (long long)c.S[s]);
-        fprintf(stderr, "\n");
         check_case(&c);
+    }
+}
+
+/* af_set_phase_invariant: row i of a causal prefill over S keys, row i of a chunked-prefill call (the last rows of
+ * the same keys) and a decode step over keys [0, i] give the same bits; the decode of a long cache splits its keys. */
+static void decode_rows_as_prefill_rows(void **state) {
+    (void)state;
+    const af_dtype dtypes[3] = {AF_F32, AF_F16, AF_BF16};
+    for (int d = 0; d < 3; d++) {
+        const int64_t S = 1300, chunk = 300, rows_checked[3] = {S - 1, S - 2, S - chunk};
+        batch_case c = {.dtype = dtypes[d], .Hq = 8, .Hkv = 2, .E = 64, .Ev = 48, .causal = true, .window = d == 1,
+                        .n = 3, .target = 0};
+        /* sequence 0: the prefill; 1: the chunk, its last rows; 2: the same keys again (replaced below) */
+        c.L[0] = S, c.S[0] = S, c.L[1] = chunk, c.S[1] = S, c.L[2] = 1, c.S[2] = S;
+        batch_data b;
+        build(&c, &b);
+        const size_t el = af_dtype_size(c.dtype);
+        /* every sequence reads the prefill's keys and queries: copy them over the others' */
+        for (int s = 1; s < 3; s++) {
+            memcpy((char *)b.k + (size_t)(b.cu_k[s] * c.Hkv * c.E) * el, b.k, (size_t)(S * c.Hkv * c.E) * el);
+            memcpy((char *)b.v + (size_t)(b.cu_k[s] * c.Hkv * c.Ev) * el, b.v, (size_t)(S * c.Hkv * c.Ev) * el);
+            memcpy((char *)b.q + (size_t)(b.cu_q[s] * c.Hq * c.E) * el,
+                   (char *)b.q + (size_t)((S - c.L[s]) * c.Hq * c.E) * el, (size_t)(c.L[s] * c.Hq * c.E) * el);
+        }
+        af_set_phase_invariant(true);
+        const char *before = af_get_isa();
+        for (int isa = 0; isa < 5; isa++) {
+            const char *names[] = {"portable", "avx2", "avx512", "amx", "amx-emulated"};
+            if (isa < 4 && !af_isa_available(names[isa])) continue;
+            if (isa < 4) assert_int_equal(af_set_isa(names[isa]), AF_OK);
+            else af_ukernel_force_for_tests(af_ukernel_amx_emulated());
+            for (int threads = 1; threads <= (light() ? 1 : 2); threads++) {
+                af_set_num_threads(threads);
+                unsigned char *prefill_out, *chunk_out, *step_out;
+                float *prefill_lse, *chunk_lse, *step_lse;
+                c.target = 0;
+                run(&c, &b, ALONE_BSHE, &prefill_out, &prefill_lse);
+                c.target = 1;
+                run(&c, &b, ALONE_BSHE, &chunk_out, &chunk_lse);
+                const size_t row_bytes = (size_t)(c.Hq * c.Ev) * el;
+                for (int r = 0; r < 3; r++) {
+                    const int64_t i = rows_checked[r];
+                    batch_case step = c;   /* one decode step: the query of row i over keys [0, i] */
+                    step.n = 1;
+                    step.target = 0;
+                    step.L[0] = 1;
+                    step.S[0] = i + 1;
+                    batch_data sb = b;
+                    sb.q = (char *)b.q + (size_t)(i * c.Hq * c.E) * el;
+                    run(&step, &sb, ALONE_BSHE, &step_out, &step_lse);
+                    const unsigned char *in_chunk = chunk_out + (size_t)(i - (S - chunk)) * row_bytes;
+                    bool lse_same = true;
+                    for (int64_t h = 0; h < c.Hq; h++)
+                        lse_same = lse_same && prefill_lse[h * S + i] == step_lse[h] &&
+                                   chunk_lse[h * chunk + i - (S - chunk)] == step_lse[h];
+                    if (memcmp(prefill_out + (size_t)i * row_bytes, step_out, row_bytes) != 0 ||
+                        memcmp(in_chunk, step_out, row_bytes) != 0 || !lse_same)
+                        fail_msg("%s, %d threads, %s, window %d: the decode step of row %lld differs from the row in "
+                                 "the prefill or the chunked prefill", names[isa], threads, af_dtype_name(c.dtype),
+                                 c.window, (long long)i);
+                    free(step_out);
+                    free(step_lse);
+                }
+                free(prefill_out);
+                free(prefill_lse);
+                free(chunk_out);
+                free(chunk_lse);
+            }
+            if (isa == 4) af_ukernel_force_for_tests(NULL);
+        }
+        af_set_phase_invariant(false);
+        af_set_num_threads(0);
+        assert_int_equal(af_set_isa(before), AF_OK);
+        release(&b);
     }
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(random_batches),
+        cmocka_unit_test(decode_rows_as_prefill_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -12,6 +12,7 @@ only turns Python calls into C calls:
 - attnforge.transformers: register() adds attn_implementation="attnforge" to Hugging Face Transformers.
 """
 import atexit as _atexit
+import contextlib as _contextlib
 import logging as _logging
 
 from . import _C, _register
@@ -89,6 +90,30 @@ def isa_available(name: str) -> bool:
     return _C.isa_available(name)
 
 
+def set_phase_invariant(on: bool) -> None:
+    """True: a decoded token's output and lse are bit for bit those of the same row inside a prefill or chunked
+    prefill (every row runs on the tile products; decode takes longer, docs/API.md "Invariance"). False (the default,
+    or ATTNFORGE_PHASE_INVARIANT=1 for True): decode steps read K/V in place, within the error bound of the prefill's
+    row. Either way a row's bits never depend on its K/V layout, its batch or the thread count. Process-wide."""
+    _C.set_phase_invariant(bool(on))
+
+
+def get_phase_invariant() -> bool:
+    """Whether decode rows run on the prefill's arithmetic (set_phase_invariant)."""
+    return _C.get_phase_invariant()
+
+
+@_contextlib.contextmanager
+def phase_invariant(on: bool = True):
+    """set_phase_invariant(on) inside the block, the previous setting after it."""
+    before = get_phase_invariant()
+    set_phase_invariant(on)
+    try:
+        yield
+    finally:
+        set_phase_invariant(before)
+
+
 def cuda_check_errors(device=0) -> None:
     """Raise InvalidArgumentError for the first bad cu_seqlens / seqused_k / page_table entry that flash_attn calls on
     CUDA device `device` (an int or a torch.device) met since the last check, and clear the record; None when there
@@ -111,6 +136,6 @@ __all__ = [
     "flash_attn_func", "flash_attn_varlen_func",
     "samples_to_json", "save_samples", "load_samples",
     "set_num_threads", "get_num_threads", "set_isa", "get_isa", "isa_available", "isas", "cuda_check_errors",
-    "set_host_threads", "get_host_threads",
+    "set_host_threads", "get_host_threads", "set_phase_invariant", "get_phase_invariant", "phase_invariant",
     "__version__",
 ]

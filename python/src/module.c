@@ -49,6 +49,17 @@ static PyObject *module_set_isa(PyObject *m, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+static PyObject *module_set_phase_invariant(PyObject *m, PyObject *arg) {
+    const int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    af_set_phase_invariant(on != 0);
+    Py_RETURN_NONE;
+}
+
+static PyObject *module_get_phase_invariant(PyObject *m, PyObject *unused) {
+    return PyBool_FromLong(af_get_phase_invariant());
+}
+
 static PyObject *module_get_isa(PyObject *m, PyObject *unused) {
     const char *isa;
     Py_BEGIN_ALLOW_THREADS
@@ -165,6 +176,8 @@ static PyMethodDef module_methods[] = {
     {"host_threads", afpy_host_threads, METH_NOARGS, "Path of the OpenMP runtime lent to attnforge, or None."},
     {"set_isa", module_set_isa, METH_O, "Choose the kernels' ISA: 'portable', 'avx2', 'avx512', 'amx'."},
     {"isas", module_isas, METH_NOARGS, "The ISAs compiled into this build, from 'portable' up."},
+    {"set_phase_invariant", module_set_phase_invariant, METH_O, "Decode rows on the prefill's tile products."},
+    {"get_phase_invariant", module_get_phase_invariant, METH_NOARGS, "Whether decode rows run on the tile products."},
     {"get_isa", module_get_isa, METH_NOARGS, "The ISA in use."},
     {"isa_available", module_isa_available, METH_O, "Whether this machine can run the ISA."},
     {"cuda_check_errors", module_cuda_check_errors, METH_O,

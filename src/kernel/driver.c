@@ -9,7 +9,11 @@
  * block to the key tiles its rows can see (af_key_range), so the cost grows with the window; softcap transforms the
  * S block before the softmax step; the sink joins the row's max and sum when the row is stored; varlen sequences are
  * items of their own length (row blocks past a sequence's rows do nothing); paged K/V rows are found through
- * af_kv_row_offset, tiles gathered row by row or in page-contiguous runs (direct kernels read pages in place). */
+ * af_kv_row_offset, tiles gathered row by row or in page-contiguous runs (direct kernels read pages in place).
+ *
+ * Invariance (docs/API.md): a row reduces its keys in KEY_CHUNK chunks at fixed key positions, folded in order
+ * (fold_row) whether split-KV ran them apart or not, over tiles whose size follows its kernels alone, and each
+ * sequence picks its kernels by its own rows: its bits depend on its keys, never on its batch, layout or threads. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -334,8 +338,15 @@ __attribute__((noinline)) static void fold_row(int Ev, const float *o, float m, 
         if (l != l) *al = l;
         return;
     }
+    if (*am == -INFINITY) {   /* the first chunk that saw a key: acc·0 + o·1 is o (acc holds no NaN yet) */
+        memcpy(acc, o, sizeof(float) * (size_t)Ev);
+        *al = *al * 0.0f + l;
+        *am = m;
+        return;
+    }
     const float m_new = m > *am ? m : *am;
-    const float wa = *am == -INFINITY ? 0.0f : exp2f(*am - m_new), wc = exp2f(m - m_new);
+    /* exp2f(0) is 1: skipping it changes no bit */
+    const float wa = *am == m_new ? 1.0f : exp2f(*am - m_new), wc = m == m_new ? 1.0f : exp2f(m - m_new);
     for (int e = 0; e < Ev; e++) acc[e] = acc[e] * wa + o[e] * wc;
     *al = *al * wa + l * wc;
     *am = m_new;
@@ -709,7 +720,7 @@ af_status af_flash_forward(const af_problem *p) {
     fp.px = products_for(p, fp.uk);
     /* Each sequence picks its kernels by its own rows (item_direct): a mixed batch of decodes and a prefill chunk
      * gives every row the bits it gets alone. rows_total is the longest sequence's. */
-    fp.direct_rows = direct_rows_for(p, fp.uk, fp.px);
+    fp.direct_rows = af_get_phase_invariant() ? 0 : direct_rows_for(p, fp.uk, fp.px);
     fp.direct = fp.direct_rows > 0;
     fp.all_direct = fp.direct && rows_total <= fp.direct_rows;
     if (fp.all_direct) fp.px = NULL;   /* nothing runs on them: no scratch for them */
