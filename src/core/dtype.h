@@ -14,10 +14,10 @@ static inline uint32_t af_f32_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); 
 static inline float af_bf16_to_f32(uint16_t h) { return af_bits_to_f32((uint32_t)h << 16); }
 
 static inline uint16_t af_f32_to_bf16(float f) {
-    uint32_t u = af_f32_to_bits(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);   /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);                                           /* round to nearest even */
-    return (uint16_t)(u >> 16);
+    const uint32_t u = af_f32_to_bits(f);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;   /* round to nearest even */
+    const uint32_t quiet = (u >> 16) | 0x40u;                          /* NaN: quieted, sign and payload kept */
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);   /* a select, no branch: loops vectorise */
 }
 
 static inline float af_f16_to_f32(uint16_t h) {

@@ -307,7 +307,8 @@ static row_state state_of(const flash_plan *fp, char *base, int slot) {
     char *s = base + (size_t)slot * fp->state_bytes;
     return (row_state){.qb = (float *)(s + fp->off_q), .S = (float *)(s + fp->off_s), .O = (float *)(s + fp->off_o),
                        .m = (float *)(s + fp->off_m), .l = (float *)(s + fp->off_l), .alpha = (float *)(s + fp->off_a),
-                       .ao = (float *)(s + fp->off_ao), .am = (float *)(s + fp->off_am), .al = (float *)(s + fp->off_al)};
+                       .ao = (float *)(s + fp->off_ao), .am = (float *)(s + fp->off_am),
+                       .al = (float *)(s + fp->off_al)};
 }
 
 /* A fresh online softmax for rows [0, rows): m = -inf, l = 0, O = 0. */
@@ -456,9 +457,11 @@ static float *partial_of(const flash_plan *fp, const work_item *w, int64_t chunk
     return fp->partials + (size_t)index * (size_t)fp->block_rows * ((size_t)fp->ev_pad + 2);
 }
 
-/* The end of key chunk `chunk` (counted from the sequence's first key) for the rows of one kv head: split-KV keeps it for combine_item, else it is folded
- * into the rows' result here; either way the next chunk starts a fresh online softmax. */
-static void close_chunk(const flash_plan *fp, const work_item *w, const row_state *rs, int rows, int64_t chunk) {
+/* The end of key chunk `chunk` (counted from the sequence's first key) for the rows of one kv head: split-KV keeps it
+ * for combine_item, else it is folded into the rows' result here; the next chunk, if `more` follow, starts a fresh
+ * online softmax. */
+static void close_chunk(const flash_plan *fp, const work_item *w, const row_state *rs, int rows, int64_t chunk,
+                        bool more) {
     if (fp->splits > 1) {
         const size_t row_floats = (size_t)fp->ev_pad + 2;
         float *part = partial_of(fp, w, chunk);
@@ -473,7 +476,7 @@ static void close_chunk(const flash_plan *fp, const work_item *w, const row_stat
             fold_row(fp->Ev, rs->O + (size_t)r * fp->ev_pad, rs->m[r], rs->l[r], rs->ao + (size_t)r * fp->ev_pad,
                      rs->am + r, rs->al + r);
     }
-    reset_softmax(fp, rs->O, rs->m, rs->l, rows);
+    if (more) reset_softmax(fp, rs->O, rs->m, rs->l, rows);
 }
 
 /* Split-KV: every chunk of the item's split starts as seen-nothing (m = -inf, l = 0), for the chunks its rows never
@@ -559,7 +562,7 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
                 for (int h = 0; h < heads; h++) {
                     const work_item wh = with_head(&w, w.hk + h);
                     const row_state rh = state_of(fp, base, h);
-                    close_chunk(fp, &wh, &rh, rows, chunk);
+                    close_chunk(fp, &wh, &rh, rows, chunk, true);
                 }
             chunk = j0 / KEY_CHUNK;
         }
@@ -662,7 +665,7 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
     for (int h = 0; h < heads; h++) {
         const work_item wh = with_head(&w, w.hk + h);
         const row_state rh = state_of(fp, base, h);
-        if (chunk >= 0) close_chunk(fp, &wh, &rh, rows, chunk);
+        if (chunk >= 0) close_chunk(fp, &wh, &rh, rows, chunk, false);
         finish_rows(fp, &wh, &rh, r0, rows);
     }
 }
@@ -846,7 +849,8 @@ af_status af_flash_forward(const af_problem *p) {
     int64_t items = p->B * af_ceil_div(p->Hkv, fp.heads_per_item) * fp.row_blocks;
     if (fp.splits > 1) {
         size_t count, parts;
-        if (__builtin_mul_overflow(items, fp.splits, &items) || __builtin_mul_overflow(groups, fp.splits * fp.chunks_per_split, &parts) ||
+        if (__builtin_mul_overflow(items, fp.splits, &items) ||
+            __builtin_mul_overflow(groups, fp.splits * fp.chunks_per_split, &parts) ||
             __builtin_mul_overflow(parts, br * (ev_pad + 2), &count) || count > SIZE_MAX / sizeof(float))
             return af_fail(AF_ERR_NO_MEMORY, "out of memory: split-KV partial results for %lld splits exceed 2^64 bytes",
                            (long long)fp.splits);
