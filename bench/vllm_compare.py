@@ -18,11 +18,11 @@ Where vLLM does not import, this prints why and exits 0 (skipped).
 import argparse
 import json
 import math
-import statistics
 import sys
-import time
 
 import torch
+
+from _timing import timed_loops
 
 
 def load_vllm():
@@ -110,24 +110,6 @@ class Case:
 
     def kv_bytes(self):
         return 2 * sum(self.k_lens) * self.Hkv * self.E * self.q.element_size()
-
-
-def timed_loops(fns, target_s=0.3, repeats=7):
-    """Median seconds per call of each fn: loops of n calls, n sized to ~target_s, the order alternating."""
-    for fn in fns:
-        fn()
-    t0 = time.perf_counter()
-    fns[0]()
-    n = max(1, int(target_s / max(time.perf_counter() - t0, 1e-6)))
-    samples = [[] for _ in fns]
-    for r in range(repeats):
-        order = range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))
-        for i in order:
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fns[i]()
-            samples[i].append((time.perf_counter() - t0) / n)
-    return [statistics.median(s) for s in samples]
 
 
 def run_case(ops, attnforge, case, repeats):

@@ -163,6 +163,68 @@ AF_API af_status af_flash_attn(const af_flash_args *args, af_tensor *out, af_ten
 /* The plain reference of af_flash_attn: double accumulation, one row at a time. For tests and verify. */
 AF_API af_status af_flash_attn_reference(const af_flash_args *args, af_tensor *out, af_tensor *lse);
 
+/* ---------------------------------------------------------------- Programmable attention (FlexAttention's mods)
+ * A score_mod or mask_mod is a small elementwise program the kernels evaluate inside their tiles, over the keys of
+ * one query row at a time, vectorised: no compiler, no callback per score (docs/API.md, "Programmable attention").
+ * Registers are vectors over those keys, each float32 or int32 (booleans are int32 0 / 1). Registers 0-4 are the
+ * inputs: the scaled score (float32; a mask_mod has none), b, h (the query head), q_idx and kv_idx (int32). The
+ * program is in SSA form: instruction i writes register 5 + i, reading only registers below its own. The last
+ * instruction's register is the result: float32 for a score_mod, int32 (nonzero: the key is attended) for a
+ * mask_mod. Binary operations take two registers of one type and give that type, except the comparisons (int32). */
+typedef enum {
+    AF_MOD_CONST_F32 = 0, AF_MOD_CONST_I32,   /* imm (an integral value for int32) */
+    AF_MOD_ADD, AF_MOD_SUB, AF_MOD_MUL,        /* float32 or int32, wrapping */
+    AF_MOD_DIV,                                /* float32 */
+    AF_MOD_FLOORDIV, AF_MOD_MOD,               /* Python's // and % (the remainder takes the divisor's sign);
+                                                  int32: x // 0 and x % 0 give 0 */
+    AF_MOD_MIN, AF_MOD_MAX,                    /* float32 (NaN wins, as torch.minimum) or int32 */
+    AF_MOD_POW,                                /* float32 */
+    AF_MOD_NEG, AF_MOD_ABS, AF_MOD_SIGN,       /* float32 or int32 */
+    AF_MOD_FLOOR, AF_MOD_CEIL, AF_MOD_ROUND,   /* float32; round: half to even, as torch.round */
+    AF_MOD_EXP, AF_MOD_LOG, AF_MOD_SQRT, AF_MOD_RSQRT, AF_MOD_TANH, AF_MOD_SIGMOID, AF_MOD_ERF,
+    AF_MOD_SIN, AF_MOD_COS, AF_MOD_TAN,        /* float32 */
+    AF_MOD_LT, AF_MOD_LE, AF_MOD_GT, AF_MOD_GE, AF_MOD_EQ, AF_MOD_NE,   /* -> int32 0 / 1 */
+    AF_MOD_AND, AF_MOD_OR, AF_MOD_XOR,         /* int32, bitwise (logical on 0 / 1) */
+    AF_MOD_NOT,                                /* int32: 1 where 0, else 0 */
+    AF_MOD_WHERE,                              /* in[0] int32 condition ? in[1] : in[2] (one type) */
+    AF_MOD_TO_F32, AF_MOD_TO_I32,              /* int32 -> float32; float32 -> int32 toward zero (torch's .to) */
+    AF_MOD_LOAD,                               /* aux tensor `aux` at the int32 indices in[0 .. ndim): float32 from
+                                                  a float32/float16/bfloat16 tensor, int32 from int32/bool */
+    AF_MOD_OP_COUNT
+} af_mod_op;
+
+typedef struct {
+    int32_t op;        /* af_mod_op */
+    int32_t in[4];     /* operand registers, as many as the operation takes (LOAD: one per tensor dimension) */
+    int32_t aux;       /* LOAD: which of the program's aux tensors */
+    double imm;        /* CONST_*: the value */
+} af_mod_instr;
+
+typedef struct {
+    const af_mod_instr *code;   /* at least one instruction */
+    int32_t length;
+    const af_tensor *aux;       /* captured tensors: CPU, 1 to 4 dimensions, any strides; read, never written */
+    int32_t n_aux;
+} af_mod_program;
+
+typedef struct {
+    const af_tensor *query;     /* (B, Hq, L, E) f32/f16/bf16, any strides */
+    const af_tensor *key;       /* (B, Hkv, S, E), Hq a multiple of Hkv (query head h reads kv head h / (Hq/Hkv)) */
+    const af_tensor *value;     /* (B, Hkv, S, Ev) */
+    bool has_scale; double scale;     /* default 1/sqrt(E) */
+    const af_mod_program *score_mod;  /* NULL: the scaled score as it is */
+    const af_mod_program *mask_mod;   /* NULL: every key */
+} af_flex_args;
+
+/* FlexAttention's forward (torch.nn.attention.flex_attention, no block mask yet): out (B, Hq, L, Ev) in query's
+ * dtype, lse NULL or f32 (B, Hq, L), natural log; a row whose keys the mask removes all gets out 0, lse -inf.
+ * CPU tensors only. A LOAD whose indices fall outside its tensor fails the call with AF_ERR_INVALID_ARGUMENT naming the
+ * program and the tensor (out and lse may then hold partial results: issue 47 keeps that for a later round). */
+AF_API af_status af_flex_attn(const af_flex_args *args, af_tensor *out, af_tensor *lse);
+/* Its plain reference: double dot products and softmax, the mods evaluated (by the kernels' interpreter) on the
+ * scores rounded to float32. For tests. */
+AF_API af_status af_flex_attn_reference(const af_flex_args *args, af_tensor *out, af_tensor *lse);
+
 /* ---------------------------------------------------------------- the backward pass (training)
  * Gradients of one af_sdpa / af_flash_attn call with respect to query, key and value (and learnable_sink), from the
  * forward's arguments (passed again, unchanged), its out and lse as it wrote them, and dout = dLoss/dout.

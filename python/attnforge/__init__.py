@@ -90,6 +90,15 @@ def isa_available(name: str) -> bool:
     return _C.isa_available(name)
 
 
+def __getattr__(name):
+    """attnforge.flex_attention / attnforge.flex, imported on first use (they need torch; attnforge itself does not)."""
+    if name in ("flex", "flex_attention"):
+        import importlib   # not "from . import flex": that asks this function for the attribute again
+        _flex = importlib.import_module(".flex", __name__)
+        return _flex if name == "flex" else _flex.flex_attention
+    raise AttributeError(f"module 'attnforge' has no attribute {name!r}")
+
+
 def set_phase_invariant(on: bool) -> None:
     """True: a decoded token's output and lse are bit for bit those of the same row inside a prefill or chunked
     prefill (every row runs on the tile products; decode takes longer, docs/API.md "Invariance"). False (the default,

@@ -9,6 +9,7 @@
 #include "backward_binding.h"
 #include "errors.h"
 #include "flash_binding.h"
+#include "flex_binding.h"
 #include "host_openmp.h"
 #include "log_bridge.h"
 #include "provider_binding.h"
@@ -159,6 +160,8 @@ static PyMethodDef module_methods[] = {
     {"sdpa", (PyCFunction)(void (*)(void))afpy_sdpa, METH_VARARGS | METH_KEYWORDS,
      "sdpa(args, kwargs, out, lse=None, causal_bottom_right=False, reference=False, stream=None, workspace=None): "
      "af_sdpa into out."},
+    {"flex_attn", (PyCFunction)(void (*)(void))afpy_flex_attn, METH_VARARGS | METH_KEYWORDS,
+     "flex_attn(query, key, value, out, lse=None, *, scale, score_mod, mask_mod, reference): af_flex_attn into out."},
     {"flash_attn", (PyCFunction)(void (*)(void))afpy_flash_attn, METH_VARARGS | METH_KEYWORDS,
      "flash_attn(query, key, value, out, lse=None, *, ...): af_flash_attn (or its reference) into out."},
     {"sdpa_backward", (PyCFunction)(void (*)(void))afpy_sdpa_backward, METH_VARARGS | METH_KEYWORDS,

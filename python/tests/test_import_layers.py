@@ -129,8 +129,8 @@ DISTRIBUTED = PACKAGE / "distributed"
 DISTRIBUTED_INTEGRATIONS = {"transformers", "__init__"}
 
 
-def _distributed_imports(path):
-    """(parent package modules, sibling modules) a module of attnforge.distributed imports, anywhere in it."""
+def _subpackage_imports(path):
+    """(parent package modules, sibling modules) a module of a subpackage (distributed, flex) imports, anywhere in it."""
     parents, siblings = set(), set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
         if not isinstance(node, ast.ImportFrom):
@@ -150,7 +150,7 @@ def test_distributed_walks_one_way_down():
     assert {"_ring", "_comm", "_merge", "ring", "llama3", "ulysses", "decode"} <= set(modules)
     edges = {}
     for name, path in modules.items():
-        parents, siblings = _distributed_imports(path)
+        parents, siblings = _subpackage_imports(path)
         allowed = PUBLIC | BELOW | {"_C"} | ({"transformers"} if name in DISTRIBUTED_INTEGRATIONS else set())
         assert parents <= allowed, f"distributed/{name} imports {sorted(parents - allowed)} from the package"
         edges[name] = siblings & set(modules)
@@ -163,3 +163,27 @@ def test_distributed_walks_one_way_down():
                 assert not target.startswith("distributed") and "distributed" not in named, name
             elif isinstance(node, ast.Import):
                 assert not any(a.name.startswith("attnforge.distributed") for a in node.names), name
+
+
+# attnforge.flex: a front end of its own over the C extension (and what is below the operators); only the package's
+# entry point reaches it, lazily (attnforge.flex_attention), so importing attnforge never imports torch through it.
+FLEX = PACKAGE / "flex"
+
+
+def test_flex_walks_one_way_down():
+    modules = {p.stem: p for p in sorted(FLEX.glob("*.py"))}
+    assert {"__init__", "_trace"} <= set(modules)
+    edges = {}
+    for name, path in modules.items():
+        parents, siblings = _subpackage_imports(path)
+        assert parents <= BELOW | {"_C"}, f"flex/{name} imports {sorted(parents - BELOW - {'_C'})} from the package"
+        edges[name] = siblings & set(modules)
+    assert cycles(edges) == []
+    for name, path in _modules().items():
+        if name == "__init__":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.ImportFrom):
+                target = (node.module or "") if node.level else (node.module or "")[len("attnforge."):]
+                named = [alias.name for alias in node.names] if not node.module else []
+                assert not target.startswith("flex") and "flex" not in named, name

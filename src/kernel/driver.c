@@ -23,6 +23,7 @@
 #include "core/log.h"
 #include "core/status.h"
 #include "core/threadpool.h"
+#include "flex/program.h"
 #include "kernel/flash.h"
 #include "kernel/softcap.h"
 #include "kernel/tiling.h"
@@ -81,6 +82,7 @@ typedef struct {
     int heads_per_item;         /* kv heads per work item: 1, or all of them for direct items over interleaved heads */
     size_t off_qp, off_kt, off_v, off_rows, off_cache;   /* scratch layout, bytes */
     size_t off_stage;           /* products over paged K/V: a tile's rows copied page run by page run (else 0) */
+    size_t off_mod;             /* af_flex_attn's mods: their registers, one set per thread (else 0) */
     size_t off_q, off_s, off_o, off_m, off_l, off_a;   /* row_state slot 0; slot h is state_bytes·h on */
     size_t off_ao, off_am, off_al, state_bytes;       /* ... the rows' folded chunks */
 } flash_plan;
@@ -220,15 +222,16 @@ static void pack_value_tile(const flash_plan *fp, const work_item *w, int64_t j0
     }
 }
 
-/* S = S·scale + mask, for the tiles that need the scale applied before the softmax. */
+/* S = S·scale + mask, then the mods (af_flex_attn), for the tiles that need the scale applied before the softmax. */
 static void apply_scale_and_mask(const flash_plan *fp, const work_item *w, int64_t r0, int rows, int64_t j0, int cols,
-                                 float *S, float scale) {
+                                 float *S, float scale, float *mod_regs) {
     const af_problem *p = fp->p;
     for (int r = 0; r < rows; r++) {
         float *s = S + (size_t)r * fp->keys_pad;
         for (int j = 0; j < cols; j++) s[j] *= scale;
-        if (!p->mask) continue;
         const int64_t i = (r0 + r) / p->group, h = w->hk * p->group + (r0 + r) % p->group;
+        if (p->mods) af_mods_apply_row(p->mods, w->b, h, i, j0, cols, s, mod_regs, fp->keys_pad);
+        if (!p->mask) continue;
         const char *m = p->mask + (w->b * p->mask_stride[0] + h * p->mask_stride[1] + i * p->mask_stride[2] +
                                    j0 * p->mask_stride[3]) * (int64_t)af_dtype_size(p->mask_dtype);
         const int64_t ms = p->mask_stride[3] * (int64_t)af_dtype_size(p->mask_dtype);
@@ -301,6 +304,7 @@ static void store_row(const flash_plan *fp, const work_item *w, int64_t h, int64
 typedef struct {
     float *qb, *S, *O, *m, *l, *alpha;
     float *ao, *am, *al;
+    float *mod;   /* the mods' registers (the thread's, shared by its slots), or NULL */
 } row_state;
 
 static row_state state_of(const flash_plan *fp, char *base, int slot) {
@@ -308,7 +312,8 @@ static row_state state_of(const flash_plan *fp, char *base, int slot) {
     return (row_state){.qb = (float *)(s + fp->off_q), .S = (float *)(s + fp->off_s), .O = (float *)(s + fp->off_o),
                        .m = (float *)(s + fp->off_m), .l = (float *)(s + fp->off_l), .alpha = (float *)(s + fp->off_a),
                        .ao = (float *)(s + fp->off_ao), .am = (float *)(s + fp->off_am),
-                       .al = (float *)(s + fp->off_al)};
+                       .al = (float *)(s + fp->off_al),
+                       .mod = fp->off_mod ? (float *)(base + fp->off_mod) : NULL};
 }
 
 /* A fresh online softmax for rows [0, rows): m = -inf, l = 0, O = 0. */
@@ -370,7 +375,7 @@ static void softmax_tile(const flash_plan *fp, const work_item *w, const row_sta
     const double log2e = 1.4426950408889634;
     const float c = (float)(pre_scale ? log2e : scale * log2e);   /* the multiplier folded into the exponent */
     if (p->softcap > 0.0) apply_softcap(fp, n, cols, Sn, scale);   /* af_flash_attn: no mask */
-    else if (pre_scale) apply_scale_and_mask(fp, w, r0 + skip, n, j0, cols, Sn, (float)scale);
+    else if (pre_scale) apply_scale_and_mask(fp, w, r0 + skip, n, j0, cols, Sn, (float)scale, rs->mod);
     if (edge) apply_key_range(fp, w, r0 + skip, n, j0, cols, Sn);
     fp->uk->softmax_step(n, cols, Sn, fp->keys_pad, c, rs->m + skip, rs->l + skip, rs->alpha + skip, fp->exp2_degree);
     if (fp->Ev == 0) return;
@@ -779,7 +784,7 @@ af_status af_flash_forward(const af_problem *p) {
         fp.splits = af_ceil_div(p->S, fp.split_keys);
         fp.chunks_per_split = fp.split_keys / KEY_CHUNK;
     }
-    fp.pre_scale = p->mask != NULL || !(p->scale > 0.0) || p->softcap > 0.0;
+    fp.pre_scale = p->mask != NULL || !(p->scale > 0.0) || p->softcap > 0.0 || p->mods != NULL;
     fp.exp2_degree = p->out_dtype == AF_BF16 ? 3 : p->out_dtype == AF_F16 ? 4 : 5;   /* what out's precision needs */
     /* V tiles straight from the caller's f32 tensor when they meet the gemm's B contract (whole vectors of
      * columns, no padding to zero; leading dim a multiple of AF_TILE_PAD; every tile 64-byte aligned) and its rows
@@ -808,6 +813,10 @@ af_status af_flash_forward(const af_problem *p) {
     if (fp.px && p->page_table) {   /* rows_for_products' staging: one tile of K or V rows */
         fp.off_stage = at;
         at += af_round_up((size_t)fp.block_keys * (size_t)(fp.E > fp.Ev ? fp.E : fp.Ev) * fp.elem, 64);
+    }
+    if (p->mods) {   /* the mods' registers over a tile's keys */
+        fp.off_mod = at;
+        at += af_round_up(sizeof(float) * af_mods_scratch_floats(p->mods, fp.keys_pad), 64);
     }
     const size_t state0 = at;   /* row_state slots, one per kv head of an item */
     fp.off_q = at;  at += af_round_up(sizeof(float) * br * (size_t)fp.E, 64);

@@ -61,6 +61,10 @@ typedef struct {
      * scale·q_descale·k_descale·(q·k); its output rows are multiplied by v_descale (before the sink joins). */
     const float *q_descale, *k_descale, *v_descale;
     int64_t q_descale_stride[2], k_descale_stride[2], v_descale_stride[2];
+
+    /* ---- af_flex_attn: NULL, or the call's score_mod / mask_mod programs (flex/program.h), run on every scaled
+     * score before the softmax (the driver's pre-scaled path) */
+    struct af_mods *mods;
 } af_problem;
 
 /* The descale of (batch b, kv head hk): 1 when absent. */

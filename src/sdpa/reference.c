@@ -4,11 +4,27 @@
 #include "core/alloc.h"
 #include "core/dtype.h"
 #include "core/status.h"
+#include "flex/program.h"
 #include "sdpa/check.h"
 #include "sdpa/problem.h"
 
 static double load(const char *base, af_dtype dtype, int64_t offset) {
     return af_load_as_f32(base + offset * (int64_t)af_dtype_size(dtype), dtype);
+}
+
+/* af_flex_attn's mods on row i's scaled scores: rounded to float32 and evaluated as the kernels do, a run of keys at
+ * a time (the reference's own part is the double dot products and softmax around them). */
+static void apply_mods(const af_problem *p, int64_t b, int64_t h, int64_t i, int64_t S, double *s) {
+    enum { RUN = 256 };
+    float run[RUN];
+    float *regs = af_alloc(sizeof(float) * af_mods_scratch_floats(p->mods, RUN));
+    for (int64_t j0 = 0; j0 < S; j0 += RUN) {
+        const int n = S - j0 < RUN ? (int)(S - j0) : RUN;
+        for (int j = 0; j < RUN; j++) run[j] = j < n ? (float)s[j0 + j] : 0.0f;
+        if (regs) af_mods_apply_row(p->mods, b, h, i, j0, n, run, regs, RUN);
+        for (int j = 0; j < n; j++) s[j0 + j] = regs ? run[j] : NAN;   /* no memory: a result no test accepts */
+    }
+    af_free(regs);
 }
 
 /* Scores of sequence b's row i, head h, into s[0..S_b): scale·q·k, softcap, then mask / causality / window as -inf
@@ -38,6 +54,7 @@ static void row_scores(const af_problem *p, int64_t b, const af_sequence *seq, i
         }
         s[j] = score;
     }
+    if (p->mods) apply_mods(p, b, h, i, seq->S, s);
 }
 
 /* One row: softmax over the scores and the sink (in the denominator only: FA4), out and lse. */

@@ -1,0 +1,75 @@
+"""attnforge.flex: FlexAttention's score_mod / mask_mod on attnforge's kernels, without a compiler.
+
+    from attnforge.flex import flex_attention
+    out = flex_attention(q, k, v, score_mod=alibi, block_mask=block_mask)   # torch.nn.attention.flex_attention's call
+
+A mod written with torch operations is traced into a small program (_trace) that the C kernels evaluate inside
+their tiles, vectorised over keys, on every ISA; a BlockMask contributes its mask_mod. This first round runs the
+forward with its LSE; the block mask's sparsity (skipping the blocks it empties) and the backward are issue 47's
+next steps, and a call that needs a gradient is refused rather than run without one."""
+import math
+
+import torch
+
+from .. import _C
+from ._trace import ModTraceError, Program, trace
+
+__all__ = ["flex_attention", "trace", "ModTraceError", "Program"]
+
+
+def _mask_mod_of(block_mask):
+    """The BlockMask's mask_mod, or None when it is PyTorch's no-op mask (every key)."""
+    if block_mask is None:
+        return None
+    mod = getattr(block_mask, "mask_mod", None)
+    if mod is None or getattr(mod, "__name__", "") == "noop_mask":
+        return None
+    return mod
+
+
+def _check(query, key, value, enable_gqa, block_mask):
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise _C.InvalidArgumentError(f"{name}: expected a 4-D (B, H, L, E) torch.Tensor")
+        if t.device.type != "cpu":
+            raise _C.UnsupportedError(f"{name}: on {t.device}; attnforge.flex runs on the CPU")
+    Hq, Hkv = query.shape[1], key.shape[1]
+    if Hq != Hkv and not enable_gqa:
+        raise _C.InvalidArgumentError(f"query, key: {Hq} query heads and {Hkv} kv heads need enable_gqa=True "
+                                      "(FlexAttention's rule)")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+        raise NotImplementedError("attnforge.flex: the backward is not implemented yet (issue 47); call under "
+                                  "torch.no_grad() or detach the inputs")
+    if block_mask is not None:
+        lengths = getattr(block_mask, "seq_lengths", None)
+        if lengths is not None and tuple(lengths) != (query.shape[2], key.shape[2]):
+            raise _C.InvalidArgumentError(f"block_mask: made for (Q_LEN, KV_LEN) = {tuple(lengths)}, the call has "
+                                          f"({query.shape[2]}, {key.shape[2]})")
+
+
+def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False,
+                   return_lse=False, kernel_options=None, *, return_aux=None):
+    """torch.nn.attention.flex_attention's forward on attnforge: q (B, Hq, L, E), k (B, Hkv, S, E), v (B, Hkv, S, Ev),
+    float32 / float16 / bfloat16, any strides. score_mod(score, b, h, q_idx, kv_idx) sees the scaled float32 score
+    (h: the query head); block_mask's mask_mod removes keys; a row that sees no key gets 0 and LSE -inf. Returns
+    out, or (out, lse) with return_lse, or (out, AuxOutput) with return_aux=AuxRequest(lse=True). kernel_options
+    are PyTorch's tuning hints and ignored. No compile step: the mods are traced at each call (a few ms)."""
+    _check(query, key, value, enable_gqa, block_mask)
+    want_lse = return_lse
+    if return_aux is not None:
+        if getattr(return_aux, "max_scores", False):
+            raise _C.UnsupportedError("return_aux: max_scores is not implemented")
+        want_lse = want_lse or bool(getattr(return_aux, "lse", False))
+    score = trace(score_mod, score=True).as_c() if score_mod is not None else None
+    mask_fn = _mask_mod_of(block_mask)
+    mask = trace(mask_fn, score=False).as_c() if mask_fn is not None else None
+    B, Hq, L, _ = query.shape
+    out = torch.empty(B, Hq, L, value.shape[-1], dtype=query.dtype)
+    lse = torch.empty(B, Hq, L, dtype=torch.float32) if want_lse else None
+    _C.flex_attn(query.detach(), key.detach(), value.detach(), out, lse,
+                 scale=None if scale is None else float(scale), score_mod=score, mask_mod=mask)
+    if return_aux is not None:
+        from torch.nn.attention.flex_attention import AuxOutput
+        aux = AuxOutput(lse=lse if getattr(return_aux, "lse", False) else None)
+        return (out, lse, aux) if return_lse else (out, aux)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,131 @@
+/* attnforge._C.flex_attn (flex_binding.h): Python instruction lists and tensors into af_mod_program, then one
+ * af_flex_attn call without the GIL. */
+#include "flex_binding.h"
+
+#include <stdlib.h>
+
+#include "attnforge.h"
+#include "errors.h"
+#include "log_bridge.h"
+#include "sdpa_binding.h"
+#include "tensors.h"
+
+#define AFPY_FLEX_MAX_AUX 16
+
+typedef struct {
+    af_mod_program program;
+    af_mod_instr *code;
+    afpy_tensor aux[AFPY_FLEX_MAX_AUX];
+    af_tensor aux_views[AFPY_FLEX_MAX_AUX];
+    int n_aux;
+} afpy_mod;
+
+static void release_mod(afpy_mod *m) {
+    for (int i = 0; i < m->n_aux; i++) afpy_tensor_release(&m->aux[i]);
+    free(m->code);
+    m->code = NULL;
+    m->n_aux = 0;
+}
+
+/* (code, aux) -> m->program; 0, or -1 with an exception set and nothing held. */
+static int parse_mod(PyObject *obj, const char *name, afpy_mod *m) {
+    memset(m, 0, sizeof *m);
+    PyObject *code_obj, *aux_obj;
+    if (!PyArg_ParseTuple(obj, "OO", &code_obj, &aux_obj)) return -1;
+    PyObject *code = PySequence_Fast(code_obj, "code must be a sequence of instructions");
+    if (!code) return -1;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(code);
+    if (n < 1 || n > 65536) {
+        Py_DECREF(code);
+        PyErr_Format(PyExc_ValueError, "%s: needs 1 to 65536 instructions, got %zd", name, n);
+        return -1;
+    }
+    if (!(m->code = calloc((size_t)n, sizeof(af_mod_instr)))) {
+        Py_DECREF(code);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        af_mod_instr *in = &m->code[i];
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(code, i), "iiiiiid", &in->op, &in->in[0], &in->in[1],
+                              &in->in[2], &in->in[3], &in->aux, &in->imm)) {
+            Py_DECREF(code);
+            release_mod(m);
+            return -1;
+        }
+    }
+    Py_DECREF(code);
+    PyObject *aux = PySequence_Fast(aux_obj, "aux must be a sequence of tensors");
+    if (!aux) {
+        release_mod(m);
+        return -1;
+    }
+    const Py_ssize_t n_aux = PySequence_Fast_GET_SIZE(aux);
+    if (n_aux > AFPY_FLEX_MAX_AUX) {
+        Py_DECREF(aux);
+        release_mod(m);
+        PyErr_Format(PyExc_ValueError, "%s: at most %d captured tensors, got %zd", name, AFPY_FLEX_MAX_AUX, n_aux);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n_aux; i++) {
+        if (afpy_tensor_from_object(PySequence_Fast_GET_ITEM(aux, i), name, false, 0, &m->aux[i]) < 0) {
+            Py_DECREF(aux);
+            release_mod(m);
+            return -1;
+        }
+        m->aux_views[i] = m->aux[i].view;
+        m->n_aux = (int)i + 1;
+    }
+    Py_DECREF(aux);
+    m->program = (af_mod_program){m->code, (int32_t)n, m->n_aux ? m->aux_views : NULL, m->n_aux};
+    return 0;
+}
+
+PyObject *afpy_flex_attn(PyObject *self, PyObject *args, PyObject *kwargs) {
+    afpy_log_sync();
+    static char *keywords[] = {"query", "key", "value", "out", "lse", "scale", "score_mod", "mask_mod", "reference",
+                               NULL};
+    PyObject *q_obj, *k_obj, *v_obj, *out_obj, *lse_obj = Py_None, *scale_obj = Py_None;
+    PyObject *score_obj = Py_None, *mask_obj = Py_None;
+    int reference = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|O$OOOp:flex_attn", keywords, &q_obj, &k_obj, &v_obj,
+                                     &out_obj, &lse_obj, &scale_obj, &score_obj, &mask_obj, &reference))
+        return NULL;
+    af_flex_args a = {0};
+    if (scale_obj != Py_None) {
+        a.has_scale = true;
+        a.scale = PyFloat_AsDouble(scale_obj);
+        if (PyErr_Occurred()) return NULL;
+    }
+    afpy_mod score = {0}, mask = {0};
+    afpy_tensor q = {0}, k = {0}, v = {0}, out = {0}, lse = {0};
+    PyObject *result = NULL;
+    if (score_obj != Py_None && parse_mod(score_obj, "score_mod", &score) < 0) goto done;
+    if (mask_obj != Py_None && parse_mod(mask_obj, "mask_mod", &mask) < 0) goto done;
+    if (afpy_tensor_from_object(q_obj, "query", false, 0, &q) < 0 ||
+        afpy_tensor_from_object(k_obj, "key", false, 0, &k) < 0 ||
+        afpy_tensor_from_object(v_obj, "value", false, 0, &v) < 0 ||
+        afpy_outputs_from_objects(out_obj, lse_obj, 0, &out, &lse) < 0)
+        goto done;
+    a.query = &q.view;
+    a.key = &k.view;
+    a.value = &v.view;
+    a.score_mod = score_obj != Py_None ? &score.program : NULL;
+    a.mask_mod = mask_obj != Py_None ? &mask.program : NULL;
+    af_tensor *lse_view = lse_obj != Py_None ? &lse.view : NULL;
+    af_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = reference ? af_flex_attn_reference(&a, &out.view, lse_view) : af_flex_attn(&a, &out.view, lse_view);
+    Py_END_ALLOW_THREADS
+    if (status != AF_OK) afpy_raise_status(status);
+    else result = Py_NewRef(Py_None);
+done:
+    afpy_tensor_release(&q);
+    afpy_tensor_release(&k);
+    afpy_tensor_release(&v);
+    afpy_tensor_release(&out);
+    afpy_tensor_release(&lse);
+    release_mod(&score);
+    release_mod(&mask);
+    return result;
+}
