@@ -318,7 +318,12 @@ static float *reg(float *regs, int k, int lanes) { return regs + (size_t)k * (si
 /* A program's loops in AVX-512, AVX2 or baseline code (run() is cloned, eval_instr inlined into each clone), picked
  * once by the loader for this CPU (the library is built for baseline x86-64): 4 to 16 keys an operation. The
  * operations are single IEEE operations or libm calls, the same in every clone. */
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define AF_MOD_NO_IFUNC 1   /* ThreadSanitizer: an ifunc resolver runs before its runtime is up and crashes */
+#endif
+#endif
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_THREAD__) && !defined(AF_MOD_NO_IFUNC)
 #define AF_MOD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define AF_MOD_CLONES
