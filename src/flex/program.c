@@ -436,7 +436,9 @@ void af_mods_apply_row(af_mods *mods, int64_t b, int64_t h, int64_t q_idx, int64
     fill_input(mods, regs, 3, q_idx, 0, lanes);
     fill_input(mods, regs, 4, kv0, 1, lanes);
     if (mods->has_score) {
-        memcpy(reg(regs, 0, lanes), s, sizeof(float) * (size_t)lanes);
+        float *score = reg(regs, 0, lanes);
+        memcpy(score, s, sizeof(float) * (size_t)n);
+        for (int j = n; j < lanes; j++) score[j] = 0.0f;   /* lanes past the keys: defined, whatever the tile held */
         const float *v = run(&mods->score, regs, n, lanes);
         memcpy(s, v, sizeof(float) * (size_t)n);
     }
