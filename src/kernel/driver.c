@@ -723,6 +723,7 @@ static int direct_rows_for(const af_problem *p, const af_ukernel *uk, const af_p
 
 af_status af_flash_forward(const af_problem *p) {
     if (p->B == 0 || p->Hkv == 0 || p->L == 0 || p->group == 0) return AF_OK;   /* nothing to write */
+    if (p->Ev == 0 && !p->lse) return AF_OK;   /* no element to write either (heads broadcast to 2^63: no work) */
     const int64_t rows_total = p->L * p->group;   /* <= q's element count once B >= 1: cannot overflow */
     flash_plan fp = {.p = p, .uk = af_ukernel_current(), .E = (int)p->E, .Ev = (int)p->Ev};
     fp.elem = af_dtype_size(p->kv_dtype);

@@ -97,6 +97,7 @@ static void reference_row(const af_problem *p, int64_t b, const af_sequence *seq
 
 af_status af_reference_forward(const af_problem *p) {
     if (p->B == 0 || p->Hq == 0 || p->L == 0) return AF_OK;   /* no row: no scratch (S may be absurd) */
+    if (p->Ev == 0 && !p->lse) return AF_OK;                   /* no element to write (B·H·L may be absurd) */
     if ((uint64_t)p->S > SIZE_MAX / sizeof(double))   /* a broadcast (stride-0) key can be this long */
         return af_fail(AF_ERR_NO_MEMORY, "out of memory: reference scratch for S=%lld", (long long)p->S);
     double *s = af_alloc(sizeof(double) * (size_t)(p->S > 0 ? p->S : 1));
