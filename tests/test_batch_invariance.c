@@ -39,22 +39,6 @@ typedef struct {
 
 static test_rng rng = {0x2545F4914F6CDD1Dull};
 
-/* Random values in [-2, 2) with full mantissas: products and their sums round, so any change in the order of a
- * reduction shows (values on a coarse grid would make every dot product exact and hide it). */
-static void fill(void *data, af_dtype dtype, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        const float x = (float)(rng_uniform(&rng) * 4.0 - 2.0);
-        if (dtype == AF_F32) ((float *)data)[i] = x;
-        else ((uint16_t *)data)[i] = dtype == AF_BF16 ? af_f32_to_bf16(x) : af_f32_to_f16(x);
-    }
-}
-
-static void *zalloc(size_t bytes) {
-    void *p = calloc(1, bytes ? bytes : 1);
-    if (!p) fail_msg("out of memory");
-    return p;
-}
-
 static void build(const batch_case *c, batch_data *d) {
     const size_t el = af_dtype_size(c->dtype);
     d->cu_q[0] = d->cu_k[0] = 0;
@@ -67,15 +51,15 @@ static void build(const batch_case *c, batch_data *d) {
     }
     d->total_q = d->cu_q[c->n];
     d->total_k = d->cu_k[c->n];
-    d->q = zalloc((size_t)(d->total_q * c->Hq * c->E) * el);
-    d->k = zalloc((size_t)(d->total_k * c->Hkv * c->E) * el);
-    d->v = zalloc((size_t)(d->total_k * c->Hkv * c->Ev) * el);
-    fill(d->q, c->dtype, d->total_q * c->Hq * c->E);
-    fill(d->k, c->dtype, d->total_k * c->Hkv * c->E);
-    fill(d->v, c->dtype, d->total_k * c->Hkv * c->Ev);
+    d->q = test_zalloc((size_t)(d->total_q * c->Hq * c->E) * el);
+    d->k = test_zalloc((size_t)(d->total_k * c->Hkv * c->E) * el);
+    d->v = test_zalloc((size_t)(d->total_k * c->Hkv * c->Ev) * el);
+    rng_fill_values(&rng, d->q, c->dtype, d->total_q * c->Hq * c->E);
+    rng_fill_values(&rng, d->k, c->dtype, d->total_k * c->Hkv * c->E);
+    rng_fill_values(&rng, d->v, c->dtype, d->total_k * c->Hkv * c->Ev);
     const int64_t S = c->S[c->target], k0 = d->cu_k[c->target];
-    d->k_hsd = zalloc((size_t)(S * c->Hkv * c->E) * el);
-    d->v_hsd = zalloc((size_t)(S * c->Hkv * c->Ev) * el);
+    d->k_hsd = test_zalloc((size_t)(S * c->Hkv * c->E) * el);
+    d->v_hsd = test_zalloc((size_t)(S * c->Hkv * c->Ev) * el);
     for (int64_t j = 0; j < S; j++)
         for (int64_t h = 0; h < c->Hkv; h++) {
             memcpy((char *)d->k_hsd + (size_t)((h * S + j) * c->E) * el,
@@ -101,8 +85,8 @@ static void run(const batch_case *c, const batch_data *d, call_form form, unsign
     af_flash_args a = {.query = &q, .key = &k, .value = &v, .causal = c->causal, .has_window = c->window,
                        .window_left = 700, .window_right = c->causal ? 0 : 300};
     const int64_t rows = form == AS_BATCH ? d->total_q : L;
-    unsigned char *o_all = zalloc((size_t)(rows * c->Hq * c->Ev) * el);
-    float *l_all = zalloc(sizeof(float) * (size_t)(rows * c->Hq));
+    unsigned char *o_all = test_zalloc((size_t)(rows * c->Hq * c->Ev) * el);
+    float *l_all = test_zalloc(sizeof(float) * (size_t)(rows * c->Hq));
     if (form == AS_BATCH) {
         q = af_tensor_contiguous(d->q, c->dtype, 3, (int64_t[]){d->total_q, c->Hq, c->E});
         k = af_tensor_contiguous(d->k, c->dtype, 3, (int64_t[]){d->total_k, c->Hkv, c->E});
@@ -135,8 +119,8 @@ static void run(const batch_case *c, const batch_data *d, call_form form, unsign
     }
     if (af_flash_attn(&a, &o, &l) != AF_OK) fail_msg("form %d: %s", (int)form, af_last_error());
     const int64_t first = form == AS_BATCH ? q0 : 0;
-    *out = zalloc((size_t)(L * c->Hq * c->Ev) * el);
-    *lse = zalloc(sizeof(float) * (size_t)(L * c->Hq));
+    *out = test_zalloc((size_t)(L * c->Hq * c->Ev) * el);
+    *lse = test_zalloc(sizeof(float) * (size_t)(L * c->Hq));
     memcpy(*out, o_all + (size_t)(first * c->Hq * c->Ev) * el, (size_t)(L * c->Hq * c->Ev) * el);
     for (int64_t h = 0; h < c->Hq; h++) memcpy(*lse + h * L, l_all + h * rows + first, sizeof(float) * (size_t)L);
     free(o_all);

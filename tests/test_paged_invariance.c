@@ -35,22 +35,6 @@ typedef struct {
 
 static test_rng rng = {0x9E3779B97F4A7C15ull};
 
-/* Random values in [-2, 2) with full mantissas: products and their sums round, so any change in the order of a
- * reduction shows (values on a coarse grid would make every dot product exact and hide it). */
-static void fill(void *data, af_dtype dtype, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        const float x = (float)(rng_uniform(&rng) * 4.0 - 2.0);
-        if (dtype == AF_F32) ((float *)data)[i] = x;
-        else ((uint16_t *)data)[i] = dtype == AF_BF16 ? af_f32_to_bf16(x) : af_f32_to_f16(x);
-    }
-}
-
-static void *zalloc(size_t bytes) {
-    void *p = calloc(1, bytes ? bytes : 1);
-    if (!p) fail_msg("out of memory");
-    return p;
-}
-
 /* The same keys three ways: a (B, S_max, Hkv, D) cache, pages of `page` keys shuffled over the pool, and packed
  * (total_k, Hkv, D) sequences. */
 static void build(const layout_case *c, buffers *b) {
@@ -64,24 +48,24 @@ static void build(const layout_case *c, buffers *b) {
     b->pages_per_seq = (b->S_max + c->page - 1) / c->page;
     const int64_t S_cache = b->pages_per_seq * c->page;
     const int64_t kd = c->Hkv * c->E, vd = c->Hkv * c->Ev;
-    b->q = zalloc((size_t)(c->B * c->L * c->Hq * c->E) * el);
-    b->k = zalloc((size_t)(c->B * S_cache * kd) * el);
-    b->v = zalloc((size_t)(c->B * S_cache * vd) * el);
-    fill(b->q, c->dtype, c->B * c->L * c->Hq * c->E);
-    fill(b->k, c->dtype, c->B * S_cache * kd);
-    fill(b->v, c->dtype, c->B * S_cache * vd);
+    b->q = test_zalloc((size_t)(c->B * c->L * c->Hq * c->E) * el);
+    b->k = test_zalloc((size_t)(c->B * S_cache * kd) * el);
+    b->v = test_zalloc((size_t)(c->B * S_cache * vd) * el);
+    rng_fill_values(&rng, b->q, c->dtype, c->B * c->L * c->Hq * c->E);
+    rng_fill_values(&rng, b->k, c->dtype, c->B * S_cache * kd);
+    rng_fill_values(&rng, b->v, c->dtype, c->B * S_cache * vd);
     const int64_t pool = c->B * b->pages_per_seq;
-    int64_t *order = zalloc(sizeof(int64_t) * (size_t)pool);
+    int64_t *order = test_zalloc(sizeof(int64_t) * (size_t)pool);
     for (int64_t i = 0; i < pool; i++) order[i] = i;
     for (int64_t i = pool - 1; i > 0; i--) {   /* shuffled page order */
         const int64_t j = rng_range(&rng, 0, i), t = order[i];
         order[i] = order[j];
         order[j] = t;
     }
-    b->kp = zalloc((size_t)(pool * c->page * kd) * el);
-    b->vp = zalloc((size_t)(pool * c->page * vd) * el);
-    b->table = zalloc(sizeof(int32_t) * (size_t)pool);
-    b->used = zalloc(sizeof(int32_t) * (size_t)c->B);
+    b->kp = test_zalloc((size_t)(pool * c->page * kd) * el);
+    b->vp = test_zalloc((size_t)(pool * c->page * vd) * el);
+    b->table = test_zalloc(sizeof(int32_t) * (size_t)pool);
+    b->used = test_zalloc(sizeof(int32_t) * (size_t)c->B);
     for (int64_t s = 0; s < c->B; s++) {
         b->used[s] = (int32_t)c->S[s];
         for (int64_t g = 0; g < b->pages_per_seq; g++) {
@@ -94,9 +78,9 @@ static void build(const layout_case *c, buffers *b) {
         }
     }
     free(order);
-    b->kc = zalloc((size_t)(b->total_k * kd) * el);
-    b->vc = zalloc((size_t)(b->total_k * vd) * el);
-    b->cu_k = zalloc(sizeof(int32_t) * (size_t)(c->B + 1));
+    b->kc = test_zalloc((size_t)(b->total_k * kd) * el);
+    b->vc = test_zalloc((size_t)(b->total_k * vd) * el);
+    b->cu_k = test_zalloc(sizeof(int32_t) * (size_t)(c->B + 1));
     for (int64_t s = 0, at = 0; s < c->B; s++) {
         memcpy((char *)b->kc + (size_t)(at * kd) * el, (char *)b->k + (size_t)(s * S_cache * kd) * el,
                (size_t)(c->S[s] * kd) * el);
@@ -107,8 +91,8 @@ static void build(const layout_case *c, buffers *b) {
     }
     b->out_bytes = (size_t)(c->B * c->L * c->Hq * c->Ev) * el;
     b->lse_bytes = sizeof(float) * (size_t)(c->B * c->Hq * c->L);
-    b->out = zalloc(b->out_bytes);
-    b->lse = zalloc(b->lse_bytes);
+    b->out = test_zalloc(b->out_bytes);
+    b->lse = test_zalloc(b->lse_bytes);
 }
 
 static void release(buffers *b) {

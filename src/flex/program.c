@@ -31,6 +31,13 @@ static const char *const op_names[AF_MOD_OP_COUNT] = {
     "SIGN", "FLOOR", "CEIL", "ROUND", "EXP", "LOG", "SQRT", "RSQRT", "TANH", "SIGMOID", "ERF", "SIN", "COS", "TAN",
     "LT", "LE", "GT", "GE", "EQ", "NE", "AND", "OR", "XOR", "NOT", "WHERE", "TO_F32", "TO_I32", "LOAD"};
 
+/* Registers instruction `in` reads (a LOAD: one per dimension of its tensor, af_mod_check having checked `aux`). */
+static int operand_count(const af_mod_checked *m, const af_mod_instr *in) {
+    const arity ar = arity_of(in->op);
+    return ar == ARGS_NONE ? 0 : ar == ARGS_UNARY ? 1 : ar == ARGS_BINARY ? 2 : ar == ARGS_WHERE ? 3
+                                                                                   : m->aux[in->aux].ndim;
+}
+
 static bool float_only(int op) {
     return op == AF_MOD_DIV || op == AF_MOD_POW || (op >= AF_MOD_FLOOR && op <= AF_MOD_TAN);
 }
@@ -83,15 +90,11 @@ static af_status check_instr(const af_mod_checked *m, const af_mod_instr *in, in
         return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: instruction %d: unknown operation %d", name, (int)i, op);
     const int reg = AF_MOD_INPUTS + i;
     const arity ar = arity_of(op);
-    const int n_in = ar == ARGS_NONE ? 0 : ar == ARGS_UNARY ? 1 : ar == ARGS_BINARY ? 2 : ar == ARGS_WHERE ? 3 : -1;
-    int needed = n_in;
-    if (ar == ARGS_LOAD) {
-        if (in->aux < 0 || in->aux >= m->n_aux)
-            return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: instruction %d (LOAD): aux %d, but the program has %d aux "
-                           "tensors", name, (int)i, (int)in->aux, (int)m->n_aux);
-        needed = m->aux[in->aux].ndim;
-    }
-    for (int k = 0; k < needed; k++) {
+    if (ar == ARGS_LOAD && (in->aux < 0 || in->aux >= m->n_aux))
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: instruction %d (LOAD): aux %d, but the program has %d aux "
+                       "tensors", name, (int)i, (int)in->aux, (int)m->n_aux);
+    const int n_in = operand_count(m, in);
+    for (int k = 0; k < n_in; k++) {
         const int r = in->in[k];
         if (r < 0 || r >= reg)
             return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: instruction %d (%s): operand %d is register %d; it must be "
@@ -100,7 +103,7 @@ static af_status check_instr(const af_mod_checked *m, const af_mod_instr *in, in
             return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: instruction %d (%s) reads the score (register 0), which a "
                            "mask_mod does not have", name, (int)i, op_names[op]);
     }
-    const uint8_t a = n_in > 0 || ar == ARGS_LOAD ? is_int[in->in[0]] : 0, b = n_in > 1 ? is_int[in->in[1]] : 0;
+    const uint8_t a = n_in > 0 ? is_int[in->in[0]] : 0, b = n_in > 1 ? is_int[in->in[1]] : 0;
     const char *want = NULL;
     uint8_t result = a;
     if (op == AF_MOD_CONST_F32) result = 0;
@@ -110,7 +113,7 @@ static af_status check_instr(const af_mod_checked *m, const af_mod_instr *in, in
                            (int)i, in->imm);
         result = 1;
     } else if (ar == ARGS_LOAD) {
-        for (int k = 0; k < needed; k++)
+        for (int k = 0; k < n_in; k++)
             if (!is_int[in->in[k]]) want = "int32 indices";
         const af_dtype dt = m->aux[in->aux].dtype;
         result = dt == AF_I32 || dt == AF_BOOL;
@@ -157,9 +160,7 @@ af_status af_mod_check(const af_mod_program *prog, const char *name, bool score,
     for (int32_t i = 0; i < prog->length; i++) {
         const af_mod_instr *in = &prog->code[i];
         if ((st = check_instr(m, in, i, score, m->is_int)) != AF_OK) return st;
-        const arity ar = arity_of(in->op);
-        const int n_in = ar == ARGS_NONE ? 0 : ar == ARGS_UNARY ? 1 : ar == ARGS_BINARY ? 2 : ar == ARGS_WHERE ? 3
-                                                                                          : m->aux[in->aux].ndim;
+        const int n_in = operand_count(m, in);
         uint8_t uniform = 1;
         for (int k = 0; k < n_in; k++) uniform &= m->uniform[in->in[k]];
         m->uniform[AF_MOD_INPUTS + i] = uniform;
@@ -179,9 +180,8 @@ af_status af_mod_check(const af_mod_program *prog, const char *name, bool score,
 void af_mod_release(af_mod_checked *m) {
     af_free(m->is_int);
     af_free(m->uniform);
-    m->uniform = NULL;
     af_free(m->aux);
-    m->is_int = NULL;
+    m->is_int = m->uniform = NULL;
     m->aux = NULL;
 }
 
@@ -205,9 +205,9 @@ void af_mods_release(af_mods *mods) {
 }
 
 af_status af_mods_status(af_mods *mods) {
-    const af_mod_checked *ms[2] = {&mods->score, &mods->mask};
+    af_mod_checked *ms[2] = {&mods->score, &mods->mask};
     for (int k = 0; k < 2; k++) {
-        const int t = atomic_load(&((af_mod_checked *)ms[k])->out_of_bounds);
+        const int t = atomic_load(&ms[k]->out_of_bounds);
         if (t > 0)
             return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: a LOAD read aux tensor %d outside its shape", ms[k]->name,
                            t - 1);

@@ -484,6 +484,16 @@ static void close_chunk(const flash_plan *fp, const work_item *w, const row_stat
     if (more) reset_softmax(fp, rs->O, rs->m, rs->l, rows);
 }
 
+/* close_chunk for each of the item's kv heads (their row_state slots in the thread's scratch). */
+static void close_chunk_heads(const flash_plan *fp, const work_item *w, char *base, int heads, int rows, int64_t chunk,
+                              bool more) {
+    for (int h = 0; h < heads; h++) {
+        const work_item wh = with_head(w, w->hk + h);
+        const row_state rh = state_of(fp, base, h);
+        close_chunk(fp, &wh, &rh, rows, chunk, more);
+    }
+}
+
 /* Split-KV: every chunk of the item's split starts as seen-nothing (m = -inf, l = 0), for the chunks its rows never
  * reach. */
 static void clear_split_chunks(const flash_plan *fp, const work_item *w, int rows) {
@@ -563,12 +573,7 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
     for (int64_t j0 = k_lo; j0 < k_hi; j0 += cols) {   /* += cols: j0 + tile may pass 2^63 */
         cols = (int)(k_hi - j0 < tile ? k_hi - j0 : tile);
         if (j0 / KEY_CHUNK != chunk) {   /* a new chunk: the last one is done */
-            if (chunk >= 0)
-                for (int h = 0; h < heads; h++) {
-                    const work_item wh = with_head(&w, w.hk + h);
-                    const row_state rh = state_of(fp, base, h);
-                    close_chunk(fp, &wh, &rh, rows, chunk, true);
-                }
+            if (chunk >= 0) close_chunk_heads(fp, &w, base, heads, rows, chunk, true);
             chunk = j0 / KEY_CHUNK;
         }
         /* Rows whose scores in this tile would all be -inf: P = 0, alpha = 1, m and l unchanged, so skipping them is
@@ -667,10 +672,10 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
             uk->gemm(n, fp->Ev, cols, Sn, fp->keys_pad, vtile, fp->ev_pad, On, fp->ev_pad, true);
         }
     }
+    if (chunk >= 0) close_chunk_heads(fp, &w, base, heads, rows, chunk, false);
     for (int h = 0; h < heads; h++) {
         const work_item wh = with_head(&w, w.hk + h);
         const row_state rh = state_of(fp, base, h);
-        if (chunk >= 0) close_chunk(fp, &wh, &rh, rows, chunk, false);
         finish_rows(fp, &wh, &rh, r0, rows);
     }
 }

@@ -12,24 +12,25 @@ static double load(const char *base, af_dtype dtype, int64_t offset) {
     return af_load_as_f32(base + offset * (int64_t)af_dtype_size(dtype), dtype);
 }
 
-/* af_flex_attn's mods on row i's scaled scores: rounded to float32 and evaluated as the kernels do, a run of keys at
- * a time (the reference's own part is the double dot products and softmax around them). */
-static void apply_mods(const af_problem *p, int64_t b, int64_t h, int64_t i, int64_t S, double *s) {
-    enum { RUN = 256 };
-    float run[RUN];
-    float *regs = af_alloc(sizeof(float) * af_mods_scratch_floats(p->mods, RUN));
-    for (int64_t j0 = 0; j0 < S; j0 += RUN) {
-        const int n = S - j0 < RUN ? (int)(S - j0) : RUN;
-        for (int j = 0; j < RUN; j++) run[j] = j < n ? (float)s[j0 + j] : 0.0f;
-        if (regs) af_mods_apply_row(p->mods, b, h, i, j0, n, run, regs, RUN);
-        for (int j = 0; j < n; j++) s[j0 + j] = regs ? run[j] : NAN;   /* no memory: a result no test accepts */
+#define MOD_RUN 256   /* keys the reference hands the mods at a time */
+
+/* af_flex_attn's mods on row i's scaled scores: rounded to float32 and evaluated as the kernels do, MOD_RUN keys at a
+ * time (the reference's own part is the double dot products and softmax around them). regs: the call's scratch,
+ * af_mods_scratch_floats(p->mods, MOD_RUN) floats. */
+static void apply_mods(const af_problem *p, int64_t b, int64_t h, int64_t i, int64_t S, double *s, float *regs) {
+    float run[MOD_RUN];
+    for (int64_t j0 = 0; j0 < S; j0 += MOD_RUN) {
+        const int n = S - j0 < MOD_RUN ? (int)(S - j0) : MOD_RUN;
+        for (int j = 0; j < MOD_RUN; j++) run[j] = j < n ? (float)s[j0 + j] : 0.0f;
+        af_mods_apply_row(p->mods, b, h, i, j0, n, run, regs, MOD_RUN);
+        for (int j = 0; j < n; j++) s[j0 + j] = run[j];
     }
-    af_free(regs);
 }
 
 /* Scores of sequence b's row i, head h, into s[0..S_b): scale·q·k, softcap, then mask / causality / window as -inf
  * or additive terms. */
-static void row_scores(const af_problem *p, int64_t b, const af_sequence *seq, int64_t h, int64_t i, double *s) {
+static void row_scores(const af_problem *p, int64_t b, const af_sequence *seq, int64_t h, int64_t i, double *s,
+                       float *mod_regs) {
     const int64_t hk = h / p->group;
     int64_t lo, hi;
     af_key_range(p, seq->L, seq->S, i, &lo, &hi);
@@ -54,13 +55,13 @@ static void row_scores(const af_problem *p, int64_t b, const af_sequence *seq, i
         }
         s[j] = score;
     }
-    if (p->mods) apply_mods(p, b, h, i, seq->S, s);
+    if (p->mods) apply_mods(p, b, h, i, seq->S, s, mod_regs);
 }
 
 /* One row: softmax over the scores and the sink (in the denominator only: FA4), out and lse. */
 static void reference_row(const af_problem *p, int64_t b, const af_sequence *seq, int64_t h, int64_t i, double *s,
-                          double *acc) {
-    row_scores(p, b, seq, h, i, s);
+                          double *acc, float *mod_regs) {
+    row_scores(p, b, seq, h, i, s, mod_regs);
     double row_max = -INFINITY;
     bool has_nan = false;
     for (int64_t j = 0; j < seq->S; j++) {
@@ -102,18 +103,21 @@ af_status af_reference_forward(const af_problem *p) {
         return af_fail(AF_ERR_NO_MEMORY, "out of memory: reference scratch for S=%lld", (long long)p->S);
     double *s = af_alloc(sizeof(double) * (size_t)(p->S > 0 ? p->S : 1));
     double *acc = af_alloc(sizeof(double) * (size_t)(p->Ev > 0 ? p->Ev : 1));
-    if (!s || !acc) {
+    float *mod_regs = p->mods ? af_alloc(sizeof(float) * af_mods_scratch_floats(p->mods, MOD_RUN)) : NULL;
+    if (!s || !acc || (p->mods && !mod_regs)) {
         af_free(s);
         af_free(acc);
+        af_free(mod_regs);
         return af_fail(AF_ERR_NO_MEMORY, "out of memory: reference scratch for S=%lld", (long long)p->S);
     }
     for (int64_t b = 0; b < p->B; b++) {
         const af_sequence seq = af_sequence_of(p, b);
         for (int64_t h = 0; h < p->Hq; h++)
-            for (int64_t i = 0; i < seq.L; i++) reference_row(p, b, &seq, h, i, s, acc);
+            for (int64_t i = 0; i < seq.L; i++) reference_row(p, b, &seq, h, i, s, acc, mod_regs);
     }
     af_free(s);
     af_free(acc);
+    af_free(mod_regs);
     return AF_OK;
 }
 

@@ -1,6 +1,7 @@
 #include "test_tensor.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +18,23 @@ double rng_uniform(test_rng *rng) { return (double)(rng_next(rng) >> 11) * (1.0 
 
 int64_t rng_range(test_rng *rng, int64_t lo, int64_t hi) {
     return lo + (int64_t)(rng_next(rng) % (uint64_t)(hi - lo + 1));
+}
+
+void rng_fill_values(test_rng *rng, void *data, af_dtype dtype, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float x = (float)(rng_uniform(rng) * 4.0 - 2.0);
+        if (dtype == AF_F32) ((float *)data)[i] = x;
+        else ((uint16_t *)data)[i] = dtype == AF_BF16 ? af_f32_to_bf16(x) : af_f32_to_f16(x);
+    }
+}
+
+void *test_zalloc(size_t bytes) {
+    void *p = calloc(1, bytes ? bytes : 1);
+    if (!p) {
+        fprintf(stderr, "test_zalloc: out of memory (%zu bytes)\n", bytes);
+        abort();
+    }
+    return p;
 }
 
 bool rng_chance(test_rng *rng, double probability) { return rng_uniform(rng) < probability; }

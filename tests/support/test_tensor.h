@@ -14,6 +14,11 @@ uint64_t rng_next(test_rng *rng);
 double rng_uniform(test_rng *rng);                          /* [0, 1) */
 int64_t rng_range(test_rng *rng, int64_t lo, int64_t hi);    /* lo..hi inclusive */
 bool rng_chance(test_rng *rng, double probability);
+/* n values uniform in [-2, 2) with full mantissas, rounded to dtype (f32, f16 or bf16) into data: products and their
+ * sums round, so any change in the order of a reduction shows (a coarse grid would make every dot product exact). */
+void rng_fill_values(test_rng *rng, void *data, af_dtype dtype, int64_t n);
+/* calloc that never returns NULL (0 bytes: 1 byte); aborts with a message when memory runs out. */
+void *test_zalloc(size_t bytes);
 
 typedef enum {
     LAYOUT_CONTIGUOUS = 0,   /* row-major */
