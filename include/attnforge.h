@@ -207,6 +207,21 @@ typedef struct {
     int32_t n_aux;
 } af_mod_program;
 
+/* FlexAttention's block sparsity (PyTorch's BlockMask, its kv_* half): keys fall in blocks of kv_block, query rows
+ * in blocks of q_block. For query block qb of (batch b, query head h), the first kv_num_blocks[b][h][qb] entries of
+ * kv_indices[b][h][qb][:] list the key blocks where mask_mod is evaluated ("partial"), the first
+ * full_kv_num_blocks[b][h][qb] of full_kv_indices[b][h][qb][:] those attended without it ("full"); every other key is
+ * masked out and its block never computed. Entries past a count are ignored. int32 CPU tensors, any strides; their
+ * batch and head dims are 1 (broadcast) or B and Hq; at least ceil(L / q_block) query blocks (more are ignored);
+ * every listed index in [0, ceil(S / kv_block)), none listed twice in a row, none both full and partial. */
+typedef struct {
+    int64_t q_block, kv_block;           /* >= 1; not tied to the kernels' tiles */
+    const af_tensor *kv_num_blocks;      /* (Bm, Hm, nq) */
+    const af_tensor *kv_indices;         /* (Bm, Hm, nq, n) */
+    const af_tensor *full_kv_num_blocks; /* NULL (no full blocks), or (Bm, Hm, nq) */
+    const af_tensor *full_kv_indices;    /* with it: (Bm, Hm, nq, n') */
+} af_block_mask;
+
 typedef struct {
     const af_tensor *query;     /* (B, Hq, L, E) f32/f16/bf16, any strides */
     const af_tensor *key;       /* (B, Hkv, S, E), Hq a multiple of Hkv (query head h reads kv head h / (Hq/Hkv)) */
@@ -214,9 +229,10 @@ typedef struct {
     bool has_scale; double scale;     /* default 1/sqrt(E) */
     const af_mod_program *score_mod;  /* NULL: the scaled score as it is */
     const af_mod_program *mask_mod;   /* NULL: every key */
+    const af_block_mask *block_mask;  /* NULL: every key is a partial block's (mask_mod on every score) */
 } af_flex_args;
 
-/* FlexAttention's forward (torch.nn.attention.flex_attention, no block mask yet): out (B, Hq, L, Ev) in query's
+/* FlexAttention's forward (torch.nn.attention.flex_attention): out (B, Hq, L, Ev) in query's
  * dtype, lse NULL or f32 (B, Hq, L), natural log; a row whose keys the mask removes all gets out 0, lse -inf.
  * CPU tensors only. A LOAD whose indices fall outside its tensor fails the call with AF_ERR_INVALID_ARGUMENT naming the
  * program and the tensor (out and lse may then hold partial results: issue 47 keeps that for a later round). */

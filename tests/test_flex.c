@@ -37,6 +37,8 @@ typedef struct {
     af_mod_program score, mask;
     bool has_score, has_mask;
     double bias_max;   /* largest |term| the score_mod adds to a logit */
+    const af_block_mask *blocks;      /* the kernel's block mask, or NULL */
+    const af_mod_program *ref_mask;   /* with it: the reference's mask_mod instead (the dense mask the blocks mean) */
 } mod_case;
 
 typedef struct {
@@ -60,8 +62,12 @@ static void check(const shape_case *c, const mod_case *mc) {
     tt_fill_uniform(&v, &rng, 1.0);
     af_flex_args a = {.query = &q.view, .key = &k.view, .value = &v.view,
                       .score_mod = mc->has_score ? &mc->score : NULL, .mask_mod = mc->has_mask ? &mc->mask : NULL};
-    /* the reference, written in the query's dtype: its rounding (2·u·|ref|) joins the bound */
-    assert_int_equal(af_flex_attn_reference(&a, &out.view, &ref_lse.view), AF_OK);
+    /* the reference, written in the query's dtype: its rounding (2·u·|ref|) joins the bound. A block mask's
+     * reference is the dense mask it means, worked out by the test, with no block mask. */
+    af_flex_args ref_args = a;
+    if (mc->blocks) ref_args.mask_mod = mc->ref_mask;
+    a.block_mask = mc->blocks;
+    assert_int_equal(af_flex_attn_reference(&ref_args, &out.view, &ref_lse.view), AF_OK);
     unsigned char *ref_bytes = malloc(out.bytes);
     memcpy(ref_bytes, out.memory, out.bytes);
     double v_max, v_row, q_max, q_row, k_max, k_row;
@@ -154,12 +160,12 @@ static void mods_against_the_reference(void **state) {
                                   I(AF_MOD_ADD, KV_IDX, H_IDX, 0), K_I32(2), I(AF_MOD_MOD, 9, 10, 0), K_I32(0),
                                   I(AF_MOD_EQ, 11, 12, 0), I(AF_MOD_AND, 8, 13, 0)};
     const mod_case mods[] = {
-        {"alibi", {alibi, 5, &slopes_t, 1}, {0}, true, false, 0.5 * S},
-        {"alibi + causal", {alibi, 5, &slopes_t, 1}, {causal, 1, NULL, 0}, true, true, 0.5 * S},
-        {"bias table (bf16)", {bias, 2, &table_t, 1}, {0}, true, false, 2.0},
-        {"softcap + window", {softcap, 4, NULL, 0}, {window, 5, NULL, 0}, true, true, 0.0},
-        {"documents", {0}, {document, 5, &docs_t, 1}, false, true, 0.0},
-        {"empty rows", {0}, {holes, 10, NULL, 0}, false, true, 0.0},
+        {"alibi", {alibi, 5, &slopes_t, 1}, {0}, true, false, 0.5 * S, NULL, NULL},
+        {"alibi + causal", {alibi, 5, &slopes_t, 1}, {causal, 1, NULL, 0}, true, true, 0.5 * S, NULL, NULL},
+        {"bias table (bf16)", {bias, 2, &table_t, 1}, {0}, true, false, 2.0, NULL, NULL},
+        {"softcap + window", {softcap, 4, NULL, 0}, {window, 5, NULL, 0}, true, true, 0.0, NULL, NULL},
+        {"documents", {0}, {document, 5, &docs_t, 1}, false, true, 0.0, NULL, NULL},
+        {"empty rows", {0}, {holes, 10, NULL, 0}, false, true, 0.0, NULL, NULL},
     };
     const af_dtype dtypes[3] = {AF_F32, AF_F16, AF_BF16};
     for (size_t m = 0; m < sizeof mods / sizeof mods[0]; m++)
@@ -174,6 +180,165 @@ static void mods_against_the_reference(void **state) {
                 check(&c, &mc);
             }
         }
+}
+
+/* A random block mask over (B or 1, H or 1) of query blocks of qb rows and key blocks of kb keys: each block empty,
+ * partial or full; indices listed in a random order with junk past the counts. keep (B, Hq, L, S) int32: what it
+ * means with the mask `causal_docs` (docs[q] == docs[kv] and q + S - L >= kv), worked out per score. */
+typedef struct {
+    int32_t *num, *ind, *full_num, *full_ind, *keep;
+    af_tensor num_t, ind_t, full_num_t, full_ind_t, keep_t;
+    af_block_mask mask;
+} random_blocks;
+
+static void make_blocks(random_blocks *r, int64_t B, int64_t Hq, int64_t L, int64_t S, int64_t qb, int64_t kb,
+                        int64_t Bm, int64_t Hm, const int32_t *docs, bool with_full) {
+    const int64_t nq = (L + qb - 1) / qb + 1, nk = (S + kb - 1) / kb;   /* one more query block than needed */
+    r->num = calloc((size_t)(Bm * Hm * nq), 4);
+    r->full_num = calloc((size_t)(Bm * Hm * nq), 4);
+    r->ind = malloc((size_t)(Bm * Hm * nq * nk) * 4);
+    r->full_ind = malloc((size_t)(Bm * Hm * nq * nk) * 4);
+    uint8_t *cls = malloc((size_t)(Bm * Hm * nq * nk));
+    for (int64_t row = 0; row < Bm * Hm * nq; row++) {
+        int32_t *perm = r->ind + row * nk, *fperm = r->full_ind + row * nk;
+        for (int64_t k = 0; k < nk; k++) {
+            const uint64_t x = rng_next(&rng) % 8;   /* empty 3/8, partial 3/8, full 2/8; a whole empty row 1/10 */
+            cls[row * nk + k] = x < 3 ? 0 : x < 6 || !with_full ? 1 : 2;
+            perm[k] = (int32_t)k;
+        }
+        if (rng_next(&rng) % 10 == 0)
+            for (int64_t k = 0; k < nk; k++) cls[row * nk + k] = 0;
+        for (int64_t k = nk - 1; k > 0; k--) {   /* a random order */
+            const int64_t o = (int64_t)(rng_next(&rng) % (uint64_t)(k + 1));
+            const int32_t t = perm[k]; perm[k] = perm[o]; perm[o] = t;
+        }
+        int32_t np = 0, nf = 0;
+        for (int64_t k = 0; k < nk; k++) {
+            const int32_t block = perm[k];
+            if (cls[row * nk + block] == 1) perm[np++] = block;
+            else if (cls[row * nk + block] == 2) fperm[nf++] = block;
+        }
+        for (int64_t k = np; k < nk; k++) perm[k] = 1000000 + (int32_t)k;   /* junk past the count */
+        for (int64_t k = nf; k < nk; k++) fperm[k] = -7;
+        r->num[row] = np;
+        r->full_num[row] = nf;
+    }
+    r->keep = malloc((size_t)(B * Hq * L * S) * 4);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < Hq; h++)
+            for (int64_t i = 0; i < L; i++)
+                for (int64_t j = 0; j < S; j++) {
+                    const int64_t row = ((Bm == 1 ? 0 : b) * Hm + (Hm == 1 ? 0 : h)) * nq + i / qb;
+                    const int c = cls[row * nk + j / kb];
+                    const bool mask = docs[i] == docs[j] && i + S - L >= j;
+                    r->keep[((b * Hq + h) * L + i) * S + j] = c == 2 || (c == 1 && mask);
+                }
+    free(cls);
+    r->num_t = af_tensor_contiguous(r->num, AF_I32, 3, (int64_t[]){Bm, Hm, nq});
+    r->ind_t = af_tensor_contiguous(r->ind, AF_I32, 4, (int64_t[]){Bm, Hm, nq, nk});
+    r->full_num_t = af_tensor_contiguous(r->full_num, AF_I32, 3, (int64_t[]){Bm, Hm, nq});
+    r->full_ind_t = af_tensor_contiguous(r->full_ind, AF_I32, 4, (int64_t[]){Bm, Hm, nq, nk});
+    r->keep_t = af_tensor_contiguous(r->keep, AF_I32, 4, (int64_t[]){B, Hq, L, S});
+    r->mask = (af_block_mask){qb, kb, &r->num_t, &r->ind_t, with_full ? &r->full_num_t : NULL,
+                              with_full ? &r->full_ind_t : NULL};
+}
+
+static void free_blocks(random_blocks *r) {
+    free(r->num);
+    free(r->ind);
+    free(r->full_num);
+    free(r->full_ind);
+    free(r->keep);
+}
+
+/* Block masks of block sizes that are not the tiles' (smaller, larger, odd), broadcast or per (batch, head), with
+ * and without full blocks, a score_mod or none: the kernels against the reference run on the dense mask the blocks
+ * mean. A mask evaluated in a full block, a block skipped that should not be, or a boundary one key off fails. */
+static void block_masks_against_dense(void **state) {
+    (void)state;
+    const int64_t B = 2, Hq = 4, Hkv = 2, L = 150, S = 230;
+    int32_t docs[230];
+    for (int j = 0; j < S; j++) docs[j] = j < 61 ? 0 : j < 130 ? 1 : 2;
+    af_tensor docs_t = af_tensor_contiguous(docs, AF_I32, 1, (int64_t[]){S});
+    float slopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f};
+    af_tensor slopes_t = af_tensor_contiguous(slopes, AF_F32, 1, (int64_t[]){Hq});
+    const af_mod_instr alibi[] = {LOAD1(0, H_IDX), I(AF_MOD_SUB, KV_IDX, Q_IDX, 0), I(AF_MOD_TO_F32, 6, 0, 0),
+                                  I(AF_MOD_MUL, 5, 7, 0), I(AF_MOD_ADD, SCORE, 8, 0)};
+    /* the mask_mod: docs[q] == docs[kv] and q + (S - L) >= kv */
+    const af_mod_instr dense[] = {{.op = AF_MOD_LOAD, .in = {B_IDX, H_IDX, Q_IDX, KV_IDX}, .aux = 0}};
+    struct { int64_t qb, kb, Bm, Hm; bool full, score; } cases[] = {
+        {128, 128, 1, 1, true, true}, {16, 32, B, Hq, true, false}, {48, 100, 1, Hq, true, true},
+        {7, 300, B, 1, false, true}, {1, 1, 1, 1, true, false}, {64, 64, B, Hq, false, false},
+        {24, 63, B, Hq, true, false}, {40, 65, 1, Hq, true, true},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int decode = 0; decode < 2; decode++) {
+            /* prefill rows on the products or packed tiles; decode rows (L 3) on the direct kernels */
+            const int64_t rows = decode ? 3 : L;
+            const af_mod_instr causal_docs[] = {LOAD1(0, Q_IDX), LOAD1(0, KV_IDX), I(AF_MOD_EQ, 5, 6, 0),
+                                                K_I32(S - rows), I(AF_MOD_ADD, Q_IDX, 8, 0),
+                                                I(AF_MOD_GE, 9, KV_IDX, 0), I(AF_MOD_AND, 7, 10, 0)};
+            random_blocks r;
+            make_blocks(&r, B, Hq, rows, S, cases[c].qb, cases[c].kb, cases[c].Bm, cases[c].Hm, docs, cases[c].full);
+            const af_mod_program ref_mask = {dense, 1, &r.keep_t, 1};
+            mod_case mc = {"block mask", {alibi, 5, &slopes_t, 1}, {causal_docs, 7, &docs_t, 1}, cases[c].score,
+                           true, cases[c].score ? 0.5 * S : 0.0, &r.mask, &ref_mask};
+            /* f32 always, f16 / bf16 in turns (all three in the light run's turns) */
+            const af_dtype dtypes[2] = {AF_F32, (c + (size_t)decode) % 2 ? AF_F16 : AF_BF16};
+            for (int d = light() ? 1 : 0; d < 2; d++) {
+                shape_case shape = {dtypes[d], B, Hq, Hkv, rows, S, 64, 48, (tensor_layout)(c % LAYOUT_COUNT)};
+                check(&shape, &mc);
+            }
+            free_blocks(&r);
+        }
+}
+
+/* Block masks that do not match the call: each error names the tensor and the rule, nothing is written. */
+static void bad_block_masks(void **state) {
+    (void)state;
+    float qv[2 * 8] = {0}, kvv[2 * 8] = {0}, vv[2 * 8] = {0}, out[2 * 8], lse[2 * 4];
+    af_tensor q = af_tensor_contiguous(qv, AF_F32, 4, (int64_t[]){1, 2, 4, 2});
+    af_tensor k = af_tensor_contiguous(kvv, AF_F32, 4, (int64_t[]){1, 2, 4, 2});
+    af_tensor v = af_tensor_contiguous(vv, AF_F32, 4, (int64_t[]){1, 2, 4, 2});
+    af_tensor o = af_tensor_contiguous(out, AF_F32, 4, (int64_t[]){1, 2, 4, 2});
+    af_tensor l = af_tensor_contiguous(lse, AF_F32, 3, (int64_t[]){1, 2, 4});
+    /* blocks of 2: 2 query blocks, 2 key blocks */
+    int32_t num[2] = {1, 2}, ind[4] = {0, 0, 0, 1}, two[2] = {2, 2}, past[4] = {0, 2, 0, 1}, twice[4] = {0, 0, 1, 1};
+    int32_t one[2] = {1, 1}, zero[4] = {0, 0, 0, 0}, too_many[2] = {3, 0};
+    float f[2] = {1, 1};
+    const int64_t s3[3] = {1, 1, 2}, s4[4] = {1, 1, 2, 2};
+    af_tensor num_t = af_tensor_contiguous(num, AF_I32, 3, s3), ind_t = af_tensor_contiguous(ind, AF_I32, 4, s4);
+    af_tensor two_t = af_tensor_contiguous(two, AF_I32, 3, s3), past_t = af_tensor_contiguous(past, AF_I32, 4, s4);
+    af_tensor twice_t = af_tensor_contiguous(twice, AF_I32, 4, s4), one_t = af_tensor_contiguous(one, AF_I32, 3, s3);
+    af_tensor zero_t = af_tensor_contiguous(zero, AF_I32, 4, s4);
+    af_tensor many_t = af_tensor_contiguous(too_many, AF_I32, 3, s3);
+    af_tensor float_t = af_tensor_contiguous(f, AF_F32, 3, s3);
+    af_tensor short_t = af_tensor_contiguous(num, AF_I32, 3, (int64_t[]){1, 1, 1});
+    af_tensor batch_t = af_tensor_contiguous(ind, AF_I32, 3, (int64_t[]){2, 1, 2});
+    af_tensor heads_t = af_tensor_contiguous(ind, AF_I32, 3, (int64_t[]){1, 3, 1});
+    struct { af_block_mask m; const char *expect; } bad[] = {
+        {{0, 2, &num_t, &ind_t, NULL, NULL}, "block sizes 0 x 2"},
+        {{2, 2, &float_t, &ind_t, NULL, NULL}, "block_mask.kv_num_blocks: is float32"},
+        {{2, 2, &num_t, &num_t, NULL, NULL}, "block_mask.kv_indices: has 3 dimensions"},
+        {{2, 2, &short_t, &ind_t, NULL, NULL}, "block_mask.kv_num_blocks: 1 query blocks; the call's L = 4"},
+        {{2, 2, &batch_t, &ind_t, NULL, NULL}, "block_mask.kv_num_blocks: batch dim 2 must be 1 or the call's B"},
+        {{2, 2, &heads_t, &ind_t, NULL, NULL}, "block_mask.kv_num_blocks: head dim 3 must be 1 or the call's Hq"},
+        {{2, 2, &many_t, &ind_t, NULL, NULL}, "block_mask.kv_num_blocks: entry [0][0][0] is 3"},
+        {{2, 2, &two_t, &past_t, NULL, NULL}, "block_mask.kv_indices: entry [0][0][0][1] is 2; it must lie in [0, 2)"},
+        {{2, 2, &two_t, &twice_t, NULL, NULL}, "key block 0 of query block 0 (batch 0, head 0) is listed twice"},
+        {{2, 2, &one_t, &zero_t, &one_t, &zero_t, }, "block_mask.full_kv_indices: key block 0 of query block 0 "
+                                                     "(batch 0, head 0) is listed both as full and as partial"},
+        {{2, 2, &num_t, &ind_t, &one_t, NULL}, "block_mask.full_kv_indices: must not be NULL"},
+    };
+    for (size_t c = 0; c < sizeof bad / sizeof bad[0]; c++) {
+        af_flex_args a = {.query = &q, .key = &k, .value = &v, .block_mask = &bad[c].m};
+        memset(out, 0x5A, sizeof out);
+        assert_int_equal(af_flex_attn(&a, &o, &l), AF_ERR_INVALID_ARGUMENT);
+        if (!strstr(af_last_error(), bad[c].expect))
+            fail_msg("case %zu: '%s' does not say '%s'", c, af_last_error(), bad[c].expect);
+        for (size_t i = 0; i < sizeof out; i++)
+            if (((unsigned char *)out)[i] != 0x5A) fail_msg("case %zu wrote out", c);
+    }
 }
 
 /* Each operation on a few values, evaluated as a one-key mask or score through af_flex_attn_reference, whose only
@@ -273,6 +438,8 @@ int main(void) {
         cmocka_unit_test(mods_against_the_reference),
         cmocka_unit_test(operations_by_hand),
         cmocka_unit_test(bad_programs),
+        cmocka_unit_test(block_masks_against_dense),
+        cmocka_unit_test(bad_block_masks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,6 +8,7 @@
 #include "core/alloc.h"
 #include "core/dtype.h"
 #include "core/status.h"
+#include "flex/block_map.h"
 #include "flex/program.h"
 
 typedef enum { ARGS_NONE, ARGS_UNARY, ARGS_BINARY, ARGS_WHERE, ARGS_LOAD } arity;
@@ -429,8 +430,10 @@ static void fill_input(const af_mods *mods, float *regs, int k, int64_t value, i
     for (int j = 0; j < count; j++) r[j] = (int32_t)(value + (int64_t)step * j);
 }
 
-void af_mods_apply_row(af_mods *mods, int64_t b, int64_t h, int64_t q_idx, int64_t kv0, int n, float *s, float *regs,
-                       int lanes) {
+/* The mods on keys kv0 .. kv0 + n, mask_mod only when `masked`. */
+static void apply_run(af_mods *mods, int64_t b, int64_t h, int64_t q_idx, int64_t kv0, int n, float *s, float *regs,
+                      int lanes, bool masked) {
+    if (!mods->has_score && !masked) return;
     fill_input(mods, regs, 1, b, 0, lanes);
     fill_input(mods, regs, 2, h, 0, lanes);
     fill_input(mods, regs, 3, q_idx, 0, lanes);
@@ -442,8 +445,33 @@ void af_mods_apply_row(af_mods *mods, int64_t b, int64_t h, int64_t q_idx, int64
         const float *v = run(&mods->score, regs, n, lanes);
         memcpy(s, v, sizeof(float) * (size_t)n);
     }
-    if (mods->has_mask) {
+    if (masked) {
         const int32_t *keep = (const int32_t *)run(&mods->mask, regs, n, lanes);
         for (int j = 0; j < n; j++) s[j] = keep[j] ? s[j] : -INFINITY;
+    }
+}
+
+void af_mods_apply_row(af_mods *mods, int64_t b, int64_t h, int64_t q_idx, int64_t kv0, int n, float *s, float *regs,
+                       int lanes) {
+    const af_block_map *bm = mods->blocks;
+    if (!bm) {
+        apply_run(mods, b, h, q_idx, kv0, n, s, regs, lanes, mods->has_mask);
+        return;
+    }
+    const uint8_t *cls = af_block_row(bm, b, h, q_idx);
+    for (int j = 0; j < n;) {   /* runs of keys whose blocks have one class */
+        const uint8_t c = cls[(kv0 + j) / bm->kv_block];
+        int e = j;
+        while (e < n && cls[(kv0 + e) / bm->kv_block] == c) {
+            const int64_t block_end = ((kv0 + e) / bm->kv_block + 1) * bm->kv_block - kv0;
+            e = block_end < n ? (int)block_end : n;
+        }
+        if (c == AF_BLOCK_EMPTY) {
+            for (int k = j; k < e; k++) s[k] = -INFINITY;
+        } else {
+            apply_run(mods, b, h, q_idx, kv0 + j, e - j, s + j, regs, lanes,
+                      c == AF_BLOCK_PARTIAL && mods->has_mask);
+        }
+        j = e;
     }
 }

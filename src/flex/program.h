@@ -31,10 +31,13 @@ typedef struct {
     atomic_int out_of_bounds;  /* a LOAD met an index outside its tensor: 1 + the aux index (0: none) */
 } af_mod_checked;
 
-/* The call's mods: either may be absent. */
+struct af_block_map;
+
+/* The call's mods: either may be absent, and its block mask (block_map.h). */
 typedef struct af_mods {
     af_mod_checked score, mask;
     bool has_score, has_mask;
+    const struct af_block_map *blocks;   /* NULL: mask_mod on every key */
     int32_t max_regs;          /* scratch registers the larger program needs */
 } af_mods;
 
@@ -51,7 +54,8 @@ af_status af_mods_status(af_mods *mods);
 size_t af_mods_scratch_floats(const af_mods *mods, int lanes);
 
 /* Keys kv0 .. kv0 + n of query row q_idx of (batch b, query head h): s[j] (the scaled score) becomes score_mod's
- * value, then -inf where mask_mod is 0. regs: af_mods_scratch_floats(mods, lanes) floats, 64-byte aligned; lanes a
+ * value, then -inf where mask_mod is 0; with a block mask, -inf in the blocks it leaves out and no mask_mod in its
+ * full blocks. regs: af_mods_scratch_floats(mods, lanes) floats, 64-byte aligned; lanes a
  * multiple of AF_MOD_LANES, >= n; s has `lanes` writable floats (lanes past n are scratch). */
 void af_mods_apply_row(af_mods *mods, int64_t b, int64_t h, int64_t q_idx, int64_t kv0, int n, float *s, float *regs,
                        int lanes);

@@ -23,6 +23,7 @@
 #include "core/log.h"
 #include "core/status.h"
 #include "core/threadpool.h"
+#include "flex/block_map.h"
 #include "flex/program.h"
 #include "kernel/flash.h"
 #include "kernel/softcap.h"
@@ -362,16 +363,17 @@ __attribute__((noinline)) static void fold_row(int Ev, const float *o, float m, 
 }
 
 /* From the raw S block of rows [skip, end) to P: softcap or scale and mask, the causal/window limits on the tiles
- * that cross them (`edge`), the softmax step, and O rescaled where a row's max moved. */
+ * that cross them (`edge`), the softmax step, and O rescaled where a row's max moved. `plain`: a tile a flex block
+ * mask fills and no score_mod changes, run as plain attention (the scale folded into the exponent, no mods). */
 static void softmax_tile(const flash_plan *fp, const work_item *w, const row_state *rs, int64_t r0, int skip, int end,
-                         int64_t j0, int cols, bool edge) {
+                         int64_t j0, int cols, bool edge, bool plain) {
     const af_problem *p = fp->p;
     const int n = end - skip;
     float *Sn = rs->S + (size_t)skip * fp->keys_pad;
     /* float8 descales of the (batch, kv head) join the scale; c folds it into the exponent when it is > 0 */
     const double scale = p->scale * af_descale_at(p->q_descale, p->q_descale_stride, w->b, w->hk) *
                          af_descale_at(p->k_descale, p->k_descale_stride, w->b, w->hk);
-    const bool pre_scale = fp->pre_scale || !(scale > 0.0);
+    const bool pre_scale = (fp->pre_scale && !plain) || !(scale > 0.0);
     const double log2e = 1.4426950408889634;
     const float c = (float)(pre_scale ? log2e : scale * log2e);   /* the multiplier folded into the exponent */
     if (p->softcap > 0.0) apply_softcap(fp, n, cols, Sn, scale);   /* af_flash_attn: no mask */
@@ -446,9 +448,10 @@ static void direct_scores(const flash_plan *fp, int h, const row_state *rs, int 
 }
 
 static void direct_values(const flash_plan *fp, const work_item *w, int h, const row_state *rs, int64_t r0, int skip,
-                          int end, int64_t j0, int cols, bool edge, const char *const *v_rows, af_prefetch pf) {
+                          int end, int64_t j0, int cols, bool edge, bool plain, const char *const *v_rows,
+                          af_prefetch pf) {
     const af_problem *p = fp->p;
-    softmax_tile(fp, w, rs, r0, skip, end, j0, cols, edge);
+    softmax_tile(fp, w, rs, r0, skip, end, j0, cols, edge, plain);
     if (fp->Ev == 0) return;
     fp->uk->values_direct(end - skip, fp->Ev, cols, rs->S + (size_t)skip * fp->keys_pad, fp->keys_pad, v_rows,
                           (size_t)(h * p->v_stride[1]) * fp->elem, p->kv_dtype, rs->O + (size_t)skip * fp->ev_pad,
@@ -562,6 +565,16 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
     if (k_hi > last_hi) k_hi = last_hi;   /* tiles wholly past the rows' keys are never touched ... */
     if (first_lo / tile * tile > k_lo) k_lo = first_lo / tile * tile;
                                           /* ... nor those wholly before them (a window) */
+    /* A flex block mask: the item's rows (all heads of its groups, a superset) see only its non-empty blocks' keys */
+    const af_block_map *blocks = p->mods ? p->mods->blocks : NULL;
+    const int64_t block_h0 = w.hk * p->group, block_nh = (int64_t)heads * p->group;
+    if (blocks) {
+        int64_t lo, hi;
+        af_block_map_keys(blocks, w.b, block_h0, block_nh, r0 / p->group, (r0 + rows - 1) / p->group, w.seq.S, &lo,
+                          &hi);
+        if (k_hi > hi) k_hi = hi;
+        if (lo / tile * tile > k_lo) k_lo = lo / tile * tile;
+    }
 
     tile_cache *cache = (tile_cache *)base;
     if (fp->tile_cache && (cache->b_plus_1 != w.b + 1 || cache->hk != w.hk))
@@ -584,6 +597,13 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
         while (end > skip && (row_key_range(fp, &w, r0 + end - 1, &lo, &hi), lo >= j0 + cols)) end--;
         if (end == skip) continue;
         const bool edge = j0 < last_lo || j0 + cols > first_hi;
+        bool plain = false;
+        if (blocks) {   /* a tile the block mask empties for all these rows is skipped, one it fills runs plain */
+            const int cls = af_block_map_tile(blocks, w.b, block_h0, block_nh, (r0 + skip) / p->group,
+                                              (r0 + end - 1) / p->group, j0, j0 + cols);
+            if (cls == AF_BLOCK_EMPTY) continue;
+            plain = cls == AF_BLOCK_FULL && !p->mods->has_score;
+        }
         if (direct) {
             const int64_t next = j0 + cols, next_n = k_hi - next < tile ? k_hi - next : tile;
             prefetch_cursor next_k = {&w, false, next, next + next_n, 0}, next_v = {&w, true, next, next + next_n, 0};
@@ -604,7 +624,7 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
                 for (int h = 0; h < heads; h++) {
                     const work_item wh = with_head(&w, w.hk + h);
                     const row_state rh = state_of(fp, base, h);
-                    direct_values(fp, &wh, h, &rh, r0, skip, end, j0, cols, edge, v_rows,
+                    direct_values(fp, &wh, h, &rh, r0, skip, end, j0, cols, edge, plain, v_rows,
                                   next_prefetch(fp, &next_k, pf_lines));
                 }
                 continue;
@@ -624,7 +644,7 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
                     pf_values = next_prefetch(fp, &next_v, pf_v_lines);
                 }
                 direct_scores(fp, h, &rh, skip, end, cols, k_rows, pf_scores);
-                direct_values(fp, &wh, h, &rh, r0, skip, end, j0, cols, edge, v_rows, pf_values);
+                direct_values(fp, &wh, h, &rh, r0, skip, end, j0, cols, edge, plain, v_rows, pf_values);
             }
             continue;
         }
@@ -657,7 +677,7 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
             if (pack) pack_key_tile(fp, &w, j0, pack_cols, ktile, vt);
             uk->gemm(n, cols, fp->E, qn, fp->E, ktile, fp->keys_pad, Sn, fp->keys_pad, false);
         }
-        softmax_tile(fp, &w, &rs, r0, skip, end, j0, cols, edge);
+        softmax_tile(fp, &w, &rs, r0, skip, end, j0, cols, edge, plain);
         if (fp->Ev == 0) continue;
         if (fp->px) {
             size_t stride;

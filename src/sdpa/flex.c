@@ -1,7 +1,9 @@
 /* af_flex_attn (attnforge.h): FlexAttention's forward on the FlashAttention driver. The call is checked as SDPA's
- * with grouped heads (af_sdpa_check), its mods as programs (flex/program.h); the driver and the reference evaluate
- * them on the scaled scores of each tile / row. */
+ * with grouped heads (af_sdpa_check), its mods as programs (flex/program.h), its block mask as a map of block classes
+ * (flex/block_map.h); the driver and the reference evaluate them on the scaled scores of each tile / row, and the
+ * driver skips the tiles the block mask empties. */
 #include "core/status.h"
+#include "flex/block_map.h"
 #include "flex/program.h"
 #include "kernel/flash.h"
 #include "sdpa/problem.h"
@@ -27,9 +29,18 @@ static af_status flex_call(const af_flex_args *args, af_tensor *out, af_tensor *
                        "query, key: the mods' indices are int32; B, H, L and S must stay below 2^31");
     af_mods mods;
     if ((st = af_mods_check(args->score_mod, args->mask_mod, &mods)) != AF_OK) return st;
-    p.mods = mods.has_score || mods.has_mask ? &mods : NULL;
+    af_block_map blocks = {0};
+    if (args->block_mask) {
+        if ((st = af_block_map_build(args->block_mask, p.B, p.Hq, p.L, p.S, &blocks)) != AF_OK) {
+            af_mods_release(&mods);
+            return st;
+        }
+        mods.blocks = &blocks;
+    }
+    p.mods = mods.has_score || mods.has_mask || mods.blocks ? &mods : NULL;
     st = forward(&p);
     if (st == AF_OK) st = af_mods_status(&mods);
+    af_block_map_release(&blocks);
     af_mods_release(&mods);
     return st;
 }
