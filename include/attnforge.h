@@ -241,6 +241,21 @@ AF_API af_status af_flex_attn(const af_flex_args *args, af_tensor *out, af_tenso
  * scores rounded to float32. For tests. */
 AF_API af_status af_flex_attn_reference(const af_flex_args *args, af_tensor *out, af_tensor *lse);
 
+/* PyTorch's create_block_mask(mask_mod, B, H, L, S, BLOCK_SIZE=(q_block, kv_block)) without a dense mask: each block
+ * of each (batch, head) is classified empty, partial or full, by an interval analysis of the program over the block
+ * where that settles it, else by evaluating it on the block's scores until both a kept and a removed one are seen.
+ * A block reaching past L or S is never full (PyTorch pads the mask with False). Written as PyTorch writes them:
+ * kv_num_blocks (B, H, nq) and kv_indices (B, H, nq, nk) int32, nq = ceil(L / q_block), nk = ceil(S / kv_block), each
+ * row listing its partial blocks in increasing order, then the others in increasing order; likewise the full ones.
+ * Output tensors: int32, CPU, those shapes, any strides; written only when the call succeeds. */
+typedef struct {
+    af_tensor *kv_num_blocks, *kv_indices;
+    af_tensor *full_kv_num_blocks, *full_kv_indices;   /* NULL, NULL: full blocks are listed as partial ones */
+} af_block_mask_tensors;
+
+AF_API af_status af_create_block_mask(const af_mod_program *mask_mod, int64_t B, int64_t H, int64_t L, int64_t S,
+                                      int64_t q_block, int64_t kv_block, const af_block_mask_tensors *out);
+
 /* ---------------------------------------------------------------- the backward pass (training)
  * Gradients of one af_sdpa / af_flash_attn call with respect to query, key and value (and learnable_sink), from the
  * forward's arguments (passed again, unchanged), its out and lse as it wrote them, and dout = dLoss/dout.

@@ -163,7 +163,10 @@ af_status af_mod_check(const af_mod_program *prog, const char *name, bool score,
         if ((st = check_instr(m, in, i, score, m->is_int)) != AF_OK) return st;
         const int n_in = operand_count(m, in);
         uint8_t uniform = 1;
-        for (int k = 0; k < n_in; k++) uniform &= m->uniform[in->in[k]];
+        for (int k = 0; k < n_in; k++) {
+            uniform &= m->uniform[in->in[k]];
+            if (in->in[k] < AF_MOD_INPUTS) m->reads_input[in->in[k]] = 1;
+        }
         m->uniform[AF_MOD_INPUTS + i] = uniform;
         for (int k = 0; k < n_in && !uniform; k++)   /* a per-key instruction reads every lane of its inputs */
             if (in->in[k] < AF_MOD_INPUTS) m->vector_input[in->in[k]] = 1;

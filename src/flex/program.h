@@ -26,6 +26,7 @@ typedef struct {
     uint8_t *is_int;           /* per register: int32 (1) or float32 (0) */
     uint8_t *uniform;          /* per register: the same for every key of a row (computed once per row and tile) */
     uint8_t vector_input[5];   /* inputs that per-key instructions read (the others need lane 0 only) */
+    uint8_t reads_input[5];    /* inputs any instruction reads */
     af_mod_tensor *aux;
     int32_t n_aux;
     atomic_int out_of_bounds;  /* a LOAD met an index outside its tensor: 1 + the aux index (0: none) */
