@@ -91,11 +91,12 @@ def isa_available(name: str) -> bool:
 
 
 def __getattr__(name):
-    """attnforge.flex_attention / attnforge.flex, imported on first use (they need torch; attnforge itself does not)."""
-    if name in ("flex", "flex_attention"):
+    """attnforge.flex_attention / create_block_mask / flex, imported on first use (they need torch; attnforge itself
+    does not)."""
+    if name in ("flex", "flex_attention", "create_block_mask"):
         import importlib   # not "from . import flex": that asks this function for the attribute again
         _flex = importlib.import_module(".flex", __name__)
-        return _flex if name == "flex" else _flex.flex_attention
+        return _flex if name == "flex" else getattr(_flex, name)
     raise AttributeError(f"module 'attnforge' has no attribute {name!r}")
 
 

@@ -81,15 +81,39 @@ static int parse_mod(PyObject *obj, const char *name, afpy_mod *m) {
     return 0;
 }
 
+/* A block mask's tensors: (q_block, kv_block, kv_num_blocks, kv_indices, full_kv_num_blocks | None,
+ * full_kv_indices | None) -> m->mask; 0, or -1 with an exception set (what was taken is released by the caller). */
+typedef struct {
+    af_block_mask mask;
+    afpy_tensor t[4];
+} afpy_blocks;
+
+static void release_blocks(afpy_blocks *b) {
+    for (int i = 0; i < 4; i++) afpy_tensor_release(&b->t[i]);
+}
+
+static int parse_blocks(PyObject *obj, afpy_blocks *b) {
+    PyObject *o[4];
+    long long qb, kb;
+    if (!PyArg_ParseTuple(obj, "LLOOOO", &qb, &kb, &o[0], &o[1], &o[2], &o[3])) return -1;
+    static const char *names[4] = {"block_mask.kv_num_blocks", "block_mask.kv_indices",
+                                   "block_mask.full_kv_num_blocks", "block_mask.full_kv_indices"};
+    for (int i = 0; i < 4; i++)
+        if (o[i] != Py_None && afpy_tensor_from_object(o[i], names[i], false, 0, &b->t[i]) < 0) return -1;
+    b->mask = (af_block_mask){qb, kb, &b->t[0].view, &b->t[1].view, o[2] != Py_None ? &b->t[2].view : NULL,
+                              o[3] != Py_None ? &b->t[3].view : NULL};
+    return 0;
+}
+
 PyObject *afpy_flex_attn(PyObject *self, PyObject *args, PyObject *kwargs) {
     afpy_log_sync();
-    static char *keywords[] = {"query", "key", "value", "out", "lse", "scale", "score_mod", "mask_mod", "reference",
-                               NULL};
+    static char *keywords[] = {"query", "key", "value", "out", "lse", "scale", "score_mod", "mask_mod", "block_mask",
+                               "reference", NULL};
     PyObject *q_obj, *k_obj, *v_obj, *out_obj, *lse_obj = Py_None, *scale_obj = Py_None;
-    PyObject *score_obj = Py_None, *mask_obj = Py_None;
+    PyObject *score_obj = Py_None, *mask_obj = Py_None, *blocks_obj = Py_None;
     int reference = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|O$OOOp:flex_attn", keywords, &q_obj, &k_obj, &v_obj,
-                                     &out_obj, &lse_obj, &scale_obj, &score_obj, &mask_obj, &reference))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|O$OOOOp:flex_attn", keywords, &q_obj, &k_obj, &v_obj,
+                                     &out_obj, &lse_obj, &scale_obj, &score_obj, &mask_obj, &blocks_obj, &reference))
         return NULL;
     af_flex_args a = {0};
     if (scale_obj != Py_None) {
@@ -98,10 +122,12 @@ PyObject *afpy_flex_attn(PyObject *self, PyObject *args, PyObject *kwargs) {
         if (PyErr_Occurred()) return NULL;
     }
     afpy_mod score = {0}, mask = {0};
+    afpy_blocks blocks = {0};
     afpy_tensor q = {0}, k = {0}, v = {0}, out = {0}, lse = {0};
     PyObject *result = NULL;
     if (score_obj != Py_None && parse_mod(score_obj, "score_mod", &score) < 0) goto done;
     if (mask_obj != Py_None && parse_mod(mask_obj, "mask_mod", &mask) < 0) goto done;
+    if (blocks_obj != Py_None && parse_blocks(blocks_obj, &blocks) < 0) goto done;
     if (afpy_tensor_from_object(q_obj, "query", false, 0, &q) < 0 ||
         afpy_tensor_from_object(k_obj, "key", false, 0, &k) < 0 ||
         afpy_tensor_from_object(v_obj, "value", false, 0, &v) < 0 ||
@@ -112,6 +138,7 @@ PyObject *afpy_flex_attn(PyObject *self, PyObject *args, PyObject *kwargs) {
     a.value = &v.view;
     a.score_mod = score_obj != Py_None ? &score.program : NULL;
     a.mask_mod = mask_obj != Py_None ? &mask.program : NULL;
+    a.block_mask = blocks_obj != Py_None ? &blocks.mask : NULL;
     af_tensor *lse_view = lse_obj != Py_None ? &lse.view : NULL;
     af_status status;
     Py_BEGIN_ALLOW_THREADS
@@ -126,6 +153,36 @@ done:
     afpy_tensor_release(&out);
     afpy_tensor_release(&lse);
     release_mod(&score);
+    release_mod(&mask);
+    release_blocks(&blocks);
+    return result;
+}
+
+PyObject *afpy_create_block_mask(PyObject *self, PyObject *args) {
+    (void)self;
+    afpy_log_sync();
+    PyObject *mask_obj, *o[4];
+    long long B, H, L, S, qb, kb;
+    if (!PyArg_ParseTuple(args, "OLLLLLLOOOO:create_block_mask", &mask_obj, &B, &H, &L, &S, &qb, &kb, &o[0], &o[1],
+                          &o[2], &o[3]))
+        return NULL;
+    afpy_mod mask = {0};
+    afpy_tensor t[4] = {{0}};
+    PyObject *result = NULL;
+    static const char *names[4] = {"kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"};
+    if (parse_mod(mask_obj, "mask_mod", &mask) < 0) goto done;
+    for (int i = 0; i < 4; i++)
+        if (o[i] != Py_None && afpy_tensor_from_object(o[i], names[i], true, 0, &t[i]) < 0) goto done;
+    const af_block_mask_tensors out = {&t[0].view, &t[1].view, o[2] != Py_None ? &t[2].view : NULL,
+                                       o[3] != Py_None ? &t[3].view : NULL};
+    af_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = af_create_block_mask(&mask.program, B, H, L, S, qb, kb, &out);
+    Py_END_ALLOW_THREADS
+    if (status != AF_OK) afpy_raise_status(status);
+    else result = Py_NewRef(Py_None);
+done:
+    for (int i = 0; i < 4; i++) afpy_tensor_release(&t[i]);
     release_mod(&mask);
     return result;
 }

@@ -1,12 +1,18 @@
-/* attnforge._C.flex_attn: one af_flex_attn call on Python tensors, its mods given as instruction lists. */
+/* attnforge._C.flex_attn and create_block_mask: af_flex_attn / af_create_block_mask on Python tensors, the mods given
+ * as instruction lists. */
 #ifndef AFPY_FLEX_BINDING_H
 #define AFPY_FLEX_BINDING_H
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-/* flex_attn(query, key, value, out, lse=None, *, scale=None, score_mod=None, mask_mod=None, reference=False) -> None.
- * A mod is (code, aux): code a sequence of (op, in0, in1, in2, in3, aux, imm) tuples (attnforge.h's af_mod_instr),
- * aux a sequence of tensors (its captured tensors, CPU). */
+/* flex_attn(query, key, value, out, lse=None, *, scale=None, score_mod=None, mask_mod=None, block_mask=None,
+ * reference=False) -> None. A mod is (code, aux): code a sequence of (op, in0, in1, in2, in3, aux, imm) tuples
+ * (attnforge.h's af_mod_instr), aux a sequence of tensors (its captured tensors, CPU). block_mask: (q_block,
+ * kv_block, kv_num_blocks, kv_indices, full_kv_num_blocks | None, full_kv_indices | None), int32 tensors. */
 PyObject *afpy_flex_attn(PyObject *self, PyObject *args, PyObject *kwargs);
+
+/* create_block_mask(mask_mod, B, H, L, S, q_block, kv_block, kv_num_blocks, kv_indices, full_kv_num_blocks | None,
+ * full_kv_indices | None) -> None: the four int32 tensors written (attnforge.h, af_create_block_mask). */
+PyObject *afpy_create_block_mask(PyObject *self, PyObject *args);
 
 #endif

@@ -161,7 +161,11 @@ static PyMethodDef module_methods[] = {
      "sdpa(args, kwargs, out, lse=None, causal_bottom_right=False, reference=False, stream=None, workspace=None): "
      "af_sdpa into out."},
     {"flex_attn", (PyCFunction)(void (*)(void))afpy_flex_attn, METH_VARARGS | METH_KEYWORDS,
-     "flex_attn(query, key, value, out, lse=None, *, scale, score_mod, mask_mod, reference): af_flex_attn into out."},
+     "flex_attn(query, key, value, out, lse=None, *, scale, score_mod, mask_mod, block_mask, reference): af_flex_attn "
+     "into out."},
+    {"create_block_mask", afpy_create_block_mask, METH_VARARGS,
+     "create_block_mask(mask_mod, B, H, L, S, q_block, kv_block, kv_num_blocks, kv_indices, full_kv_num_blocks, "
+     "full_kv_indices): af_create_block_mask into the tensors."},
     {"flash_attn", (PyCFunction)(void (*)(void))afpy_flash_attn, METH_VARARGS | METH_KEYWORDS,
      "flash_attn(query, key, value, out, lse=None, *, ...): af_flash_attn (or its reference) into out."},
     {"sdpa_backward", (PyCFunction)(void (*)(void))afpy_sdpa_backward, METH_VARARGS | METH_KEYWORDS,

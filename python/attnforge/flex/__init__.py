@@ -4,17 +4,19 @@
     out = flex_attention(q, k, v, score_mod=alibi, block_mask=block_mask)   # torch.nn.attention.flex_attention's call
 
 A mod written with torch operations is traced into a small program (_trace) that the C kernels evaluate inside
-their tiles, vectorised over keys, on every ISA; a BlockMask contributes its mask_mod. This first round runs the
-forward with its LSE; the block mask's sparsity (skipping the blocks it empties) and the backward are issue 47's
-next steps, and a call that needs a gradient is refused rather than run without one."""
+their tiles, vectorised over keys, on every ISA. A BlockMask contributes its mask_mod and its block lists: the
+kernels skip the blocks it leaves out and evaluate no mask in its full blocks. create_block_mask builds one in C
+(_block_mask). The forward runs with its LSE; the backward is issue 47's next step, and a call that needs a
+gradient is refused rather than run without one."""
 import math
 
 import torch
 
 from .. import _C
+from ._block_mask import block_mask_args, create_block_mask
 from ._trace import ModTraceError, Program, trace
 
-__all__ = ["flex_attention", "trace", "ModTraceError", "Program"]
+__all__ = ["flex_attention", "create_block_mask", "trace", "ModTraceError", "Program"]
 
 
 def _mask_mod_of(block_mask):
@@ -44,14 +46,15 @@ def _check(query, key, value, enable_gqa, block_mask):
         lengths = getattr(block_mask, "seq_lengths", None)
         if lengths is not None and tuple(lengths) != (query.shape[2], key.shape[2]):
             raise _C.InvalidArgumentError(f"block_mask: made for (Q_LEN, KV_LEN) = {tuple(lengths)}, the call has "
-                                          f"({query.shape[2]}, {key.shape[2]})")
+                                          f"({query.shape[2]}, {key.shape[2]}); BlockMask._adjust makes it fit")
 
 
 def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False,
                    return_lse=False, kernel_options=None, *, return_aux=None):
     """torch.nn.attention.flex_attention's forward on attnforge: q (B, Hq, L, E), k (B, Hkv, S, E), v (B, Hkv, S, Ev),
     float32 / float16 / bfloat16, any strides. score_mod(score, b, h, q_idx, kv_idx) sees the scaled float32 score
-    (h: the query head); block_mask's mask_mod removes keys; a row that sees no key gets 0 and LSE -inf. Returns
+    (h: the query head); block_mask's blocks and mask_mod remove keys, as compiled flex does: its empty blocks are
+    skipped, its full ones attended without the mask; a row that sees no key gets 0 and LSE -inf. Returns
     out, or (out, lse) with return_lse, or (out, AuxOutput) with return_aux=AuxRequest(lse=True). kernel_options
     are PyTorch's tuning hints and ignored. No compile step: the mods are traced at each call (a few ms)."""
     _check(query, key, value, enable_gqa, block_mask)
@@ -66,8 +69,9 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     B, Hq, L, _ = query.shape
     out = torch.empty(B, Hq, L, value.shape[-1], dtype=query.dtype)
     lse = torch.empty(B, Hq, L, dtype=torch.float32) if want_lse else None
+    blocks = block_mask_args(block_mask) if block_mask is not None else None
     _C.flex_attn(query.detach(), key.detach(), value.detach(), out, lse,
-                 scale=None if scale is None else float(scale), score_mod=score, mask_mod=mask)
+                 scale=None if scale is None else float(scale), score_mod=score, mask_mod=mask, block_mask=blocks)
     if return_aux is not None:
         from torch.nn.attention.flex_attention import AuxOutput
         aux = AuxOutput(lse=lse if getattr(return_aux, "lse", False) else None)
