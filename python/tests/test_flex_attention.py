@@ -169,3 +169,29 @@ def test_bad_calls():
 
     with pytest.raises(Exception, match="outside its shape"):
         flex_attention(q, k, v, score_mod=out_of_range, enable_gqa=True)
+
+
+def test_a_mod_is_traced_once_and_again_when_what_it_names_is_rebound():
+    global _TABLE
+    _TABLE = torch.tensor([1.0, 2.0])
+
+    def bias(score, b, h, q_idx, kv_idx):
+        return score + _TABLE[h % 2]
+
+    assert flex.trace(bias, score=True) is flex.trace(bias, score=True), "traced twice"
+    q, k, v = torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4), torch.ones(1, 2, 1, 4)
+
+    def lse():
+        return flex_attention(q, k, v, score_mod=bias, return_lse=True)[1].flatten().tolist()
+
+    assert lse() == pytest.approx([1.0, 2.0], abs=1e-5)
+    _TABLE[0] = 7.0   # in place: the program reads the tensor at each call
+    assert lse() == pytest.approx([7.0, 2.0], abs=1e-5)
+    _TABLE = torch.tensor([5.0, 6.0])   # rebound: traced again
+    assert lse() == pytest.approx([5.0, 6.0], abs=1e-5)
+
+    def offset(c):   # a closure made anew per value: each its own program
+        return lambda score, b, h, q_idx, kv_idx: score + c
+
+    got = [flex_attention(q, k, v, score_mod=offset(c), return_lse=True)[1][0, 0, 0].item() for c in (3.0, 4.0)]
+    assert got == pytest.approx([3.0, 4.0], abs=1e-5)

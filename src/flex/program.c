@@ -152,24 +152,36 @@ af_status af_mod_check(const af_mod_program *prog, const char *name, bool score,
     m->n_regs = AF_MOD_INPUTS + prog->length;
     af_status st = check_aux(prog, name, m);
     if (st != AF_OK) return st;
-    if (!(m->is_int = af_alloc((size_t)m->n_regs)) || !(m->uniform = af_alloc((size_t)m->n_regs)))
+    const size_t n = (size_t)m->n_regs;
+    if (!(m->is_int = af_alloc(n)) || !(m->varies = af_alloc(n)) || !(m->at_lanes = af_alloc(4 * n)) ||
+        !(m->at = af_alloc(4 * n)))
         return af_fail(AF_ERR_NO_MEMORY, "out of memory: %s's register types", name);
-    m->uniform[0] = m->uniform[4] = 0;   /* the score and kv_idx vary along the row's keys; b, h, q_idx do not */
-    m->uniform[1] = m->uniform[2] = m->uniform[3] = 1;
+    /* the score varies with the row and the key, b with neither, h and q_idx with the row, kv_idx with the key */
+    const uint8_t input_varies[AF_MOD_INPUTS] = {AF_MOD_BY_ROW | AF_MOD_BY_KEY, 0, AF_MOD_BY_ROW, AF_MOD_BY_ROW,
+                                                 AF_MOD_BY_KEY};
     m->is_int[0] = 0;   /* score */
     for (int r = 1; r < AF_MOD_INPUTS; r++) m->is_int[r] = 1;
+    for (int r = 0; r < AF_MOD_INPUTS; r++) m->varies[r] = input_varies[r];
     for (int32_t i = 0; i < prog->length; i++) {
         const af_mod_instr *in = &prog->code[i];
         if ((st = check_instr(m, in, i, score, m->is_int)) != AF_OK) return st;
         const int n_in = operand_count(m, in);
-        uint8_t uniform = 1;
+        uint8_t varies = 0;
         for (int k = 0; k < n_in; k++) {
-            uniform &= m->uniform[in->in[k]];
+            varies |= m->varies[in->in[k]];
             if (in->in[k] < AF_MOD_INPUTS) m->reads_input[in->in[k]] = 1;
         }
-        m->uniform[AF_MOD_INPUTS + i] = uniform;
-        for (int k = 0; k < n_in && !uniform; k++)   /* a per-key instruction reads every lane of its inputs */
-            if (in->in[k] < AF_MOD_INPUTS) m->vector_input[in->in[k]] = 1;
+        m->varies[AF_MOD_INPUTS + i] = varies;
+    }
+    /* the scratch: a register by row and key takes AF_MOD_ROWS · lanes floats, by key lanes, by row or neither 16;
+     * the score (register 0) is the caller's tile itself */
+    m->lane_units = m->fixed = 0;
+    for (int32_t r = 0; r < m->n_regs; r++) {
+        m->at_lanes[r] = m->lane_units;
+        m->at[r] = m->fixed;
+        if (r == 0) continue;
+        if (m->varies[r] & AF_MOD_BY_KEY) m->lane_units += m->varies[r] & AF_MOD_BY_ROW ? AF_MOD_ROWS : 1;
+        else m->fixed += 16;
     }
     const uint8_t result = m->is_int[m->n_regs - 1];
     if (score && result)
@@ -183,9 +195,12 @@ af_status af_mod_check(const af_mod_program *prog, const char *name, bool score,
 
 void af_mod_release(af_mod_checked *m) {
     af_free(m->is_int);
-    af_free(m->uniform);
+    af_free(m->varies);
+    af_free(m->at_lanes);
+    af_free(m->at);
     af_free(m->aux);
-    m->is_int = m->uniform = NULL;
+    m->is_int = m->varies = NULL;
+    m->at_lanes = m->at = NULL;
     m->aux = NULL;
 }
 
@@ -199,7 +214,6 @@ af_status af_mods_check(const af_mod_program *score_mod, const af_mod_program *m
     }
     mods->has_score = score_mod != NULL;
     mods->has_mask = mask_mod != NULL;
-    mods->max_regs = mods->score.n_regs > mods->mask.n_regs ? mods->score.n_regs : mods->mask.n_regs;
     return AF_OK;
 }
 
@@ -219,7 +233,15 @@ af_status af_mods_status(af_mods *mods) {
     return AF_OK;
 }
 
-size_t af_mods_scratch_floats(const af_mods *mods, int lanes) { return (size_t)mods->max_regs * (size_t)lanes; }
+static size_t program_floats(const af_mod_checked *m, int lanes) {
+    return (size_t)m->lane_units * (size_t)lanes + (size_t)m->fixed;
+}
+
+size_t af_mods_scratch_floats(const af_mods *mods, int lanes) {
+    const size_t a = mods->has_score ? program_floats(&mods->score, lanes) : 0;
+    const size_t b = mods->has_mask ? program_floats(&mods->mask, lanes) : 0;
+    return a > b ? a : b;
+}
 
 /* ---------------------------------------------------------------- evaluation */
 
@@ -268,59 +290,99 @@ static bool load_one(const af_mod_tensor *t, const int32_t *idx, float *f, int32
     return true;
 }
 
-static void eval_load(af_mod_checked *m, const af_mod_instr *in, float *regs, int n, int lanes, int stride,
-                      float *dst) {
-    const af_mod_tensor *t = &m->aux[in->aux];
-    const bool is_int = t->dtype == AF_I32 || t->dtype == AF_BOOL;
-    int32_t *di = (int32_t *)dst;
-    const int32_t *index[4];
-    for (int k = 0; k < t->ndim; k++) index[k] = (const int32_t *)(regs + (size_t)in->in[k] * (size_t)stride);
-    int32_t last[4] = {0, 0, 0, 0};
-    float f = 0.0f;
-    int32_t v = 0;
-    for (int j = 0; j < n; j++) {
-        bool same = j > 0;   /* the previous key's indices again (a per-head table, a run of document ids) */
-        for (int k = 0; k < t->ndim; k++) same = same && index[k][j] == last[k];
-        if (!same) {
-            for (int k = 0; k < t->ndim; k++) last[k] = index[k][j];
-            f = 0.0f;
-            v = 0;
-            if (!load_one(t, last, &f, &v)) {
-                int expected = 0;
-                atomic_compare_exchange_strong(&m->out_of_bounds, &expected, in->aux + 1);
-            }
-        }
-        if (is_int) di[j] = v;
-        else dst[j] = f;
-    }
-    for (int j = n; j < lanes; j++) di[j] = 0;   /* lanes past the keys: defined values, no load */
+/* Where register values sit for a tile's group of rows: value (row r, key j) at p[r·row_step + (by_key ? j : 0)]. */
+typedef struct {
+    float *p;
+    int64_t row_step;
+    bool by_key;
+} operand;
+
+/* The group's evaluation: its rows (at most AF_MOD_ROWS), its keys rounded up to whole AF_MOD_LANES (`width`; the
+ * first n are keys), the scratch laid out for `lanes`, and the score tile. */
+typedef struct {
+    float *regs;
+    int lanes, rows, n, width;
+    float *s;
+    int lds;
+} group;
+
+static operand operand_of(const af_mod_checked *m, const group *g, int k) {
+    if (k == 0) return (operand){g->s, g->lds, true};
+    float *p = g->regs + (size_t)m->at_lanes[k] * (size_t)g->lanes + (size_t)m->at[k];
+    const uint8_t v = m->varies[k];
+    return (operand){p, v & AF_MOD_BY_ROW ? (v & AF_MOD_BY_KEY ? g->lanes : 1) : 0, (v & AF_MOD_BY_KEY) != 0};
 }
 
-/* The loops below run over `lanes` (a multiple of AF_MOD_LANES) so that the compiler needs no remainder. */
-#define FLOAT_UNARY(expr)                                   \
-    for (int j = 0; j < lanes; j++) {                       \
-        const float x = fa[j];                              \
-        fd[j] = (expr);                                     \
+/* LOAD: the tensor's element at the indices, per row and key (only the first n keys load: past them the indices are
+ * not keys'); the previous key's value again when its indices are (a per-head table, a run of document ids). */
+static void eval_load(af_mod_checked *m, const af_mod_instr *in, const operand *x, int rows, int keys, int n,
+                      operand d) {
+    const af_mod_tensor *t = &m->aux[in->aux];
+    const bool is_int = t->dtype == AF_I32 || t->dtype == AF_BOOL;
+    const int loaded = keys < n ? keys : n;
+    for (int r = 0; r < rows; r++) {
+        const int32_t *index[4];
+        int step[4];
+        for (int k = 0; k < t->ndim; k++) {
+            index[k] = (const int32_t *)(x[k].p + r * x[k].row_step);
+            step[k] = x[k].by_key;
+        }
+        float *df = d.p + r * d.row_step;
+        int32_t *di = (int32_t *)df;
+        int32_t last[4] = {0, 0, 0, 0};
+        float f = 0.0f;
+        int32_t v = 0;
+        for (int j = 0; j < loaded; j++) {
+            bool same = j > 0;
+            for (int k = 0; k < t->ndim; k++) same = same && index[k][j * step[k]] == last[k];
+            if (!same) {
+                for (int k = 0; k < t->ndim; k++) last[k] = index[k][j * step[k]];
+                f = 0.0f;
+                v = 0;
+                if (!load_one(t, last, &f, &v)) {
+                    int expected = 0;
+                    atomic_compare_exchange_strong(&m->out_of_bounds, &expected, in->aux + 1);
+                }
+            }
+            if (is_int) di[j] = v;
+            else df[j] = f;
+        }
+        for (int j = loaded; j < keys; j++) di[j] = 0;   /* lanes past the keys: defined values, no load */
     }
-#define FLOAT_BINARY(expr)                                  \
-    for (int j = 0; j < lanes; j++) {                       \
-        const float x = fa[j], y = fb[j];                   \
-        fd[j] = (expr);                                     \
-    }
-#define INT_BINARY(expr)                                    \
-    for (int j = 0; j < lanes; j++) {                       \
-        const int32_t x = ia[j], y = ib[j];                 \
-        id[j] = (expr);                                     \
-    }
-#define COMPARE(opr)                                                                 \
-    if (m->is_int[in->in[0]]) for (int j = 0; j < lanes; j++) id[j] = ia[j] opr ib[j]; \
-    else for (int j = 0; j < lanes; j++) id[j] = fa[j] opr fb[j];
+}
 
-/* Register k of the scratch: `lanes` floats (or int32s). */
-static float *reg(float *regs, int k, int lanes) { return regs + (size_t)k * (size_t)lanes; }
+/* The loops below: rows of the group, then `keys` lanes (1, or a multiple of AF_MOD_LANES so that the compiler needs
+ * no remainder), one loop for each way the operands vary, so that each vectorises. */
+#define ROW_PTRS(T)                                                      \
+    T *d_ = (T *)(D.p + r * D.row_step);                                 \
+    const T *a_ = (const T *)(A.p + r * A.row_step);
+#define UNARY(T, DT, expr)                                                          \
+    for (int r = 0; r < rows; r++) {                                                \
+        ROW_PTRS(T)                                                                 \
+        DT *dd_ = (DT *)d_;                                                         \
+        if (A.by_key) for (int j = 0; j < keys; j++) { const T x = a_[j]; dd_[j] = (expr); } \
+        else { const T x = a_[0]; for (int j = 0; j < keys; j++) dd_[j] = (expr); }        \
+    }
+#define BINARY(T, DT, expr)                                                                          \
+    for (int r = 0; r < rows; r++) {                                                                 \
+        ROW_PTRS(T)                                                                                  \
+        const T *b_ = (const T *)(Bo.p + r * Bo.row_step);                                           \
+        DT *dd_ = (DT *)d_;                                                                          \
+        if (A.by_key && Bo.by_key) for (int j = 0; j < keys; j++) { const T x = a_[j], y = b_[j]; dd_[j] = (expr); } \
+        else if (A.by_key) { const T y = b_[0]; for (int j = 0; j < keys; j++) { const T x = a_[j]; dd_[j] = (expr); } } \
+        else if (Bo.by_key) { const T x = a_[0]; for (int j = 0; j < keys; j++) { const T y = b_[j]; dd_[j] = (expr); } } \
+        else { const T x = a_[0], y = b_[0]; for (int j = 0; j < keys; j++) dd_[j] = (expr); }   \
+    }
+#define F_UNARY(expr) UNARY(float, float, expr)
+#define F_BINARY(expr) BINARY(float, float, expr)
+#define I_UNARY(expr) UNARY(int32_t, int32_t, expr)
+#define I_BINARY(expr) BINARY(int32_t, int32_t, expr)
+#define COMPARE(opr)                                         \
+    if (ints) { BINARY(int32_t, int32_t, x opr y) }          \
+    else { BINARY(float, int32_t, x opr y) }
 
-/* A program's loops in AVX-512, AVX2 or baseline code (run() is cloned, eval_instr inlined into each clone), picked
- * once by the loader for this CPU (the library is built for baseline x86-64): 4 to 16 keys an operation. The
+/* A program's loops in AVX-512, AVX2 or baseline code (run_program() is cloned, eval_instr inlined into each clone),
+ * picked once by the loader for this CPU (the library is built for baseline x86-64): 4 to 16 keys an operation. The
  * operations are single IEEE operations or libm calls, the same in every clone. */
 #if defined(__has_feature)
 #if __has_feature(thread_sanitizer)
@@ -333,148 +395,178 @@ static float *reg(float *regs, int k, int lanes) { return regs + (size_t)k * (si
 #define AF_MOD_CLONES
 #endif
 
-/* Instruction `in` over `lanes` lanes (the first n of them keys; registers `stride` lanes apart), writing fd. */
+/* Instruction `in` into D over the group: `rows` rows (1 when its value does not vary with the row) and `keys` lanes
+ * (1 when it does not vary with the key). */
 static inline __attribute__((always_inline)) void eval_instr(af_mod_checked *m, const af_mod_instr *in,
-                                                              float *regs, int n, int lanes, int stride, float *fd) {
-    const arity ar = arity_of(in->op);
-    const float *fa = ar != ARGS_NONE && ar != ARGS_LOAD ? reg(regs, in->in[0], stride) : NULL;
-    const float *fb = ar == ARGS_BINARY || ar == ARGS_WHERE ? reg(regs, in->in[1], stride) : NULL;
-    const int32_t *ia = (const int32_t *)fa, *ib = (const int32_t *)fb;
-    int32_t *id = (int32_t *)fd;
-    const bool ints = fa && m->is_int[in->in[0]];
+                                                              const group *g, int rows, int keys, operand D) {
+    const int n_in = operand_count(m, in);
+    operand x[4] = {{0}};
+    for (int k = 0; k < n_in; k++) x[k] = operand_of(m, g, in->in[k]);
+    const operand A = x[0], Bo = x[1];
+    const bool ints = n_in > 0 && m->is_int[in->in[0]];
     switch (in->op) {
-    case AF_MOD_CONST_F32: for (int j = 0; j < lanes; j++) fd[j] = (float)in->imm; break;
-    case AF_MOD_CONST_I32: for (int j = 0; j < lanes; j++) id[j] = (int32_t)in->imm; break;
-    case AF_MOD_ADD: if (ints) { INT_BINARY((int32_t)((uint32_t)x + (uint32_t)y)) } else { FLOAT_BINARY(x + y) } break;
-    case AF_MOD_SUB: if (ints) { INT_BINARY((int32_t)((uint32_t)x - (uint32_t)y)) } else { FLOAT_BINARY(x - y) } break;
-    case AF_MOD_MUL: if (ints) { INT_BINARY((int32_t)((uint32_t)x * (uint32_t)y)) } else { FLOAT_BINARY(x * y) } break;
-    case AF_MOD_DIV: FLOAT_BINARY(x / y) break;
-    case AF_MOD_FLOORDIV: if (ints) { INT_BINARY(floordiv_i(x, y)) } else { FLOAT_BINARY(floordiv_f(x, y)) } break;
-    case AF_MOD_MOD: if (ints) { INT_BINARY(mod_i(x, y)) } else { FLOAT_BINARY(mod_f(x, y)) } break;
-    case AF_MOD_MIN: if (ints) { INT_BINARY(x < y ? x : y) } else { FLOAT_BINARY(min_f(x, y)) } break;
-    case AF_MOD_MAX: if (ints) { INT_BINARY(x > y ? x : y) } else { FLOAT_BINARY(max_f(x, y)) } break;
-    case AF_MOD_POW: FLOAT_BINARY(powf(x, y)) break;
-    case AF_MOD_NEG:
-        if (ints) for (int j = 0; j < lanes; j++) id[j] = (int32_t)(0u - (uint32_t)ia[j]);
-        else { FLOAT_UNARY(-x) }
-        break;
-    case AF_MOD_ABS:
-        if (ints) for (int j = 0; j < lanes; j++) id[j] = ia[j] < 0 ? (int32_t)(0u - (uint32_t)ia[j]) : ia[j];
-        else { FLOAT_UNARY(fabsf(x)) }
-        break;
-    case AF_MOD_SIGN:
-        if (ints) for (int j = 0; j < lanes; j++) id[j] = sign_i(ia[j]);
-        else { FLOAT_UNARY(sign_f(x)) }
-        break;
-    case AF_MOD_FLOOR: FLOAT_UNARY(floorf(x)) break;
-    case AF_MOD_CEIL: FLOAT_UNARY(ceilf(x)) break;
-    case AF_MOD_ROUND: FLOAT_UNARY(nearbyintf(x)) break;   /* the default rounding mode: half to even */
-    case AF_MOD_EXP: FLOAT_UNARY(expf(x)) break;
-    case AF_MOD_LOG: FLOAT_UNARY(logf(x)) break;
-    case AF_MOD_SQRT: FLOAT_UNARY(sqrtf(x)) break;
-    case AF_MOD_RSQRT: FLOAT_UNARY(1.0f / sqrtf(x)) break;
-    case AF_MOD_TANH: FLOAT_UNARY(tanhf(x)) break;
-    case AF_MOD_SIGMOID: FLOAT_UNARY(sigmoid_f(x)) break;
-    case AF_MOD_ERF: FLOAT_UNARY(erff(x)) break;
-    case AF_MOD_SIN: FLOAT_UNARY(sinf(x)) break;
-    case AF_MOD_COS: FLOAT_UNARY(cosf(x)) break;
-    case AF_MOD_TAN: FLOAT_UNARY(tanf(x)) break;
+    case AF_MOD_CONST_F32: for (int j = 0; j < keys; j++) D.p[j] = (float)in->imm; break;
+    case AF_MOD_CONST_I32: for (int j = 0; j < keys; j++) ((int32_t *)D.p)[j] = (int32_t)in->imm; break;
+    case AF_MOD_ADD: if (ints) { I_BINARY((int32_t)((uint32_t)x + (uint32_t)y)) } else { F_BINARY(x + y) } break;
+    case AF_MOD_SUB: if (ints) { I_BINARY((int32_t)((uint32_t)x - (uint32_t)y)) } else { F_BINARY(x - y) } break;
+    case AF_MOD_MUL: if (ints) { I_BINARY((int32_t)((uint32_t)x * (uint32_t)y)) } else { F_BINARY(x * y) } break;
+    case AF_MOD_DIV: F_BINARY(x / y) break;
+    case AF_MOD_FLOORDIV: if (ints) { I_BINARY(floordiv_i(x, y)) } else { F_BINARY(floordiv_f(x, y)) } break;
+    case AF_MOD_MOD: if (ints) { I_BINARY(mod_i(x, y)) } else { F_BINARY(mod_f(x, y)) } break;
+    case AF_MOD_MIN: if (ints) { I_BINARY(x < y ? x : y) } else { F_BINARY(min_f(x, y)) } break;
+    case AF_MOD_MAX: if (ints) { I_BINARY(x > y ? x : y) } else { F_BINARY(max_f(x, y)) } break;
+    case AF_MOD_POW: F_BINARY(powf(x, y)) break;
+    case AF_MOD_NEG: if (ints) { I_UNARY((int32_t)(0u - (uint32_t)x)) } else { F_UNARY(-x) } break;
+    case AF_MOD_ABS: if (ints) { I_UNARY(x < 0 ? (int32_t)(0u - (uint32_t)x) : x) } else { F_UNARY(fabsf(x)) } break;
+    case AF_MOD_SIGN: if (ints) { I_UNARY(sign_i(x)) } else { F_UNARY(sign_f(x)) } break;
+    case AF_MOD_FLOOR: F_UNARY(floorf(x)) break;
+    case AF_MOD_CEIL: F_UNARY(ceilf(x)) break;
+    case AF_MOD_ROUND: F_UNARY(nearbyintf(x)) break;   /* the default rounding mode: half to even */
+    case AF_MOD_EXP: F_UNARY(expf(x)) break;
+    case AF_MOD_LOG: F_UNARY(logf(x)) break;
+    case AF_MOD_SQRT: F_UNARY(sqrtf(x)) break;
+    case AF_MOD_RSQRT: F_UNARY(1.0f / sqrtf(x)) break;
+    case AF_MOD_TANH: F_UNARY(tanhf(x)) break;
+    case AF_MOD_SIGMOID: F_UNARY(sigmoid_f(x)) break;
+    case AF_MOD_ERF: F_UNARY(erff(x)) break;
+    case AF_MOD_SIN: F_UNARY(sinf(x)) break;
+    case AF_MOD_COS: F_UNARY(cosf(x)) break;
+    case AF_MOD_TAN: F_UNARY(tanf(x)) break;
     case AF_MOD_LT: COMPARE(<) break;
     case AF_MOD_LE: COMPARE(<=) break;
     case AF_MOD_GT: COMPARE(>) break;
     case AF_MOD_GE: COMPARE(>=) break;
     case AF_MOD_EQ: COMPARE(==) break;
     case AF_MOD_NE: COMPARE(!=) break;
-    case AF_MOD_AND: INT_BINARY(x & y) break;
-    case AF_MOD_OR: INT_BINARY(x | y) break;
-    case AF_MOD_XOR: INT_BINARY(x ^ y) break;
-    case AF_MOD_NOT: for (int j = 0; j < lanes; j++) id[j] = ia[j] == 0; break;
-    case AF_MOD_WHERE: {
-        const float *fc = reg(regs, in->in[2], stride);
-        const int32_t *ic = (const int32_t *)fc, *ib2 = (const int32_t *)fb;
-        for (int j = 0; j < lanes; j++) id[j] = ia[j] ? ib2[j] : ic[j];   /* bits: either type */
+    case AF_MOD_AND: I_BINARY(x & y) break;
+    case AF_MOD_OR: I_BINARY(x | y) break;
+    case AF_MOD_XOR: I_BINARY(x ^ y) break;
+    case AF_MOD_NOT: I_UNARY(x == 0) break;
+    case AF_MOD_WHERE: {   /* bits of either type; each operand a vector or one value */
+        const operand C = x[2];
+        for (int r = 0; r < rows; r++) {
+            const int32_t *c = (const int32_t *)(A.p + r * A.row_step), *t = (const int32_t *)(Bo.p + r * Bo.row_step);
+            const int32_t *f = (const int32_t *)(C.p + r * C.row_step);
+            int32_t *d = (int32_t *)(D.p + r * D.row_step);
+            if (A.by_key && Bo.by_key && C.by_key) for (int j = 0; j < keys; j++) d[j] = c[j] ? t[j] : f[j];
+            else for (int j = 0; j < keys; j++) d[j] = c[j * A.by_key] ? t[j * Bo.by_key] : f[j * C.by_key];
+        }
         break;
     }
-    case AF_MOD_TO_F32: for (int j = 0; j < lanes; j++) fd[j] = (float)ia[j]; break;
+    case AF_MOD_TO_F32: UNARY(int32_t, float, (float)x) break;
     case AF_MOD_TO_I32:
         /* toward zero; NaN and values past int32 give INT32_MIN, as x86's conversion (torch's CPU .to) */
-        for (int j = 0; j < lanes; j++)
-            id[j] = fa[j] >= -2147483648.0f && fa[j] < 2147483648.0f ? (int32_t)fa[j] : INT32_MIN;
-        break;
-    case AF_MOD_LOAD: eval_load(m, in, regs, n, lanes, stride, fd); break;
+        UNARY(float, int32_t, x >= -2147483648.0f && x < 2147483648.0f ? (int32_t)x : INT32_MIN) break;
+    case AF_MOD_LOAD: eval_load(m, in, x, rows, keys, g->n, D); break;
     default: break;   /* af_mod_check refused it */
     }
 }
 
-/* Run program m over the lanes: inputs in registers 0-4 of `regs` (vectors of `lanes`), the result's register. An
- * instruction whose operands are the same for every key of the row (constants, b, h, q_idx and what follows from
- * them only: an ALiBi slope, a per-head table's entry) runs once, on lane 0, and is copied to the other lanes. */
-AF_MOD_CLONES static const float *run(af_mod_checked *m, float *regs, int n, int lanes) {
+/* Run program m over the group, its inputs in place; the result's operand. The last instruction of a score_mod that
+ * varies with row and key writes the score tile itself (every operation reads its operands at the score it writes). */
+AF_MOD_CLONES static operand run_program(af_mod_checked *m, const group *g, bool into_scores) {
     for (int32_t i = 0; i < m->length; i++) {
-        float *dst = reg(regs, AF_MOD_INPUTS + i, lanes);
-        if (!m->uniform[AF_MOD_INPUTS + i]) {
-            eval_instr(m, &m->code[i], regs, n, lanes, lanes, dst);
+        const int reg = AF_MOD_INPUTS + i;
+        const uint8_t v = m->varies[reg];
+        const bool last = i == m->length - 1;
+        const operand d = last && into_scores && v == (AF_MOD_BY_ROW | AF_MOD_BY_KEY) ? operand_of(m, g, 0)
+                                                                                        : operand_of(m, g, reg);
+        eval_instr(m, &m->code[i], g, v & AF_MOD_BY_ROW ? g->rows : 1, v & AF_MOD_BY_KEY ? g->width : 1, d);
+    }
+    return into_scores && m->varies[m->n_regs - 1] == (AF_MOD_BY_ROW | AF_MOD_BY_KEY) ? operand_of(m, g, 0)
+                                                                                       : operand_of(m, g, m->n_regs - 1);
+}
+
+/* The inputs the program reads: b, then h and q_idx per row, kv_idx per key. */
+static void fill_inputs(const af_mod_checked *m, const group *g, int64_t b, const int32_t *h_rows,
+                        const int32_t *q_rows, int64_t kv0) {
+    if (m->reads_input[1]) ((int32_t *)operand_of(m, g, 1).p)[0] = (int32_t)b;
+    if (m->reads_input[2]) memcpy(operand_of(m, g, 2).p, h_rows, sizeof(int32_t) * (size_t)g->rows);
+    if (m->reads_input[3]) memcpy(operand_of(m, g, 3).p, q_rows, sizeof(int32_t) * (size_t)g->rows);
+    if (m->reads_input[4]) {
+        int32_t *kv = (int32_t *)operand_of(m, g, 4).p;
+        for (int j = 0; j < g->width; j++) kv[j] = (int32_t)(kv0 + j);
+    }
+}
+
+/* Row r's keys [j, e) to -inf where the mask operand (int32) is 0. */
+static void mask_keys(float *s, operand keep, int r, int j, int e) {
+    const int32_t *k = (const int32_t *)(keep.p + r * keep.row_step);
+    if (!keep.by_key) {
+        if (!k[0]) for (int c = j; c < e; c++) s[c] = -INFINITY;
+        return;
+    }
+    for (int c = j; c < e; c++) s[c] = k[c] ? s[c] : -INFINITY;
+}
+
+/* The end of the run of keys from j (< n) whose blocks have row `cls`'s class of key kv0 + j. */
+static int run_end(const af_block_map *bm, const uint8_t *cls, int64_t kv0, int j, int n) {
+    const uint8_t c = cls[(kv0 + j) / bm->kv_block];
+    int e = j;
+    while (e < n && cls[(kv0 + e) / bm->kv_block] == c) {
+        const int64_t block_end = ((kv0 + e) / bm->kv_block + 1) * bm->kv_block - kv0;
+        e = block_end < n ? (int)block_end : n;
+    }
+    return e;
+}
+
+/* One group of rows: which blocks its rows need evaluated (a block mask), the programs, then the mask applied. */
+static void apply_group(af_mods *mods, int64_t b, const int32_t *h_rows, const int32_t *q_rows, int64_t kv0,
+                        group *g) {
+    const af_block_map *bm = mods->blocks;
+    bool any_partial = !bm, any_seen = !bm;
+    for (int r = 0; bm && r < g->rows; r++) {
+        const uint8_t *cls = af_block_row(bm, b, h_rows[r], q_rows[r]);
+        for (int j = 0; j < g->n; j = run_end(bm, cls, kv0, j, g->n)) {
+            const uint8_t c = cls[(kv0 + j) / bm->kv_block];
+            any_partial = any_partial || c == AF_BLOCK_PARTIAL;
+            any_seen = any_seen || c != AF_BLOCK_EMPTY;
+        }
+    }
+    const bool masked = mods->has_mask && any_partial;
+    if (any_seen && (mods->has_score || masked) && g->width > g->n)   /* the score's lanes past the keys: defined */
+        for (int r = 0; r < g->rows; r++) memset(g->s + (size_t)r * g->lds + g->n, 0, sizeof(float) * (size_t)(g->width - g->n));
+    if (any_seen && mods->has_score) {
+        fill_inputs(&mods->score, g, b, h_rows, q_rows, kv0);
+        const operand out = run_program(&mods->score, g, true);
+        if (out.p != g->s)   /* a score that does not vary with both: spread over the tile */
+            for (int r = 0; r < g->rows; r++)
+                for (int j = 0; j < g->n; j++) g->s[(size_t)r * g->lds + j] = out.p[r * out.row_step + (out.by_key ? j : 0)];
+    }
+    operand keep = {0};
+    if (any_seen && masked) {
+        fill_inputs(&mods->mask, g, b, h_rows, q_rows, kv0);
+        keep = run_program(&mods->mask, g, false);
+    }
+    for (int r = 0; r < g->rows; r++) {
+        float *s = g->s + (size_t)r * g->lds;
+        if (!bm) {
+            if (masked) mask_keys(s, keep, r, 0, g->n);
             continue;
         }
-        eval_instr(m, &m->code[i], regs, 1, 1, lanes, dst);
-        int32_t *bits = (int32_t *)dst;
-        for (int j = 1; j < lanes; j++) bits[j] = bits[0];
+        const uint8_t *cls = af_block_row(bm, b, h_rows[r], q_rows[r]);
+        for (int j = 0; j < g->n;) {
+            const int e = run_end(bm, cls, kv0, j, g->n);
+            const uint8_t c = cls[(kv0 + j) / bm->kv_block];
+            if (c == AF_BLOCK_EMPTY) for (int k = j; k < e; k++) s[k] = -INFINITY;
+            else if (c == AF_BLOCK_PARTIAL && masked) mask_keys(s, keep, r, j, e);
+            j = e;
+        }
     }
-    return reg(regs, m->n_regs - 1, lanes);
 }
 
-/* Input register k (1-4) with `value` + j in lane j (step 1: kv_idx) or `value` everywhere: in every lane where a
- * per-key instruction reads it, else in lane 0 alone (the once-a-row instructions read nothing else). */
-static void fill_input(const af_mods *mods, float *regs, int k, int64_t value, int step, int lanes) {
-    int32_t *r = (int32_t *)reg(regs, k, lanes);
-    const bool vector =
-        (mods->has_score && mods->score.vector_input[k]) || (mods->has_mask && mods->mask.vector_input[k]);
-    const int count = vector ? lanes : 1;
-    for (int j = 0; j < count; j++) r[j] = (int32_t)(value + (int64_t)step * j);
-}
-
-/* The mods on keys kv0 .. kv0 + n, mask_mod only when `masked`. */
-static void apply_run(af_mods *mods, int64_t b, int64_t h, int64_t q_idx, int64_t kv0, int n, float *s, float *regs,
-                      int lanes, bool masked) {
-    if (!mods->has_score && !masked) return;
-    fill_input(mods, regs, 1, b, 0, lanes);
-    fill_input(mods, regs, 2, h, 0, lanes);
-    fill_input(mods, regs, 3, q_idx, 0, lanes);
-    fill_input(mods, regs, 4, kv0, 1, lanes);
-    if (mods->has_score) {
-        float *score = reg(regs, 0, lanes);
-        memcpy(score, s, sizeof(float) * (size_t)n);
-        for (int j = n; j < lanes; j++) score[j] = 0.0f;   /* lanes past the keys: defined, whatever the tile held */
-        const float *v = run(&mods->score, regs, n, lanes);
-        memcpy(s, v, sizeof(float) * (size_t)n);
-    }
-    if (masked) {
-        const int32_t *keep = (const int32_t *)run(&mods->mask, regs, n, lanes);
-        for (int j = 0; j < n; j++) s[j] = keep[j] ? s[j] : -INFINITY;
+void af_mods_apply_tile(af_mods *mods, int64_t b, const int32_t *h_rows, const int32_t *q_rows, int rows, int64_t kv0,
+                        int n, float *s, int lds, float *regs, int lanes) {
+    const int width = (n + AF_MOD_LANES - 1) / AF_MOD_LANES * AF_MOD_LANES;
+    for (int r0 = 0; r0 < rows; r0 += AF_MOD_ROWS) {
+        group g = {regs, lanes, rows - r0 < AF_MOD_ROWS ? rows - r0 : AF_MOD_ROWS, n, width, s + (size_t)r0 * lds,
+                   lds};
+        apply_group(mods, b, h_rows + r0, q_rows + r0, kv0, &g);
     }
 }
 
 void af_mods_apply_row(af_mods *mods, int64_t b, int64_t h, int64_t q_idx, int64_t kv0, int n, float *s, float *regs,
                        int lanes) {
-    const af_block_map *bm = mods->blocks;
-    if (!bm) {
-        apply_run(mods, b, h, q_idx, kv0, n, s, regs, lanes, mods->has_mask);
-        return;
-    }
-    const uint8_t *cls = af_block_row(bm, b, h, q_idx);
-    for (int j = 0; j < n;) {   /* runs of keys whose blocks have one class */
-        const uint8_t c = cls[(kv0 + j) / bm->kv_block];
-        int e = j;
-        while (e < n && cls[(kv0 + e) / bm->kv_block] == c) {
-            const int64_t block_end = ((kv0 + e) / bm->kv_block + 1) * bm->kv_block - kv0;
-            e = block_end < n ? (int)block_end : n;
-        }
-        if (c == AF_BLOCK_EMPTY) {
-            for (int k = j; k < e; k++) s[k] = -INFINITY;
-        } else {
-            apply_run(mods, b, h, q_idx, kv0 + j, e - j, s + j, regs, lanes,
-                      c == AF_BLOCK_PARTIAL && mods->has_mask);
-        }
-        j = e;
-    }
+    const int32_t h_row = (int32_t)h, q_row = (int32_t)q_idx;
+    af_mods_apply_tile(mods, b, &h_row, &q_row, 1, kv0, n, s, lanes, regs, lanes);
 }

@@ -1,6 +1,8 @@
 /* score_mod / mask_mod programs (attnforge.h, af_mod_program): checked once per call, then evaluated by the kernels
- * over the keys of one query row at a time, one operation over every key before the next (loops the compiler
- * vectorises). The driver sees only af_mods_apply_row. */
+ * over a tile of scores at a time, AF_MOD_ROWS rows by the tile's keys, one operation over all of them before the
+ * next (loops the compiler vectorises). Each register holds only what it varies with: one value, one per row (what
+ * follows from h and q_idx: an ALiBi slope), one per key (from kv_idx), or one per score. The driver sees only
+ * af_mods_apply_tile. */
 #ifndef AF_FLEX_PROGRAM_H
 #define AF_FLEX_PROGRAM_H
 #include <stdatomic.h>
@@ -11,6 +13,8 @@
 
 #define AF_MOD_INPUTS 5    /* registers 0-4: score, b, h, q_idx, kv_idx */
 #define AF_MOD_LANES 16    /* keys are evaluated in whole groups of this many: lanes is a multiple of it */
+#define AF_MOD_ROWS 8      /* rows of a tile evaluated together: each operation is dispatched once for them */
+enum { AF_MOD_BY_ROW = 1, AF_MOD_BY_KEY = 2 };   /* what a register varies with (both: every score) */
 
 typedef struct {
     const char *data;
@@ -24,8 +28,9 @@ typedef struct {
     const af_mod_instr *code;
     int32_t length, n_regs;    /* n_regs = AF_MOD_INPUTS + length */
     uint8_t *is_int;           /* per register: int32 (1) or float32 (0) */
-    uint8_t *uniform;          /* per register: the same for every key of a row (computed once per row and tile) */
-    uint8_t vector_input[5];   /* inputs that per-key instructions read (the others need lane 0 only) */
+    uint8_t *varies;           /* per register: AF_MOD_BY_ROW | AF_MOD_BY_KEY, what its value follows */
+    int32_t *at_lanes, *at;    /* per register: its values start at at_lanes·lanes + at floats of the scratch */
+    int32_t lane_units, fixed; /* the scratch all registers take: lane_units·lanes + fixed floats */
     uint8_t reads_input[5];    /* inputs any instruction reads */
     af_mod_tensor *aux;
     int32_t n_aux;
@@ -39,7 +44,6 @@ typedef struct af_mods {
     af_mod_checked score, mask;
     bool has_score, has_mask;
     const struct af_block_map *blocks;   /* NULL: mask_mod on every key */
-    int32_t max_regs;          /* scratch registers the larger program needs */
 } af_mods;
 
 /* Check `prog` (NULL: absent) against the rules of attnforge.h, naming `name` and the instruction in any error. */
@@ -51,13 +55,16 @@ void af_mods_release(af_mods *mods);
 /* After the call: AF_OK, or AF_ERR_INVALID_ARGUMENT naming the program and tensor a LOAD read outside of. */
 af_status af_mods_status(af_mods *mods);
 
-/* Floats of scratch af_mods_apply_row needs for `lanes` keys. */
+/* Floats of scratch af_mods_apply_tile needs for up to `lanes` keys (a multiple of AF_MOD_LANES). */
 size_t af_mods_scratch_floats(const af_mods *mods, int lanes);
 
-/* Keys kv0 .. kv0 + n of query row q_idx of (batch b, query head h): s[j] (the scaled score) becomes score_mod's
- * value, then -inf where mask_mod is 0; with a block mask, -inf in the blocks it leaves out and no mask_mod in its
- * full blocks. regs: af_mods_scratch_floats(mods, lanes) floats, 64-byte aligned; lanes a
- * multiple of AF_MOD_LANES, >= n; s has `lanes` writable floats (lanes past n are scratch). */
+/* Keys kv0 .. kv0 + n (n <= lanes) of `rows` rows of batch b, row r being query row q_rows[r] of query head h_rows[r]:
+ * s[r·lds + j] (the scaled score) becomes score_mod's value, then -inf where mask_mod is 0; with a block mask, -inf
+ * in the blocks it leaves out and no mask_mod in its full blocks. Each row of s has round_up(n, AF_MOD_LANES)
+ * writable floats (those past n are scratch). regs: af_mods_scratch_floats(mods, lanes) floats, 64-byte aligned. */
+void af_mods_apply_tile(af_mods *mods, int64_t b, const int32_t *h_rows, const int32_t *q_rows, int rows, int64_t kv0,
+                        int n, float *s, int lds, float *regs, int lanes);
+/* One row of it. */
 void af_mods_apply_row(af_mods *mods, int64_t b, int64_t h, int64_t q_idx, int64_t kv0, int n, float *s, float *regs,
                        int lanes);
 

@@ -230,9 +230,18 @@ static void apply_scale_and_mask(const flash_plan *fp, const work_item *w, int64
     for (int r = 0; r < rows; r++) {
         float *s = S + (size_t)r * fp->keys_pad;
         for (int j = 0; j < cols; j++) s[j] *= scale;
+    }
+    if (p->mods) {   /* the rows' query heads and positions after the registers, then the whole tile at once */
+        int32_t *h_rows = (int32_t *)(mod_regs + af_mods_scratch_floats(p->mods, fp->keys_pad)), *q_rows = h_rows + rows;
+        for (int r = 0; r < rows; r++) {
+            q_rows[r] = (int32_t)((r0 + r) / p->group);
+            h_rows[r] = (int32_t)(w->hk * p->group + (r0 + r) % p->group);
+        }
+        af_mods_apply_tile(p->mods, w->b, h_rows, q_rows, rows, j0, cols, S, fp->keys_pad, mod_regs, fp->keys_pad);
+    }
+    for (int r = 0; r < rows && p->mask; r++) {
+        float *s = S + (size_t)r * fp->keys_pad;
         const int64_t i = (r0 + r) / p->group, h = w->hk * p->group + (r0 + r) % p->group;
-        if (p->mods) af_mods_apply_row(p->mods, w->b, h, i, j0, cols, s, mod_regs, fp->keys_pad);
-        if (!p->mask) continue;
         const char *m = p->mask + (w->b * p->mask_stride[0] + h * p->mask_stride[1] + i * p->mask_stride[2] +
                                    j0 * p->mask_stride[3]) * (int64_t)af_dtype_size(p->mask_dtype);
         const int64_t ms = p->mask_stride[3] * (int64_t)af_dtype_size(p->mask_dtype);
@@ -840,9 +849,9 @@ af_status af_flash_forward(const af_problem *p) {
         fp.off_stage = at;
         at += af_round_up((size_t)fp.block_keys * (size_t)(fp.E > fp.Ev ? fp.E : fp.Ev) * fp.elem, 64);
     }
-    if (p->mods) {   /* the mods' registers over a tile's keys */
+    if (p->mods) {   /* the mods' registers over a tile's keys, then the rows' heads and positions */
         fp.off_mod = at;
-        at += af_round_up(sizeof(float) * af_mods_scratch_floats(p->mods, fp.keys_pad), 64);
+        at += af_round_up(sizeof(float) * af_mods_scratch_floats(p->mods, fp.keys_pad) + 8 * br, 64);
     }
     const size_t state0 = at;   /* row_state slots, one per kv head of an item */
     fp.off_q = at;  at += af_round_up(sizeof(float) * br * (size_t)fp.E, 64);

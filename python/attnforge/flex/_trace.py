@@ -3,6 +3,7 @@ traced once by make_fx over one-element index tensors into ATen operations, then
 instructions over typed registers (float32, or int32 for integers and booleans). Captured tensors become the
 program's aux tensors, read by reference at each call. What it cannot express raises ModTraceError naming the
 operation and where the mod is defined, before any attention work."""
+import collections
 import inspect
 
 import torch
@@ -79,8 +80,73 @@ class _Builder:
         return self.consts[key]
 
 
+_CACHE = collections.OrderedDict()   # snapshot ids -> (snapshot, Program), the least recently used first
+_CACHE_ENTRIES = 64                  # programs kept at most
+
+
+def _names(code):
+    """The global names a code object and the functions defined inside it look up."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _names(const)
+    return names
+
+
+def _snapshot(fn, depth=0):
+    """What a trace of fn bakes in besides its code: the objects its closure cells, defaults and the globals it names
+    hold now, and (a few levels down) those of the Python functions among them; None when fn is not a plain
+    function (a functools.partial, a callable object), which is then traced at every call."""
+    code = getattr(fn, "__code__", None)
+    if code is None or not hasattr(fn, "__globals__"):
+        return None
+    try:
+        cells = tuple(c.cell_contents for c in (fn.__closure__ or ()))
+    except ValueError:   # a cell not yet filled
+        return None
+    g = fn.__globals__
+    held = cells + tuple(g[n] for n in sorted(_names(code)) if n in g)
+    nested = []
+    if depth < 3:
+        for obj in held:
+            for f in (obj if isinstance(obj, (tuple, list)) else (obj,)):
+                if callable(f) and hasattr(f, "__code__"):
+                    nested.append(_snapshot(f, depth + 1))
+    return (code, held, fn.__defaults__, fn.__kwdefaults__, tuple(nested))
+
+
+def _ids(snap):
+    """A snapshot as the identities of what it holds: while the cache keeps a snapshot alive, no other object can
+    have one of its ids, so equal ids mean the very same objects."""
+    if snap is None:
+        return None
+    code, held, defaults, kwdefaults, nested = snap
+    return (id(code), tuple(id(x) for x in held), id(defaults), id(kwdefaults), tuple(_ids(n) for n in nested))
+
+
 def trace(fn, score):
-    """fn's Program; score: a score_mod (score, b, h, q_idx, kv_idx) rather than a mask_mod (b, h, q_idx, kv_idx)."""
+    """fn's Program, traced once per function and what it refers to: the same function, with the same objects in its
+    closure, defaults and the globals it names (a tensor updated in place included: programs read captured tensors
+    at each call), gets the Program of its first trace; any of those rebound traces it again. A Python container
+    or number changed in place without being rebound is not noticed. score: a score_mod (score, b, h, q_idx,
+    kv_idx) rather than a mask_mod (b, h, q_idx, kv_idx)."""
+    snap = _snapshot(fn)
+    if snap is None:
+        return _trace(fn, score)
+    key = (_ids(snap), score)
+    hit = _CACHE.get(key)
+    if hit is not None:
+        _CACHE.move_to_end(key)
+        return hit[1]
+    program = _trace(fn, score)
+    _CACHE[key] = (snap, program)
+    if len(_CACHE) > _CACHE_ENTRIES:
+        _CACHE.popitem(last=False)
+    return program
+
+
+def _trace(fn, score):
+    """fn's Program, traced now."""
     ints = [torch.zeros(1, dtype=torch.int32) for _ in range(4)]
     args = ([torch.zeros(1, dtype=torch.float32)] if score else []) + ints
     builder = _Builder(fn, score)
