@@ -120,6 +120,13 @@ static work_item with_head(const work_item *w, int64_t hk) {
     return h;
 }
 
+/* True when af_flex_attn's block mask leaves out every key of tile [j0, j0 + cols) for packed row r of the item. */
+static bool row_blocks_empty(const flash_plan *fp, const work_item *w, int64_t r, int64_t j0, int cols) {
+    const af_problem *p = fp->p;
+    const int64_t i = r / p->group, h = w->hk * p->group + r % p->group;
+    return af_block_map_tile(p->mods->blocks, w->b, h, 1, i, i, j0, j0 + cols) == AF_BLOCK_EMPTY;
+}
+
 /* Rows of the item's row block within its sequence (0: the block lies past the sequence's rows). */
 static int block_rows_of(const flash_plan *fp, const work_item *w) {
     const int64_t r0 = w->rb * fp->block_rows, total = w->seq.L * fp->p->group;
@@ -589,7 +596,7 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
     if (fp->tile_cache && (cache->b_plus_1 != w.b + 1 || cache->hk != w.hk))
         *cache = (tile_cache){.b_plus_1 = w.b + 1, .hk = w.hk, .first = 0, .packed = 0};
 
-    int skip = 0;   /* leading rows of the block that see no key of the tile (causal): they sit the tile out */
+    int causal_skip = 0;   /* leading rows of the block that see no key of this tile or any later (causal) */
     int cols;
     int64_t chunk = -1;   /* the key chunk the rows' online softmax is in */
     for (int64_t j0 = k_lo; j0 < k_hi; j0 += cols) {   /* += cols: j0 + tile may pass 2^63 */
@@ -601,13 +608,17 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
         /* Rows whose scores in this tile would all be -inf: P = 0, alpha = 1, m and l unchanged, so skipping them is
          * exact. Leading rows end before the tile (causal, right edge), trailing rows start after it (left edge). */
         int64_t lo, hi;
-        while (skip < rows && (row_key_range(fp, &w, r0 + skip, &lo, &hi), hi <= j0)) skip++;
-        int end = rows;
+        while (causal_skip < rows && (row_key_range(fp, &w, r0 + causal_skip, &lo, &hi), hi <= j0)) causal_skip++;
+        int skip = causal_skip, end = rows;
         while (end > skip && (row_key_range(fp, &w, r0 + end - 1, &lo, &hi), lo >= j0 + cols)) end--;
         if (end == skip) continue;
         const bool edge = j0 < last_lo || j0 + cols > first_hi;
         bool plain = false;
         if (blocks) {   /* a tile the block mask empties for all these rows is skipped, one it fills runs plain */
+            /* one kv head's rows: those at either end whose blocks of the tile are all empty sit it out too */
+            while (heads == 1 && skip < end && row_blocks_empty(fp, &w, r0 + skip, j0, cols)) skip++;
+            while (heads == 1 && end > skip && row_blocks_empty(fp, &w, r0 + end - 1, j0, cols)) end--;
+            if (end == skip) continue;
             const int cls = af_block_map_tile(blocks, w.b, block_h0, block_nh, (r0 + skip) / p->group,
                                               (r0 + end - 1) / p->group, j0, j0 + cols);
             if (cls == AF_BLOCK_EMPTY) continue;
