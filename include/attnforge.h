@@ -283,6 +283,14 @@ typedef struct {
 AF_API af_status af_sdpa_backward(const af_sdpa_args *args, const af_backward_inputs *in, const af_gradients *grads);
 AF_API af_status af_flash_attn_backward(const af_flash_args *args, const af_backward_inputs *in,
                                         const af_gradients *grads);
+/* FlexAttention's backward (af_flex_attn's arguments, passed again): dq, dk, dv through the score_mod (its derivative
+ * taken from the program itself: the chain rule over its operations, PyTorch's derivatives) and the mask and block
+ * mask (removed keys get no gradient). Gradients for captured tensors are not computed yet. Deterministic, as the
+ * other backwards. */
+AF_API af_status af_flex_attn_backward(const af_flex_args *args, const af_backward_inputs *in,
+                                       const af_gradients *grads);
+AF_API af_status af_flex_attn_backward_reference(const af_flex_args *args, const af_backward_inputs *in,
+                                                 const af_gradients *grads);
 /* The plain references: double accumulation, P and D recomputed from the inputs (out and lse checked, not read). */
 AF_API af_status af_sdpa_backward_reference(const af_sdpa_args *args, const af_backward_inputs *in,
                                             const af_gradients *grads);

@@ -154,12 +154,13 @@ af_status af_mod_check(const af_mod_program *prog, const char *name, bool score,
     if (st != AF_OK) return st;
     const size_t n = (size_t)m->n_regs;
     if (!(m->is_int = af_alloc(n)) || !(m->varies = af_alloc(n)) || !(m->at_lanes = af_alloc(4 * n)) ||
-        !(m->at = af_alloc(4 * n)))
+        !(m->at = af_alloc(4 * n)) || !(m->on_score = af_alloc_zeroed(n)) || !(m->t_at_lanes = af_alloc(4 * n)))
         return af_fail(AF_ERR_NO_MEMORY, "out of memory: %s's register types", name);
     /* the score varies with the row and the key, b with neither, h and q_idx with the row, kv_idx with the key */
     const uint8_t input_varies[AF_MOD_INPUTS] = {AF_MOD_BY_ROW | AF_MOD_BY_KEY, 0, AF_MOD_BY_ROW, AF_MOD_BY_ROW,
                                                  AF_MOD_BY_KEY};
     m->is_int[0] = 0;   /* score */
+    m->on_score[0] = score;
     for (int r = 1; r < AF_MOD_INPUTS; r++) m->is_int[r] = 1;
     for (int r = 0; r < AF_MOD_INPUTS; r++) m->varies[r] = input_varies[r];
     for (int32_t i = 0; i < prog->length; i++) {
@@ -172,6 +173,14 @@ af_status af_mod_check(const af_mod_program *prog, const char *name, bool score,
             if (in->in[k] < AF_MOD_INPUTS) m->reads_input[in->in[k]] = 1;
         }
         m->varies[AF_MOD_INPUTS + i] = varies;
+        /* follows from the score with a derivative that is not 0 everywhere: float results of float operations
+         * (floor, ceil, round, sign and floor division are piecewise constant) */
+        bool on = false;
+        for (int k = 0; k < n_in && in->op != AF_MOD_LOAD; k++) on = on || m->on_score[in->in[k]];
+        const int op = in->op;
+        m->on_score[AF_MOD_INPUTS + i] = on && !m->is_int[AF_MOD_INPUTS + i] && op != AF_MOD_FLOOR &&
+                                         op != AF_MOD_CEIL && op != AF_MOD_ROUND && op != AF_MOD_SIGN &&
+                                         op != AF_MOD_FLOORDIV;
     }
     /* the scratch: a register by row and key takes AF_MOD_ROWS · lanes floats, by key lanes, by row or neither 16;
      * the score (register 0) is the caller's tile itself */
@@ -182,6 +191,11 @@ af_status af_mod_check(const af_mod_program *prog, const char *name, bool score,
         if (r == 0) continue;
         if (m->varies[r] & AF_MOD_BY_KEY) m->lane_units += m->varies[r] & AF_MOD_BY_ROW ? AF_MOD_ROWS : 1;
         else m->fixed += 16;
+    }
+    m->t_units = 0;   /* tangents after the values: a register on the score varies with row and key */
+    for (int32_t r = 1; r < m->n_regs; r++) {
+        m->t_at_lanes[r] = m->lane_units + m->t_units;
+        if (m->on_score[r]) m->t_units += AF_MOD_ROWS;
     }
     const uint8_t result = m->is_int[m->n_regs - 1];
     if (score && result)
@@ -198,9 +212,11 @@ void af_mod_release(af_mod_checked *m) {
     af_free(m->varies);
     af_free(m->at_lanes);
     af_free(m->at);
+    af_free(m->on_score);
+    af_free(m->t_at_lanes);
     af_free(m->aux);
-    m->is_int = m->varies = NULL;
-    m->at_lanes = m->at = NULL;
+    m->is_int = m->varies = m->on_score = NULL;
+    m->at_lanes = m->at = m->t_at_lanes = NULL;
     m->aux = NULL;
 }
 
@@ -234,7 +250,7 @@ af_status af_mods_status(af_mods *mods) {
 }
 
 static size_t program_floats(const af_mod_checked *m, int lanes) {
-    return (size_t)m->lane_units * (size_t)lanes + (size_t)m->fixed;
+    return (size_t)(m->lane_units + m->t_units) * (size_t)lanes + (size_t)m->fixed;
 }
 
 size_t af_mods_scratch_floats(const af_mods *mods, int lanes) {
@@ -477,6 +493,83 @@ AF_MOD_CLONES static operand run_program(af_mod_checked *m, const group *g, bool
                                                                                        : operand_of(m, g, m->n_regs - 1);
 }
 
+/* ---------------------------------------------------------------- tangents (the backward) */
+
+static const float ONE = 1.0f, ZERO = 0.0f;
+
+/* d(register k)/d(score) for the group: 1 for the score, 0 off the score, else its tangent register. */
+static operand tangent_of(const af_mod_checked *m, const group *g, int k) {
+    if (k == 0) return (operand){(float *)&ONE, 0, false};
+    if (!m->on_score[k]) return (operand){(float *)&ZERO, 0, false};
+    return (operand){g->regs + (size_t)m->t_at_lanes[k] * (size_t)g->lanes, g->lanes, true};
+}
+
+#define AT(o) ((o).p[r * (o).row_step + ((o).by_key ? j : 0)])
+
+/* The tangent of instruction `in` into TD, by the chain rule from its operands' values and tangents (PyTorch's
+ * derivatives: min / max split a tie in halves, pow's exponent term is 0 at a base of 0). Before the instruction
+ * itself runs, which may overwrite the score. */
+static void tangent_instr(const af_mod_checked *m, const af_mod_instr *in, const group *g, operand TD) {
+    const int n_in = operand_count(m, in);
+    operand x[3] = {{(float *)&ZERO, 0, false}, {(float *)&ZERO, 0, false}, {(float *)&ZERO, 0, false}};
+    operand t[3] = {x[0], x[1], x[2]};
+    for (int k = 0; k < n_in && k < 3; k++) {
+        x[k] = operand_of(m, g, in->in[k]);
+        t[k] = tangent_of(m, g, in->in[k]);
+    }
+    for (int r = 0; r < g->rows; r++)
+        for (int j = 0; j < g->width; j++) {
+            const float a = AT(x[0]), b = AT(x[1]), da = AT(t[0]), db = AT(t[1]);
+            float d = 0.0f;
+            switch (in->op) {
+            case AF_MOD_ADD: d = da + db; break;
+            case AF_MOD_SUB: d = da - db; break;
+            case AF_MOD_MUL: d = da * b + a * db; break;
+            case AF_MOD_DIV: d = (da - a / b * db) / b; break;
+            case AF_MOD_MOD: d = da - floorf(a / b) * db; break;
+            case AF_MOD_MIN: d = a < b ? da : a > b ? db : a == b ? 0.5f * (da + db) : a != a ? da : db; break;
+            case AF_MOD_MAX: d = a > b ? da : a < b ? db : a == b ? 0.5f * (da + db) : a != a ? da : db; break;
+            case AF_MOD_POW:
+                d = (b == 0.0f ? 0.0f : b * powf(a, b - 1.0f) * da) +
+                    (db == 0.0f || (a == 0.0f && b >= 0.0f) ? 0.0f : powf(a, b) * logf(a) * db);
+                break;
+            case AF_MOD_NEG: d = -da; break;
+            case AF_MOD_ABS: d = a > 0.0f ? da : a < 0.0f ? -da : 0.0f; break;
+            case AF_MOD_EXP: d = expf(a) * da; break;
+            case AF_MOD_LOG: d = da / a; break;
+            case AF_MOD_SQRT: d = da / (2.0f * sqrtf(a)); break;
+            case AF_MOD_RSQRT: d = -0.5f * da / (a * sqrtf(a)); break;
+            case AF_MOD_TANH: { const float th = tanhf(a); d = (1.0f - th * th) * da; break; }
+            case AF_MOD_SIGMOID: { const float sg = sigmoid_f(a); d = sg * (1.0f - sg) * da; break; }
+            case AF_MOD_ERF: d = 1.1283791670955126f * expf(-a * a) * da; break;
+            case AF_MOD_SIN: d = cosf(a) * da; break;
+            case AF_MOD_COS: d = -sinf(a) * da; break;
+            case AF_MOD_TAN: { const float tn = tanf(a); d = (1.0f + tn * tn) * da; break; }
+            case AF_MOD_WHERE: d = ((const int32_t *)x[0].p)[r * x[0].row_step + (x[0].by_key ? j : 0)] ? db : AT(t[2]);
+                break;
+            default: break;   /* piecewise constant, integer, or off the score */
+            }
+            TD.p[r * TD.row_step + j] = d;
+        }
+}
+
+/* run_program with each register's tangent beside it, the result's into T (row stride ldt): the backward's pass. */
+static operand run_program_grad(af_mod_checked *m, const group *g, float *T, int ldt) {
+    const operand scores = operand_of(m, g, 0);
+    for (int32_t i = 0; i < m->length; i++) {
+        const int reg = AF_MOD_INPUTS + i;
+        const uint8_t v = m->varies[reg];
+        const bool into_scores = i == m->length - 1 && v == (AF_MOD_BY_ROW | AF_MOD_BY_KEY);
+        if (m->on_score[reg])
+            tangent_instr(m, &m->code[i], g, into_scores ? (operand){T, ldt, true} : tangent_of(m, g, reg));
+        eval_instr(m, &m->code[i], g, v & AF_MOD_BY_ROW ? g->rows : 1, v & AF_MOD_BY_KEY ? g->width : 1,
+                   into_scores ? scores : operand_of(m, g, reg));
+    }
+    if (!m->on_score[m->n_regs - 1])   /* the result does not follow from the score */
+        for (int r = 0; r < g->rows; r++) memset(T + (size_t)r * ldt, 0, sizeof(float) * (size_t)g->width);
+    return m->varies[m->n_regs - 1] == (AF_MOD_BY_ROW | AF_MOD_BY_KEY) ? scores : operand_of(m, g, m->n_regs - 1);
+}
+
 /* The inputs the program reads: b, then h and q_idx per row, kv_idx per key. */
 static void fill_inputs(const af_mod_checked *m, const group *g, int64_t b, const int32_t *h_rows,
                         const int32_t *q_rows, int64_t kv0) {
@@ -510,9 +603,10 @@ static int run_end(const af_block_map *bm, const uint8_t *cls, int64_t kv0, int 
     return e;
 }
 
-/* One group of rows: which blocks its rows need evaluated (a block mask), the programs, then the mask applied. */
+/* One group of rows: which blocks its rows need evaluated (a block mask), the programs, then the mask applied; with
+ * T (the backward), the score_mod's tangent into it, 0 where a key is removed. */
 static void apply_group(af_mods *mods, int64_t b, const int32_t *h_rows, const int32_t *q_rows, int64_t kv0,
-                        group *g) {
+                        group *g, float *T, int ldt) {
     const af_block_map *bm = mods->blocks;
     bool any_partial = !bm, any_seen = !bm;
     for (int r = 0; bm && r < g->rows; r++) {
@@ -528,7 +622,7 @@ static void apply_group(af_mods *mods, int64_t b, const int32_t *h_rows, const i
         for (int r = 0; r < g->rows; r++) memset(g->s + (size_t)r * g->lds + g->n, 0, sizeof(float) * (size_t)(g->width - g->n));
     if (any_seen && mods->has_score) {
         fill_inputs(&mods->score, g, b, h_rows, q_rows, kv0);
-        const operand out = run_program(&mods->score, g, true);
+        const operand out = T ? run_program_grad(&mods->score, g, T, ldt) : run_program(&mods->score, g, true);
         if (out.p != g->s)   /* a score that does not vary with both: spread over the tile */
             for (int r = 0; r < g->rows; r++)
                 for (int j = 0; j < g->n; j++) g->s[(size_t)r * g->lds + j] = out.p[r * out.row_step + (out.by_key ? j : 0)];
@@ -553,16 +647,26 @@ static void apply_group(af_mods *mods, int64_t b, const int32_t *h_rows, const i
             j = e;
         }
     }
+    for (int r = 0; T && mods->has_score && r < g->rows; r++) {   /* removed keys: P = 0, and no NaN tangent */
+        const float *s = g->s + (size_t)r * g->lds;
+        float *t = T + (size_t)r * ldt;
+        for (int j = 0; j < g->n; j++) t[j] = s[j] == -INFINITY ? 0.0f : t[j];
+    }
 }
 
-void af_mods_apply_tile(af_mods *mods, int64_t b, const int32_t *h_rows, const int32_t *q_rows, int rows, int64_t kv0,
-                        int n, float *s, int lds, float *regs, int lanes) {
+void af_mods_apply_tile_grad(af_mods *mods, int64_t b, const int32_t *h_rows, const int32_t *q_rows, int rows,
+                             int64_t kv0, int n, float *s, int lds, float *t, int ldt, float *regs, int lanes) {
     const int width = (n + AF_MOD_LANES - 1) / AF_MOD_LANES * AF_MOD_LANES;
     for (int r0 = 0; r0 < rows; r0 += AF_MOD_ROWS) {
         group g = {regs, lanes, rows - r0 < AF_MOD_ROWS ? rows - r0 : AF_MOD_ROWS, n, width, s + (size_t)r0 * lds,
                    lds};
-        apply_group(mods, b, h_rows + r0, q_rows + r0, kv0, &g);
+        apply_group(mods, b, h_rows + r0, q_rows + r0, kv0, &g, t ? t + (size_t)r0 * ldt : NULL, ldt);
     }
+}
+
+void af_mods_apply_tile(af_mods *mods, int64_t b, const int32_t *h_rows, const int32_t *q_rows, int rows, int64_t kv0,
+                        int n, float *s, int lds, float *regs, int lanes) {
+    af_mods_apply_tile_grad(mods, b, h_rows, q_rows, rows, kv0, n, s, lds, NULL, 0, regs, lanes);
 }
 
 void af_mods_apply_row(af_mods *mods, int64_t b, int64_t h, int64_t q_idx, int64_t kv0, int n, float *s, float *regs,

@@ -31,6 +31,9 @@ typedef struct {
     uint8_t *varies;           /* per register: AF_MOD_BY_ROW | AF_MOD_BY_KEY, what its value follows */
     int32_t *at_lanes, *at;    /* per register: its values start at at_lanes·lanes + at floats of the scratch */
     int32_t lane_units, fixed; /* the scratch all registers take: lane_units·lanes + fixed floats */
+    uint8_t *on_score;         /* per register: a float32 that follows from the score (the backward's tangents) */
+    int32_t *t_at_lanes;       /* ... its tangent d(register)/d(score) at t_at_lanes·lanes floats (after the values) */
+    int32_t t_units;           /* the tangents' scratch: t_units·lanes floats */
     uint8_t reads_input[5];    /* inputs any instruction reads */
     af_mod_tensor *aux;
     int32_t n_aux;
@@ -64,6 +67,10 @@ size_t af_mods_scratch_floats(const af_mods *mods, int lanes);
  * writable floats (those past n are scratch). regs: af_mods_scratch_floats(mods, lanes) floats, 64-byte aligned. */
 void af_mods_apply_tile(af_mods *mods, int64_t b, const int32_t *h_rows, const int32_t *q_rows, int rows, int64_t kv0,
                         int n, float *s, int lds, float *regs, int lanes);
+/* The same for the backward, which also needs d(score_mod)/d(score): t[r·ldt + j] gets it for every key the row keeps
+ * (0 for those removed). With no score_mod, t is not written. */
+void af_mods_apply_tile_grad(af_mods *mods, int64_t b, const int32_t *h_rows, const int32_t *q_rows, int rows,
+                             int64_t kv0, int n, float *s, int lds, float *t, int ldt, float *regs, int lanes);
 /* One row of it. */
 void af_mods_apply_row(af_mods *mods, int64_t b, int64_t h, int64_t q_idx, int64_t kv0, int n, float *s, float *regs,
                        int lanes);

@@ -20,6 +20,8 @@
 #include "core/log.h"
 #include "core/status.h"
 #include "core/threadpool.h"
+#include "flex/block_map.h"
+#include "flex/program.h"
 #include "kernel/flash.h"
 #include "kernel/softcap.h"
 #include "kernel/tiling.h"
@@ -47,8 +49,9 @@ typedef struct {
     float *D;                   /* (Hq, R): rowsum(dout ∘ out) */
     float *dq_partial;          /* (chunks, Hq, R, e_pad) */
     double *dsink_part;         /* (B, Hq): each (batch, head)'s share of the sink's gradient */
+    bool tangent;               /* dS is multiplied by T = d(transformed score)/d(scaled score): softcap, score_mod */
     size_t off_kt, off_kr, off_vt, off_dk, off_dv, off_q, off_do, off_s, off_dp, off_t, off_pt, off_row, off_m,
-        off_l, off_a;
+        off_l, off_a, off_mod;
 } bwd_plan;
 
 /* Row id of sequence b's query row i among all R rows (the index of lse2, D and the dq partials). */
@@ -185,11 +188,24 @@ static void rows_seeing(const af_problem *p, const af_sequence *seq, int64_t j0,
     *hi = a;
 }
 
-/* S (raw scores) → the scores the forward's softmax saw: softcap (keeping 1 − tanh² in T for dS), or scale and mask;
- * then -inf outside each row's key range. */
+/* S (raw scores) → the scores the forward's softmax saw: softcap (keeping 1 − tanh² in T for dS), or scale and mask,
+ * or scale and af_flex_attn's mods (keeping d(score_mod)/d(score) in T); then -inf outside each row's key range. */
 static void transform_scores(const bwd_plan *bw, const key_item *w, int64_t h, int64_t i0, int rows, int64_t j0,
-                             int cols, float *S, float *T) {
+                             int cols, float *S, float *T, float *mod_regs) {
     const af_problem *p = bw->p;
+    if (p->mods) {   /* the mods over the whole block: its rows' heads and positions after the registers */
+        for (int r = 0; r < rows; r++) {
+            float *s = S + (size_t)r * bw->keys_pad;
+            for (int j = 0; j < cols; j++) s[j] *= (float)p->scale;
+        }
+        int32_t *h_rows = (int32_t *)(mod_regs + af_mods_scratch_floats(p->mods, bw->keys_pad)), *q_rows = h_rows + rows;
+        for (int r = 0; r < rows; r++) {
+            h_rows[r] = (int32_t)h;
+            q_rows[r] = (int32_t)(i0 + r);
+        }
+        af_mods_apply_tile_grad(p->mods, w->b, h_rows, q_rows, rows, j0, cols, S, bw->keys_pad, T, bw->keys_pad,
+                                mod_regs, bw->keys_pad);
+    }
     for (int r = 0; r < rows; r++) {
         float *s = S + (size_t)r * bw->keys_pad;
         const int64_t i = i0 + r;
@@ -198,7 +214,7 @@ static void transform_scores(const bwd_plan *bw, const key_item *w, int64_t h, i
             af_softcap_row(s, cols, (float)(p->scale / p->softcap), cap);
             float *t = T + (size_t)r * bw->keys_pad;
             for (int j = 0; j < cols; j++) t[j] = 1.0f - (s[j] / cap) * (s[j] / cap);
-        } else if (bw->pre_scale) {
+        } else if (bw->pre_scale && !p->mods) {
             const float scale = (float)p->scale;
             for (int j = 0; j < cols; j++) s[j] *= scale;
             if (p->mask) {
@@ -270,7 +286,7 @@ static void block_pair(const bwd_plan *bw, const key_item *w, int64_t h, int64_t
     /* P = exp2(S·c − lse2): the softmax step with the running max preset to lse2 (never exceeded by a score, so P is
      * taken against it; a row whose max still moved, an lse below its scores, is rescaled back by 1 / alpha) */
     uk->gemm(rows, cols, bw->E, qb, ldq, kt, bw->keys_pad, S, bw->keys_pad, false);
-    transform_scores(bw, w, h, i0, rows, j0, cols, S, T);
+    transform_scores(bw, w, h, i0, rows, j0, cols, S, T, (float *)(base + bw->off_mod));
     const float c = (float)(bw->pre_scale ? LOG2E : p->scale * LOG2E);
     for (int r = 0; r < rows; r++) {
         m[r] = lse2[r];
@@ -290,11 +306,11 @@ static void block_pair(const bwd_plan *bw, const key_item *w, int64_t h, int64_t
     } else {
         for (int r = 0; r < rows; r++) memset(dP + (size_t)r * bw->keys_pad, 0, sizeof(float) * (size_t)cols);
     }
-    for (int r = 0; r < rows; r++) {   /* dS = P ∘ (dP − D), through the softcap's tanh */
+    for (int r = 0; r < rows; r++) {   /* dS = P ∘ (dP − D), through the softcap's tanh or the score_mod */
         float *ds = dP + (size_t)r * bw->keys_pad;
         const float *P = S + (size_t)r * bw->keys_pad, *t = T + (size_t)r * bw->keys_pad;
         const float Dr = D[r];
-        if (p->softcap > 0.0)
+        if (bw->tangent)
             for (int j = 0; j < cols; j++) ds[j] = P[j] * (ds[j] - Dr) * t[j];
         else
             for (int j = 0; j < cols; j++) ds[j] = P[j] * (ds[j] - Dr);
@@ -342,10 +358,14 @@ static void keys_item(void *ctx, int64_t t, void *scratch) {
         memset(dv, 0, sizeof(float) * (size_t)cols * (size_t)bw->ev_pad);
         int64_t i_lo, i_hi;
         rows_seeing(p, &w.seq, j0, j0 + cols, &i_lo, &i_hi);
+        const af_block_map *blocks = p->mods ? p->mods->blocks : NULL;
         for (int64_t g = 0; g < p->group; g++)   /* the group's heads in order: dK, dV summed over them here */
             for (int64_t i0 = i_lo; i0 < i_hi; i0 += BLOCK_ROWS) {
                 const int rows = (int)(i_hi - i0 < BLOCK_ROWS ? i_hi - i0 : BLOCK_ROWS);
-                block_pair(bw, &w, w.hk * p->group + g, i0, rows, j0, cols, base);
+                const int64_t h = w.hk * p->group + g;
+                if (blocks && af_block_map_tile(blocks, w.b, h, 1, i0, i0 + rows - 1, j0, j0 + cols) == AF_BLOCK_EMPTY)
+                    continue;   /* a flex block mask leaves out every key of the pair */
+                block_pair(bw, &w, h, i0, rows, j0, cols, base);
             }
         store_tile(bw, &w, j0, cols, dk, dv);
     }
@@ -412,12 +432,13 @@ static size_t plan_scratch(bwd_plan *bw) {
     TAKE(off_do, br * (size_t)bw->ev_pad);
     TAKE(off_s, br * kp);
     TAKE(off_dp, br * kp);
-    TAKE(off_t, bw->p->softcap > 0.0 ? br * kp : 1);
+    TAKE(off_t, bw->tangent ? br * kp : 1);
     TAKE(off_pt, bk * (size_t)bw->rows_pad);
     TAKE(off_row, (size_t)(bw->E > bw->Ev ? bw->E : bw->Ev) + AF_TILE_PAD);
     TAKE(off_m, br);
     TAKE(off_l, br);
     TAKE(off_a, br);
+    TAKE(off_mod, bw->p->mods ? af_mods_scratch_floats(bw->p->mods, bw->keys_pad) + 2 * br : 1);
 #undef TAKE
     return at;
 }
@@ -454,7 +475,8 @@ af_status af_flash_backward(const af_backward_problem *bp) {
     bw.R = p->cu_seqlens_q ? p->total_q : p->B * p->L;
     bw.q_direct = f32_rows_direct(p->dtype, p->q_stride, bw.E);
     bw.do_direct = f32_rows_direct(p->out_dtype, bp->dout_stride, bw.Ev);
-    bw.pre_scale = p->mask != NULL || !(p->scale > 0.0) || p->softcap > 0.0;
+    bw.pre_scale = p->mask != NULL || !(p->scale > 0.0) || p->softcap > 0.0 || p->mods != NULL;
+    bw.tangent = p->softcap > 0.0 || (p->mods && p->mods->has_score);
 
     /* key chunks: enough items for the threads of a big machine, while all chunks' dq partials stay bounded */
     const int64_t tiles = af_ceil_div(p->S, BLOCK_KEYS);

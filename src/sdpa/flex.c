@@ -1,44 +1,79 @@
-/* af_flex_attn (attnforge.h): FlexAttention's forward on the FlashAttention driver. The call is checked as SDPA's
- * with grouped heads (af_sdpa_check), its mods as programs (flex/program.h), its block mask as a map of block classes
- * (flex/block_map.h); the driver and the reference evaluate them on the scaled scores of each tile / row, and the
- * driver skips the tiles the block mask empties. */
+/* af_flex_attn and its backward (attnforge.h): FlexAttention on the FlashAttention drivers. The call is checked as
+ * SDPA's with grouped heads (af_sdpa_check, af_sdpa_backward_check), its mods as programs (flex/program.h), its block
+ * mask as a map of block classes (flex/block_map.h); the drivers and the references evaluate them on the scaled
+ * scores of each tile / row, and the drivers skip the tiles the block mask empties. */
 #include "core/status.h"
 #include "flex/block_map.h"
 #include "flex/program.h"
 #include "kernel/flash.h"
+#include "sdpa/backward.h"
 #include "sdpa/problem.h"
 
 typedef af_status (*forward_fn)(const af_problem *p);
+typedef af_status (*backward_fn)(const af_backward_problem *bp);
+
+/* What the SDPA checks do not see: CPU tensors, heads that divide rather than broadcast, int32 indices. */
+static af_status flex_rules(const af_flex_args *args, const af_problem *p) {
+    if (args->query->device.type != AF_DEVICE_CPU)
+        return af_fail(AF_ERR_UNSUPPORTED, "query: on cuda:%d; flex attention runs on the CPU only",
+                       args->query->device.index);
+    if (p->Hq != args->query->shape[1] || p->B != args->query->shape[0])
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "key, value: batch and heads must be query's or divide them as "
+                       "FlexAttention's (B, Hkv) with Hq a multiple of Hkv, not broadcast beyond query's");
+    if (p->L > INT32_MAX || p->S > INT32_MAX || p->B > INT32_MAX || p->Hq > INT32_MAX)
+        return af_fail(AF_ERR_UNSUPPORTED,
+                       "query, key: the mods' indices are int32; B, H, L and S must stay below 2^31");
+    return AF_OK;
+}
+
+static af_sdpa_args sdpa_of(const af_flex_args *args) {
+    return (af_sdpa_args){.query = args->query, .key = args->key, .value = args->value, .has_scale = args->has_scale,
+                          .scale = args->scale, .enable_gqa = true};
+}
+
+/* The call's mods and block map into *mods / *blocks for problem p; *mods is released by the caller. */
+static af_status take_mods(const af_flex_args *args, af_problem *p, af_mods *mods, af_block_map *blocks) {
+    af_status st = af_mods_check(args->score_mod, args->mask_mod, mods);
+    if (st != AF_OK) return st;
+    if (args->block_mask) {
+        if ((st = af_block_map_build(args->block_mask, p->B, p->Hq, p->L, p->S, blocks)) != AF_OK) return st;
+        mods->blocks = blocks;
+    }
+    p->mods = mods->has_score || mods->has_mask || mods->blocks ? mods : NULL;
+    return AF_OK;
+}
 
 static af_status flex_call(const af_flex_args *args, af_tensor *out, af_tensor *lse, forward_fn forward) {
     af_clear_error();
     if (!args) return af_fail(AF_ERR_INVALID_ARGUMENT, "args: must not be NULL");
-    const af_sdpa_args sdpa = {.query = args->query, .key = args->key, .value = args->value,
-                               .has_scale = args->has_scale, .scale = args->scale, .enable_gqa = true};
+    const af_sdpa_args sdpa = sdpa_of(args);
     af_problem p;
     af_status st = af_sdpa_check(&sdpa, out, lse, &p);
+    if (st == AF_OK) st = flex_rules(args, &p);
     if (st != AF_OK) return st;
-    if (args->query->device.type != AF_DEVICE_CPU)
-        return af_fail(AF_ERR_UNSUPPORTED, "query: on cuda:%d; flex attention runs on the CPU only",
-                       args->query->device.index);
-    if (p.Hq != args->query->shape[1] || p.B != args->query->shape[0])
-        return af_fail(AF_ERR_INVALID_ARGUMENT, "key, value: batch and heads must be query's or divide them as "
-                       "FlexAttention's (B, Hkv) with Hq a multiple of Hkv, not broadcast beyond query's");
-    if (p.L > INT32_MAX || p.S > INT32_MAX || p.B > INT32_MAX || p.Hq > INT32_MAX)
-        return af_fail(AF_ERR_UNSUPPORTED,
-                       "query, key: the mods' indices are int32; B, H, L and S must stay below 2^31");
     af_mods mods;
-    if ((st = af_mods_check(args->score_mod, args->mask_mod, &mods)) != AF_OK) return st;
     af_block_map blocks = {0};
-    if (args->block_mask) {
-        if ((st = af_block_map_build(args->block_mask, p.B, p.Hq, p.L, p.S, &blocks)) != AF_OK) {
-            af_mods_release(&mods);
-            return st;
-        }
-        mods.blocks = &blocks;
-    }
-    p.mods = mods.has_score || mods.has_mask || mods.blocks ? &mods : NULL;
-    st = forward(&p);
+    st = take_mods(args, &p, &mods, &blocks);
+    if (st == AF_OK) st = forward(&p);
+    if (st == AF_OK) st = af_mods_status(&mods);
+    af_block_map_release(&blocks);
+    af_mods_release(&mods);
+    return st;
+}
+
+static af_status flex_backward_call(const af_flex_args *args, const af_backward_inputs *in, const af_gradients *grads,
+                                    backward_fn backward) {
+    af_clear_error();
+    if (!args) return af_fail(AF_ERR_INVALID_ARGUMENT, "args: must not be NULL");
+    const af_sdpa_args sdpa = sdpa_of(args);
+    af_backward_problem bp;
+    af_status st = af_sdpa_backward_check(&sdpa, in, grads, &bp);
+    if (st == AF_OK) st = flex_rules(args, &bp.f);
+    if (st != AF_OK) return st;
+    af_mods mods;
+    af_block_map blocks = {0};
+    st = take_mods(args, &bp.f, &mods, &blocks);
+    if (st == AF_OK) st = backward(&bp);
     if (st == AF_OK) st = af_mods_status(&mods);
     af_block_map_release(&blocks);
     af_mods_release(&mods);
@@ -51,4 +86,13 @@ af_status af_flex_attn(const af_flex_args *args, af_tensor *out, af_tensor *lse)
 
 af_status af_flex_attn_reference(const af_flex_args *args, af_tensor *out, af_tensor *lse) {
     return flex_call(args, out, lse, af_reference_forward);
+}
+
+af_status af_flex_attn_backward(const af_flex_args *args, const af_backward_inputs *in, const af_gradients *grads) {
+    return flex_backward_call(args, in, grads, af_flash_backward);
+}
+
+af_status af_flex_attn_backward_reference(const af_flex_args *args, const af_backward_inputs *in,
+                                          const af_gradients *grads) {
+    return flex_backward_call(args, in, grads, af_reference_backward);
 }

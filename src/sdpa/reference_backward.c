@@ -7,6 +7,7 @@
 #include "core/alloc.h"
 #include "core/dtype.h"
 #include "core/status.h"
+#include "flex/program.h"
 #include "sdpa/backward.h"
 
 static double load(const char *base, af_dtype dtype, int64_t offset) {
@@ -39,7 +40,10 @@ typedef struct {
     double *dq_row;      /* E */
     double *dk, *dv;     /* NULL when not wanted; (slots, Hkv, rows, E / Ev) of key_rows */
     double *dsink;       /* NULL when not wanted; Hq */
+    float *mod_regs;     /* af_flex_attn's mods: their registers over MOD_RUN keys, then MOD_RUN scores and tangents */
 } scratch;
+
+#define MOD_RUN 256   /* keys the reference hands the mods at a time */
 
 static size_t count_or_one(int64_t n) { return (size_t)(n > 0 ? n : 1); }
 
@@ -63,6 +67,7 @@ static int64_t accumulator_size(rows_extent x, int64_t heads, int64_t dim) {
 static void scratch_free(scratch *w) {
     double *all[] = {w->score, w->softcap_d, w->prob, w->dprob, w->dq_row, w->dk, w->dv, w->dsink};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) af_free(all[i]);
+    af_free(w->mod_regs);
 }
 
 static af_status scratch_alloc(const af_backward_problem *bp, scratch *w) {
@@ -75,6 +80,8 @@ static af_status scratch_alloc(const af_backward_problem *bp, scratch *w) {
               alloc_doubles(&w->prob, S) && alloc_doubles(&w->dprob, S) && alloc_doubles(&w->dq_row, p->E);
     ok = ok && (!bp->dk || alloc_doubles(&w->dk, dk_size)) && (!bp->dv || alloc_doubles(&w->dv, dv_size)) &&
          (!bp->dsink || alloc_doubles(&w->dsink, p->Hq));
+    ok = ok && (!p->mods || (w->mod_regs = af_alloc(sizeof(float) * (af_mods_scratch_floats(p->mods, MOD_RUN) +
+                                                                       2 * MOD_RUN))));
     if (ok) return AF_OK;
     scratch_free(w);
     return af_fail(AF_ERR_NO_MEMORY, "out of memory: reference backward scratch for S=%lld keys, E=%lld, Ev=%lld",
@@ -87,6 +94,22 @@ static int64_t accumulator_row(const af_problem *p, int64_t b, int64_t hk, const
     const rows_extent keys = key_rows(p);
     const int64_t slot = p->cu_seqlens_k ? 0 : b;
     return ((slot * p->Hkv + hk) * keys.rows + seq->k0 + j) * dim;
+}
+
+/* af_flex_attn's mods on the row's scaled scores, rounded to float32 and evaluated as the kernels do, their
+ * derivative d(score_mod)/d(score) into softcap_d (the reference's own part is the double arithmetic around them). */
+static void apply_mods(const af_problem *p, int64_t b, int64_t h, int64_t i, int64_t S, scratch *w) {
+    float *regs = w->mod_regs, *run = regs + af_mods_scratch_floats(p->mods, MOD_RUN), *tangent = run + MOD_RUN;
+    const int32_t h_row = (int32_t)h, q_row = (int32_t)i;
+    for (int64_t j0 = 0; j0 < S; j0 += MOD_RUN) {
+        const int n = S - j0 < MOD_RUN ? (int)(S - j0) : MOD_RUN;
+        for (int j = 0; j < MOD_RUN; j++) run[j] = j < n ? (float)w->score[j0 + j] : 0.0f;
+        af_mods_apply_tile_grad(p->mods, b, &h_row, &q_row, 1, j0, n, run, MOD_RUN, tangent, MOD_RUN, regs, MOD_RUN);
+        for (int j = 0; j < n; j++) {
+            w->score[j0 + j] = run[j];
+            if (p->mods->has_score) w->softcap_d[j0 + j] = tangent[j];
+        }
+    }
 }
 
 /* The row's scores as the forward reference forms them: scale·q·k, softcap (keeping its derivative), then causality
@@ -117,6 +140,7 @@ static void row_scores(const af_problem *p, int64_t b, const af_sequence *seq, i
         }
         w->score[j] = score;
     }
+    if (p->mods) apply_mods(p, b, h, i, seq->S, w);
 }
 
 /* The sink's logit of head h; -inf without one (it then adds nothing to the denominator). */
