@@ -186,3 +186,53 @@ done:
     release_mod(&mask);
     return result;
 }
+
+PyObject *afpy_flex_attn_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    afpy_log_sync();
+    static char *keywords[] = {"query", "key", "value", "out", "dout", "lse", "dq", "dk", "dv", "scale", "score_mod",
+                               "mask_mod", "block_mask", "reference", NULL};
+    PyObject *obj[9], *scale_obj = Py_None, *score_obj = Py_None, *mask_obj = Py_None, *blocks_obj = Py_None;
+    int reference = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOO|$OOOOp:flex_attn_backward", keywords, &obj[0], &obj[1],
+                                     &obj[2], &obj[3], &obj[4], &obj[5], &obj[6], &obj[7], &obj[8], &scale_obj,
+                                     &score_obj, &mask_obj, &blocks_obj, &reference))
+        return NULL;
+    af_flex_args a = {0};
+    if (scale_obj != Py_None) {
+        a.has_scale = true;
+        a.scale = PyFloat_AsDouble(scale_obj);
+        if (PyErr_Occurred()) return NULL;
+    }
+    static const char *names[9] = {"query", "key", "value", "out", "dout", "lse", "dq", "dk", "dv"};
+    afpy_mod score = {0}, mask = {0};
+    afpy_blocks blocks = {0};
+    afpy_tensor t[9] = {{0}};
+    PyObject *result = NULL;
+    if (score_obj != Py_None && parse_mod(score_obj, "score_mod", &score) < 0) goto done;
+    if (mask_obj != Py_None && parse_mod(mask_obj, "mask_mod", &mask) < 0) goto done;
+    if (blocks_obj != Py_None && parse_blocks(blocks_obj, &blocks) < 0) goto done;
+    for (int i = 0; i < 9; i++)
+        if (obj[i] != Py_None && afpy_tensor_from_object(obj[i], names[i], i >= 6, 0, &t[i]) < 0) goto done;
+    a.query = &t[0].view;
+    a.key = &t[1].view;
+    a.value = &t[2].view;
+    a.score_mod = score_obj != Py_None ? &score.program : NULL;
+    a.mask_mod = mask_obj != Py_None ? &mask.program : NULL;
+    a.block_mask = blocks_obj != Py_None ? &blocks.mask : NULL;
+    const af_backward_inputs in = {&t[3].view, &t[4].view, &t[5].view};
+    const af_gradients grads = {obj[6] != Py_None ? &t[6].view : NULL, obj[7] != Py_None ? &t[7].view : NULL,
+                                obj[8] != Py_None ? &t[8].view : NULL, NULL};
+    af_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = reference ? af_flex_attn_backward_reference(&a, &in, &grads) : af_flex_attn_backward(&a, &in, &grads);
+    Py_END_ALLOW_THREADS
+    if (status != AF_OK) afpy_raise_status(status);
+    else result = Py_NewRef(Py_None);
+done:
+    for (int i = 0; i < 9; i++) afpy_tensor_release(&t[i]);
+    release_mod(&score);
+    release_mod(&mask);
+    release_blocks(&blocks);
+    return result;
+}

@@ -11,6 +11,10 @@
  * kv_block, kv_num_blocks, kv_indices, full_kv_num_blocks | None, full_kv_indices | None), int32 tensors. */
 PyObject *afpy_flex_attn(PyObject *self, PyObject *args, PyObject *kwargs);
 
+/* flex_attn_backward(query, key, value, out, dout, lse, dq, dk, dv, *, scale, score_mod, mask_mod, block_mask,
+ * reference=False) -> None: af_flex_attn_backward into dq, dk, dv (None: not wanted). */
+PyObject *afpy_flex_attn_backward(PyObject *self, PyObject *args, PyObject *kwargs);
+
 /* create_block_mask(mask_mod, B, H, L, S, q_block, kv_block, kv_num_blocks, kv_indices, full_kv_num_blocks | None,
  * full_kv_indices | None) -> None: the four int32 tensors written (attnforge.h, af_create_block_mask). */
 PyObject *afpy_create_block_mask(PyObject *self, PyObject *args);

@@ -6,8 +6,9 @@
 A mod written with torch operations is traced into a small program (_trace) that the C kernels evaluate inside
 their tiles, vectorised over keys, on every ISA. A BlockMask contributes its mask_mod and its block lists: the
 kernels skip the blocks it leaves out and evaluate no mask in its full blocks. create_block_mask builds one in C
-(_block_mask). The forward runs with its LSE; the backward is issue 47's next step, and a call that needs a
-gradient is refused rather than run without one."""
+(_block_mask). The forward runs with its LSE, the backward gives dq, dk, dv through the mods (their derivative from
+the traced program); gradients for tensors a mod captures are issue 47's next step, and a call that needs one is
+refused rather than run without it."""
 import math
 
 import torch
@@ -39,14 +40,41 @@ def _check(query, key, value, enable_gqa, block_mask):
     if Hq != Hkv and not enable_gqa:
         raise _C.InvalidArgumentError(f"query, key: {Hq} query heads and {Hkv} kv heads need enable_gqa=True "
                                       "(FlexAttention's rule)")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
-        raise NotImplementedError("attnforge.flex: the backward is not implemented yet (issue 47); call under "
-                                  "torch.no_grad() or detach the inputs")
     if block_mask is not None:
         lengths = getattr(block_mask, "seq_lengths", None)
         if lengths is not None and tuple(lengths) != (query.shape[2], key.shape[2]):
             raise _C.InvalidArgumentError(f"block_mask: made for (Q_LEN, KV_LEN) = {tuple(lengths)}, the call has "
                                           f"({query.shape[2]}, {key.shape[2]}); BlockMask._adjust makes it fit")
+
+
+class _Flex(torch.autograd.Function):
+    """flex_attention with its backward: the forward keeps out and lse, the backward runs af_flex_attn_backward
+    with the same programs (the lse gets no gradient)."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, call):
+        query, key, value = query.detach(), key.detach(), value.detach()   # DLPack takes no tensor needing grad
+        B, Hq, L, _ = query.shape
+        out = torch.empty(B, Hq, L, value.shape[-1], dtype=query.dtype)
+        lse = torch.empty(B, Hq, L, dtype=torch.float32)
+        _C.flex_attn(query, key, value, out, lse, **call)
+        ctx.save_for_backward(query, key, value, out, lse)
+        ctx.call = call
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        query, key, value, out, lse = (t.detach() for t in ctx.saved_tensors)
+        if dout is None:
+            return None, None, None, None
+        want = ctx.needs_input_grad
+        dq = torch.empty_like(query, memory_format=torch.contiguous_format) if want[0] else None
+        dk = torch.empty_like(key, memory_format=torch.contiguous_format) if want[1] else None
+        dv = torch.empty_like(value, memory_format=torch.contiguous_format) if want[2] else None
+        _C.flex_attn_backward(query, key, value, out, dout.detach(), lse, dq, dk, dv, **ctx.call)
+        return dq, dk, dv, None
 
 
 def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False,
@@ -63,15 +91,25 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
         if getattr(return_aux, "max_scores", False):
             raise _C.UnsupportedError("return_aux: max_scores is not implemented")
         want_lse = want_lse or bool(getattr(return_aux, "lse", False))
-    score = trace(score_mod, score=True).as_c() if score_mod is not None else None
+    score_program = trace(score_mod, score=True) if score_mod is not None else None
     mask_fn = _mask_mod_of(block_mask)
-    mask = trace(mask_fn, score=False).as_c() if mask_fn is not None else None
-    B, Hq, L, _ = query.shape
-    out = torch.empty(B, Hq, L, value.shape[-1], dtype=query.dtype)
-    lse = torch.empty(B, Hq, L, dtype=torch.float32) if want_lse else None
-    blocks = block_mask_args(block_mask) if block_mask is not None else None
-    _C.flex_attn(query.detach(), key.detach(), value.detach(), out, lse,
-                 scale=None if scale is None else float(scale), score_mod=score, mask_mod=mask, block_mask=blocks)
+    mask_program = trace(mask_fn, score=False) if mask_fn is not None else None
+    call = dict(scale=None if scale is None else float(scale),
+                score_mod=score_program.as_c() if score_program else None,
+                mask_mod=mask_program.as_c() if mask_program else None,
+                block_mask=block_mask_args(block_mask) if block_mask is not None else None)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+        for program in (score_program, mask_program):
+            if program is not None and any(t.requires_grad for t in program.aux):
+                raise NotImplementedError("attnforge.flex: gradients for a tensor a mod captures are not implemented "
+                                          "yet (issue 47); detach it, or call torch's flex_attention")
+        out, lse = _Flex.apply(query, key, value, call)
+        lse = lse if want_lse else None
+    else:
+        B, Hq, L, _ = query.shape
+        out = torch.empty(B, Hq, L, value.shape[-1], dtype=query.dtype)
+        lse = torch.empty(B, Hq, L, dtype=torch.float32) if want_lse else None
+        _C.flex_attn(query.detach(), key.detach(), value.detach(), out, lse, **call)
     if return_aux is not None:
         from torch.nn.attention.flex_attention import AuxOutput
         aux = AuxOutput(lse=lse if getattr(return_aux, "lse", False) else None)

@@ -38,6 +38,7 @@ class Program:
 
 def _loadable(t):
     """A captured tensor as the C LOAD reads it: float32/float16/bfloat16, int32 or bool; 0-d as one element."""
+    t = t.detach()   # read, never differentiated here (DLPack takes no tensor that needs a gradient)
     if t.dim() == 0:
         t = t.reshape(1)
     if t.dtype == torch.float64:
