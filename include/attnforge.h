@@ -285,12 +285,15 @@ AF_API af_status af_flash_attn_backward(const af_flash_args *args, const af_back
                                         const af_gradients *grads);
 /* FlexAttention's backward (af_flex_attn's arguments, passed again): dq, dk, dv through the score_mod (its derivative
  * taken from the program itself: the chain rule over its operations, PyTorch's derivatives) and the mask and block
- * mask (removed keys get no gradient). Gradients for captured tensors are not computed yet. Deterministic, as the
- * other backwards. */
+ * mask (removed keys get no gradient); grads->dsink must be NULL. daux: NULL, or one entry per captured tensor of the
+ * score_mod (score_mod->n_aux), each NULL or that tensor's gradient, written whole: float32, the tensor's shape, any
+ * non-negative strides; a float tensor's elements get the sum over every score that loaded them of the loss's
+ * gradient there times d(score_mod)/d(the loaded value). Deterministic, as the other backwards: the sums run apart
+ * per work item, then in item order. */
 AF_API af_status af_flex_attn_backward(const af_flex_args *args, const af_backward_inputs *in,
-                                       const af_gradients *grads);
+                                       const af_gradients *grads, af_tensor *const *daux);
 AF_API af_status af_flex_attn_backward_reference(const af_flex_args *args, const af_backward_inputs *in,
-                                                 const af_gradients *grads);
+                                                 const af_gradients *grads, af_tensor *const *daux);
 /* The plain references: double accumulation, P and D recomputed from the inputs (out and lse checked, not read). */
 AF_API af_status af_sdpa_backward_reference(const af_sdpa_args *args, const af_backward_inputs *in,
                                             const af_gradients *grads);

@@ -43,8 +43,41 @@ static double relative_gap(const test_tensor *a, const test_tensor *b, const int
     return scale > 0.0 ? gap / scale : gap;
 }
 
+/* The score_mod's captured tensors' gradients (when `daux`): float32 tensors of their shapes, the kernel's and the
+ * reference's. */
+typedef struct {
+    int n;
+    test_tensor t[4], ref[4];
+    af_tensor *views[4], *ref_views[4];
+} aux_grads;
+
+static void aux_alloc(aux_grads *g, const af_mod_program *score, bool daux) {
+    memset(g, 0, sizeof *g);
+    if (!daux || !score) return;
+    g->n = score->n_aux;
+    for (int a = 0; a < g->n; a++) {
+        assert_true(tt_alloc(&g->t[a], AF_F32, score->aux[a].ndim, score->aux[a].shape, LAYOUT_CONTIGUOUS, &rng) &&
+                    tt_alloc(&g->ref[a], AF_F32, score->aux[a].ndim, score->aux[a].shape, LAYOUT_CONTIGUOUS, &rng));
+        g->views[a] = &g->t[a].view;
+        g->ref_views[a] = &g->ref[a].view;
+    }
+}
+
+static double flat_gap(const test_tensor *a, const test_tensor *b) {
+    const float *x = (const float *)a->view.data, *y = (const float *)b->view.data;
+    int64_t n = 1;
+    for (int k = 0; k < a->view.ndim; k++) n *= a->view.shape[k];
+    double gap = 0.0, scale = 0.0;
+    for (int64_t e = 0; e < n; e++) {
+        if (x[e] != x[e]) return INFINITY;
+        gap = fmax(gap, fabs((double)x[e] - y[e]));
+        scale = fmax(scale, fabs((double)y[e]));
+    }
+    return scale > 0.0 ? gap / scale : gap;
+}
+
 static void check(const char *name, af_dtype dtype, int64_t L, const af_mod_program *score,
-                  const af_mod_program *mask, const af_block_mask *blocks) {
+                  const af_mod_program *mask, const af_block_mask *blocks, bool daux) {
     const int64_t B = 2, Hq = 4, Hkv = 2, S = 150, E = 32, Ev = 48;
     const int64_t qs[4] = {B, Hq, L, E}, ks[4] = {B, Hkv, S, E}, vs[4] = {B, Hkv, S, Ev}, os[4] = {B, Hq, L, Ev};
     test_tensor q, k, v, out, lse, dout, g[3], ref[3];
@@ -65,7 +98,9 @@ static void check(const char *name, af_dtype dtype, int64_t L, const af_mod_prog
     if (af_flex_attn(&a, &out.view, &lse.view) != AF_OK) fail_msg("%s forward: %s", name, af_last_error());
     const af_backward_inputs in = {.out = &out.view, .dout = &dout.view, .lse = &lse.view};
     const af_gradients ref_grads = {&ref[0].view, &ref[1].view, &ref[2].view, NULL};
-    if (af_flex_attn_backward_reference(&a, &in, &ref_grads) != AF_OK)
+    aux_grads ag;
+    aux_alloc(&ag, score, daux);
+    if (af_flex_attn_backward_reference(&a, &in, &ref_grads, ag.n ? ag.ref_views : NULL) != AF_OK)
         fail_msg("%s reference: %s", name, af_last_error());
     const af_gradients grads = {&g[0].view, &g[1].view, &g[2].view, NULL};
     const double tol = dtype == AF_F32 ? 2e-5 : 4e-2;
@@ -76,11 +111,23 @@ static void check(const char *name, af_dtype dtype, int64_t L, const af_mod_prog
         if (i == 4 && light()) continue;
         if (i < 4) assert_int_equal(af_set_isa(isas[i]), AF_OK);
         else af_ukernel_force_for_tests(af_ukernel_amx_emulated());
-        unsigned char *first[3] = {NULL, NULL, NULL};
+        unsigned char *first[3] = {NULL, NULL, NULL}, *first_aux[4] = {NULL, NULL, NULL, NULL};
         for (int threads = 1; threads <= 2; threads++) {
             af_set_num_threads(threads);
-            if (af_flex_attn_backward(&a, &in, &grads) != AF_OK)
+            if (af_flex_attn_backward(&a, &in, &grads, ag.n ? ag.views : NULL) != AF_OK)
                 fail_msg("%s, %s: %s", name, isas[i], af_last_error());
+            for (int t = 0; t < ag.n; t++) {
+                const double gap = flat_gap(&ag.t[t], &ag.ref[t]);
+                if (!(gap <= (dtype == AF_F32 ? 1e-4 : 4e-2)))
+                    fail_msg("%s, %s, %s, %d threads: the gradient of captured tensor %d off the reference by %.3g "
+                             "of its largest element", name, isas[i], af_dtype_name(dtype), threads, t, gap);
+                if (!first_aux[t]) {
+                    first_aux[t] = malloc(ag.t[t].bytes);
+                    memcpy(first_aux[t], ag.t[t].memory, ag.t[t].bytes);
+                } else if (memcmp(first_aux[t], ag.t[t].memory, ag.t[t].bytes) != 0) {
+                    fail_msg("%s, %s: captured tensor %d's gradient differs between 1 and 2 threads", name, isas[i], t);
+                }
+            }
             for (int t = 0; t < 3; t++) {
                 const double gap = relative_gap(&g[t], &ref[t], shapes[t]);
                 if (!(gap <= tol))
@@ -95,12 +142,17 @@ static void check(const char *name, af_dtype dtype, int64_t L, const af_mod_prog
             }
         }
         for (int t = 0; t < 3; t++) free(first[t]);
+        for (int t = 0; t < 4; t++) free(first_aux[t]);
         if (i == 4) af_ukernel_force_for_tests(NULL);
     }
     af_set_num_threads(0);
     assert_int_equal(af_set_isa(before), AF_OK);
     test_tensor *all[] = {&q, &k, &v, &out, &lse, &dout, &g[0], &g[1], &g[2], &ref[0], &ref[1], &ref[2]};
     for (size_t t = 0; t < sizeof all / sizeof all[0]; t++) tt_free(all[t]);
+    for (int t = 0; t < ag.n; t++) {
+        tt_free(&ag.t[t]);
+        tt_free(&ag.ref[t]);
+    }
 }
 
 static void gradients_against_the_reference(void **state) {
@@ -156,14 +208,52 @@ static void gradients_against_the_reference(void **state) {
         for (int d = 0; d < 2; d++) {
             if (light() && d != (int)(c % 2)) continue;
             const af_dtype dtype = d ? AF_BF16 : AF_F32;
-            check(cases[c].name, dtype, 120, cases[c].score, cases[c].mask, cases[c].blocks);
-            check(cases[c].name, dtype, 3, cases[c].score, cases[c].mask, cases[c].blocks);
+            check(cases[c].name, dtype, 120, cases[c].score, cases[c].mask, cases[c].blocks, false);
+            check(cases[c].name, dtype, 3, cases[c].score, cases[c].mask, cases[c].blocks, false);
+        }
+}
+
+/* Learnable tensors the score_mod loads: ALiBi slopes by head (one value per row), a bias table by (head, key) in
+ * bf16, a relative-position table loaded twice (two loads' gradients summed), under a mask and a block mask. */
+static void captured_tensor_gradients(void **state) {
+    (void)state;
+    float slopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f}, rel[300];
+    uint16_t table[4 * 150];
+    for (int i = 0; i < 300; i++) rel[i] = (float)((i * 37) % 11) * 0.05f - 0.25f;
+    for (int i = 0; i < 4 * 150; i++) table[i] = (uint16_t)(0x3E00u + (uint16_t)(i % 29) * 5u);   /* bf16 ~0.1..0.5 */
+    af_tensor slopes_t = af_tensor_contiguous(slopes, AF_F32, 1, (int64_t[]){4});
+    af_tensor table_t = af_tensor_contiguous(table, AF_BF16, 2, (int64_t[]){4, 150});
+    af_tensor rel_t = af_tensor_contiguous(rel, AF_F32, 1, (int64_t[]){300});
+    /* score + slope[h]·(kv - q)/20 */
+    const af_mod_instr alibi[] = {LOAD1(0, H_IDX), I(AF_MOD_SUB, KV_IDX, Q_IDX, 0), I(AF_MOD_TO_F32, 6, 0, 0),
+                                  K_F32(0.05), I(AF_MOD_MUL, 7, 8, 0), I(AF_MOD_MUL, 5, 9, 0),
+                                  I(AF_MOD_ADD, SCORE, 10, 0)};
+    /* score·(1 + table[h, kv]) */
+    const af_mod_instr table_mul[] = {{.op = AF_MOD_LOAD, .in = {H_IDX, KV_IDX}, .aux = 0}, K_F32(1.0),
+                                      I(AF_MOD_ADD, 5, 6, 0), I(AF_MOD_MUL, SCORE, 7, 0)};
+    /* score + rel[kv - q + 150] + 0.5·rel[q]² */
+    const af_mod_instr rel_twice[] = {I(AF_MOD_SUB, KV_IDX, Q_IDX, 0), K_I32(150), I(AF_MOD_ADD, 5, 6, 0),
+                                      LOAD1(0, 7), LOAD1(0, Q_IDX), I(AF_MOD_MUL, 9, 9, 0), K_F32(0.5),
+                                      I(AF_MOD_MUL, 10, 11, 0), I(AF_MOD_ADD, SCORE, 8, 0), I(AF_MOD_ADD, 13, 12, 0)};
+    const af_mod_instr causal[] = {I(AF_MOD_GE, Q_IDX, KV_IDX, 0)};
+    const af_mod_program p_alibi = {alibi, 7, &slopes_t, 1}, p_table = {table_mul, 4, &table_t, 1};
+    const af_mod_program p_rel = {rel_twice, 10, &rel_t, 1}, p_causal = {causal, 1, NULL, 0};
+    const struct { const char *name; const af_mod_program *score, *mask; } cases[] = {
+        {"learnable ALiBi slopes", &p_alibi, &p_causal}, {"bias table (bf16)", &p_table, NULL},
+        {"relative table, two loads", &p_rel, &p_causal},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int d = 0; d < 2; d++) {
+            if (light() && d != (int)(c % 2)) continue;
+            check(cases[c].name, d ? AF_BF16 : AF_F32, 120, cases[c].score, cases[c].mask, NULL, true);
+            check(cases[c].name, d ? AF_BF16 : AF_F32, 3, cases[c].score, cases[c].mask, NULL, true);
         }
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(gradients_against_the_reference),
+        cmocka_unit_test(captured_tensor_gradients),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

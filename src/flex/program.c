@@ -140,6 +140,15 @@ static af_status check_instr(const af_mod_checked *m, const af_mod_instr *in, in
     return AF_OK;
 }
 
+/* Whether instruction `in` (writing register reg) passes a derivative on from its float operands: float results of
+ * float operations (floor, ceil, round, sign and floor division are piecewise constant; a LOAD's value does not
+ * follow from its indices). */
+static bool differentiable(const af_mod_checked *m, const af_mod_instr *in, int reg) {
+    const int op = in->op;
+    return !m->is_int[reg] && op != AF_MOD_FLOOR && op != AF_MOD_CEIL && op != AF_MOD_ROUND && op != AF_MOD_SIGN &&
+           op != AF_MOD_FLOORDIV && op != AF_MOD_LOAD;
+}
+
 af_status af_mod_check(const af_mod_program *prog, const char *name, bool score, af_mod_checked *m) {
     memset(m, 0, sizeof *m);
     m->name = name;
@@ -173,14 +182,9 @@ af_status af_mod_check(const af_mod_program *prog, const char *name, bool score,
             if (in->in[k] < AF_MOD_INPUTS) m->reads_input[in->in[k]] = 1;
         }
         m->varies[AF_MOD_INPUTS + i] = varies;
-        /* follows from the score with a derivative that is not 0 everywhere: float results of float operations
-         * (floor, ceil, round, sign and floor division are piecewise constant) */
         bool on = false;
-        for (int k = 0; k < n_in && in->op != AF_MOD_LOAD; k++) on = on || m->on_score[in->in[k]];
-        const int op = in->op;
-        m->on_score[AF_MOD_INPUTS + i] = on && !m->is_int[AF_MOD_INPUTS + i] && op != AF_MOD_FLOOR &&
-                                         op != AF_MOD_CEIL && op != AF_MOD_ROUND && op != AF_MOD_SIGN &&
-                                         op != AF_MOD_FLOORDIV;
+        for (int k = 0; k < n_in; k++) on = on || m->on_score[in->in[k]];
+        m->on_score[AF_MOD_INPUTS + i] = on && differentiable(m, in, AF_MOD_INPUTS + i);
     }
     /* the scratch: a register by row and key takes AF_MOD_ROWS · lanes floats, by key lanes, by row or neither 16;
      * the score (register 0) is the caller's tile itself */
@@ -497,11 +501,20 @@ AF_MOD_CLONES static operand run_program(af_mod_checked *m, const group *g, bool
 
 static const float ONE = 1.0f, ZERO = 0.0f;
 
-/* d(register k)/d(score) for the group: 1 for the score, 0 off the score, else its tangent register. */
-static operand tangent_of(const af_mod_checked *m, const group *g, int k) {
-    if (k == 0) return (operand){(float *)&ONE, 0, false};
-    if (!m->on_score[k]) return (operand){(float *)&ZERO, 0, false};
-    return (operand){g->regs + (size_t)m->t_at_lanes[k] * (size_t)g->lanes, g->lanes, true};
+/* Which register the tangents are taken with respect to (the seed), which registers follow from it, and where their
+ * tangents live: register k's at base + at_lanes[k]·lanes, varying with row and key. */
+typedef struct {
+    int seed;
+    const uint8_t *dep;
+    float *base;
+    const int32_t *at_lanes;
+} tangents;
+
+/* d(register k)/d(seed) for the group: 1 for the seed, 0 off it, else its tangent register. */
+static operand tangent_of(const group *g, const tangents *tg, int k) {
+    if (k == tg->seed) return (operand){(float *)&ONE, 0, false};
+    if (!tg->dep[k]) return (operand){(float *)&ZERO, 0, false};
+    return (operand){tg->base + (size_t)tg->at_lanes[k] * (size_t)g->lanes, g->lanes, true};
 }
 
 #define AT(o) ((o).p[r * (o).row_step + ((o).by_key ? j : 0)])
@@ -509,13 +522,14 @@ static operand tangent_of(const af_mod_checked *m, const group *g, int k) {
 /* The tangent of instruction `in` into TD, by the chain rule from its operands' values and tangents (PyTorch's
  * derivatives: min / max split a tie in halves, pow's exponent term is 0 at a base of 0). Before the instruction
  * itself runs, which may overwrite the score. */
-static void tangent_instr(const af_mod_checked *m, const af_mod_instr *in, const group *g, operand TD) {
+static void tangent_instr(const af_mod_checked *m, const af_mod_instr *in, const group *g, const tangents *tg,
+                          operand TD) {
     const int n_in = operand_count(m, in);
     operand x[3] = {{(float *)&ZERO, 0, false}, {(float *)&ZERO, 0, false}, {(float *)&ZERO, 0, false}};
     operand t[3] = {x[0], x[1], x[2]};
     for (int k = 0; k < n_in && k < 3; k++) {
         x[k] = operand_of(m, g, in->in[k]);
-        t[k] = tangent_of(m, g, in->in[k]);
+        t[k] = tangent_of(g, tg, in->in[k]);
     }
     for (int r = 0; r < g->rows; r++)
         for (int j = 0; j < g->width; j++) {
@@ -556,12 +570,13 @@ static void tangent_instr(const af_mod_checked *m, const af_mod_instr *in, const
 /* run_program with each register's tangent beside it, the result's into T (row stride ldt): the backward's pass. */
 static operand run_program_grad(af_mod_checked *m, const group *g, float *T, int ldt) {
     const operand scores = operand_of(m, g, 0);
+    const tangents tg = {0, m->on_score, g->regs, m->t_at_lanes};
     for (int32_t i = 0; i < m->length; i++) {
         const int reg = AF_MOD_INPUTS + i;
         const uint8_t v = m->varies[reg];
         const bool into_scores = i == m->length - 1 && v == (AF_MOD_BY_ROW | AF_MOD_BY_KEY);
         if (m->on_score[reg])
-            tangent_instr(m, &m->code[i], g, into_scores ? (operand){T, ldt, true} : tangent_of(m, g, reg));
+            tangent_instr(m, &m->code[i], g, &tg, into_scores ? (operand){T, ldt, true} : tangent_of(g, &tg, reg));
         eval_instr(m, &m->code[i], g, v & AF_MOD_BY_ROW ? g->rows : 1, v & AF_MOD_BY_KEY ? g->width : 1,
                    into_scores ? scores : operand_of(m, g, reg));
     }
@@ -579,6 +594,94 @@ static void fill_inputs(const af_mod_checked *m, const group *g, int64_t b, cons
     if (m->reads_input[4]) {
         int32_t *kv = (int32_t *)operand_of(m, g, 4).p;
         for (int j = 0; j < g->width; j++) kv[j] = (int32_t)(kv0 + j);
+    }
+}
+
+/* ---------------------------------------------------------------- captured tensors' gradients */
+
+/* The registers that follow from register `seed` (differentiably): dep[k]. */
+static void depends_on(const af_mod_checked *m, int seed, uint8_t *dep) {
+    memset(dep, 0, (size_t)m->n_regs);
+    for (int32_t i = seed - AF_MOD_INPUTS + 1; i < m->length; i++) {
+        const af_mod_instr *in = &m->code[i];
+        const int reg = AF_MOD_INPUTS + i, n_in = operand_count(m, in);
+        bool on = false;
+        for (int k = 0; k < n_in; k++) on = on || in->in[k] == seed || dep[in->in[k]];
+        dep[reg] = on && differentiable(m, in, reg);
+    }
+}
+
+int64_t af_mods_aux_numel(const af_mods *mods, int aux) {
+    const af_mod_tensor *t = &mods->score.aux[aux];
+    int64_t n = 1;
+    for (int k = 0; k < t->ndim; k++) n *= t->shape[k];
+    return n;
+}
+
+size_t af_mods_aux_scratch_floats(const af_mods *mods, int lanes) {
+    const af_mod_checked *m = &mods->score;
+    if (!mods->has_score) return 16;
+    /* values, tangents (every register by row and key), then dep (bytes) and at_lanes (int32) */
+    return program_floats(m, lanes) + (size_t)m->n_regs * AF_MOD_ROWS * (size_t)lanes + 2 * (size_t)m->n_regs + 16;
+}
+
+/* For each score of the group g[r][j] != 0: g·d(result)/d(LOAD `seed`) into the element the LOAD read. */
+static void scatter_aux(const af_mod_checked *m, const group *gr, const af_mod_instr *load, operand t_final,
+                        const float *g, int ldg, float *grad) {
+    const af_mod_tensor *t = &m->aux[load->aux];
+    operand x[4];
+    for (int k = 0; k < t->ndim; k++) x[k] = operand_of(m, gr, load->in[k]);
+    for (int r = 0; r < gr->rows; r++)
+        for (int j = 0; j < gr->n; j++) {
+            const float gv = g[(size_t)r * ldg + j];
+            if (gv == 0.0f) continue;   /* a removed key: P = 0 */
+            int64_t off = 0;
+            bool inside = true;
+            for (int k = 0; k < t->ndim; k++) {
+                const int32_t i = ((const int32_t *)x[k].p)[r * x[k].row_step + (x[k].by_key ? j : 0)];
+                inside = inside && i >= 0 && i < t->shape[k];
+                off = off * t->shape[k] + i;
+            }
+            if (inside) grad[off] += gv * AT(t_final);   /* outside: the forward has failed the call */
+        }
+}
+
+void af_mods_aux_grads_tile(af_mods *mods, int64_t b, const int32_t *h_rows, const int32_t *q_rows, int rows,
+                            int64_t kv0, int n, float *raw, int ldr, const float *g, int ldg, float *const *grads,
+                            float *regs, int lanes) {
+    af_mod_checked *m = &mods->score;
+    if (!mods->has_score) return;
+    const int width = (n + AF_MOD_LANES - 1) / AF_MOD_LANES * AF_MOD_LANES;
+    float *tangent_base = regs + program_floats(m, lanes);
+    uint8_t *dep = (uint8_t *)(tangent_base + (size_t)m->n_regs * AF_MOD_ROWS * (size_t)lanes);
+    int32_t *at_lanes = (int32_t *)(dep + ((m->n_regs + 3) & ~3));
+    for (int32_t k = 0; k < m->n_regs; k++) at_lanes[k] = k * AF_MOD_ROWS;
+    for (int r0 = 0; r0 < rows; r0 += AF_MOD_ROWS) {
+        group gr = {regs, lanes, rows - r0 < AF_MOD_ROWS ? rows - r0 : AF_MOD_ROWS, n, width, raw + (size_t)r0 * ldr,
+                    ldr};
+        const float *gg = g + (size_t)r0 * ldg;
+        bool any = false;
+        for (int r = 0; r < gr.rows && !any; r++)
+            for (int j = 0; j < n && !any; j++) any = gg[(size_t)r * ldg + j] != 0.0f;
+        if (!any) continue;
+        for (int r = 0; r < gr.rows; r++) memset(gr.s + (size_t)r * ldr + n, 0, sizeof(float) * (size_t)(width - n));
+        fill_inputs(m, &gr, b, h_rows + r0, q_rows + r0, kv0);
+        for (int32_t l = 0; l < m->length; l++) {   /* each float LOAD of a tensor that wants a gradient */
+            const af_mod_instr *load = &m->code[l];
+            if (load->op != AF_MOD_LOAD || !grads[load->aux] || m->is_int[AF_MOD_INPUTS + l]) continue;
+            const int seed = AF_MOD_INPUTS + l, last = m->n_regs - 1;
+            depends_on(m, seed, dep);
+            if (last != seed && !dep[last]) continue;   /* the result does not follow from it */
+            const tangents tg = {seed, dep, tangent_base, at_lanes};
+            for (int32_t i = 0; i < m->length; i++) {
+                const int reg = AF_MOD_INPUTS + i;
+                const uint8_t v = m->varies[reg];
+                if (dep[reg]) tangent_instr(m, &m->code[i], &gr, &tg, tangent_of(&gr, &tg, reg));
+                eval_instr(m, &m->code[i], &gr, v & AF_MOD_BY_ROW ? gr.rows : 1, v & AF_MOD_BY_KEY ? gr.width : 1,
+                           operand_of(m, &gr, reg));
+            }
+            scatter_aux(m, &gr, load, tangent_of(&gr, &tg, last), gg, ldg, grads[load->aux]);
+        }
     }
 }
 

@@ -71,6 +71,17 @@ void af_mods_apply_tile(af_mods *mods, int64_t b, const int32_t *h_rows, const i
  * (0 for those removed). With no score_mod, t is not written. */
 void af_mods_apply_tile_grad(af_mods *mods, int64_t b, const int32_t *h_rows, const int32_t *q_rows, int rows,
                              int64_t kv0, int n, float *s, int lds, float *t, int ldt, float *regs, int lanes);
+/* Gradients for the score_mod's captured tensors over the same tile: for every score the row keeps, g[r·ldg + j] (the
+ * loss's gradient with respect to score_mod's value there) times d(score_mod)/d(each float LOAD's value) is added to
+ * grads[aux][the element loaded], for each aux tensor whose grads[aux] is not NULL (float32, its elements in
+ * row-major order). raw: the scaled scores before the mods (read). regs: af_mods_aux_scratch_floats floats. */
+void af_mods_aux_grads_tile(af_mods *mods, int64_t b, const int32_t *h_rows, const int32_t *q_rows, int rows,
+                            int64_t kv0, int n, float *raw, int ldr, const float *g, int ldg, float *const *grads,
+                            float *regs, int lanes);
+size_t af_mods_aux_scratch_floats(const af_mods *mods, int lanes);
+/* Elements of captured tensor `aux` of the score_mod (the length of its grads[aux] buffer). */
+int64_t af_mods_aux_numel(const af_mods *mods, int aux);
+
 /* One row of it. */
 void af_mods_apply_row(af_mods *mods, int64_t b, int64_t h, int64_t q_idx, int64_t kv0, int n, float *s, float *regs,
                        int lanes);

@@ -50,8 +50,12 @@ typedef struct {
     float *dq_partial;          /* (chunks, Hq, R, e_pad) */
     double *dsink_part;         /* (B, Hq): each (batch, head)'s share of the sink's gradient */
     bool tangent;               /* dS is multiplied by T = d(transformed score)/d(scaled score): softcap, score_mod */
+    int32_t n_aux;              /* af_flex_attn_backward's captured tensors wanting a gradient: score_mod's aux count */
+    int64_t aux_floats;         /* ... each item's partial sums of all of them (0: none wanted) */
+    int64_t *aux_at;            /* ... where aux a's sums start in an item's (-1: not wanted) */
+    float *aux_part;            /* ... (items, aux_floats): summed in item order at the end, whatever ran where */
     size_t off_kt, off_kr, off_vt, off_dk, off_dv, off_q, off_do, off_s, off_dp, off_t, off_pt, off_row, off_m,
-        off_l, off_a, off_mod;
+        off_l, off_a, off_mod, off_raw, off_aux, off_auxp;
 } bwd_plan;
 
 /* Row id of sequence b's query row i among all R rows (the index of lse2, D and the dq partials). */
@@ -134,6 +138,7 @@ static void rows_item(void *ctx, int64_t t, void *scratch) {
 typedef struct {
     int64_t b, hk, chunk;
     af_sequence seq;
+    float **aux_grads;   /* the item's partial sums of the captured tensors' gradients (NULL: none wanted) */
 } key_item;
 
 /* The tile's keys as Kᵀ (E × keys_pad) for S = Q·Kᵀ and as rows (keys × e_pad) for dQ = dS·K; V as Vᵀ for
@@ -191,7 +196,7 @@ static void rows_seeing(const af_problem *p, const af_sequence *seq, int64_t j0,
 /* S (raw scores) → the scores the forward's softmax saw: softcap (keeping 1 − tanh² in T for dS), or scale and mask,
  * or scale and af_flex_attn's mods (keeping d(score_mod)/d(score) in T); then -inf outside each row's key range. */
 static void transform_scores(const bwd_plan *bw, const key_item *w, int64_t h, int64_t i0, int rows, int64_t j0,
-                             int cols, float *S, float *T, float *mod_regs) {
+                             int cols, float *S, float *T, float *mod_regs, float *raw) {
     const af_problem *p = bw->p;
     if (p->mods) {   /* the mods over the whole block: its rows' heads and positions after the registers */
         for (int r = 0; r < rows; r++) {
@@ -203,6 +208,8 @@ static void transform_scores(const bwd_plan *bw, const key_item *w, int64_t h, i
             h_rows[r] = (int32_t)h;
             q_rows[r] = (int32_t)(i0 + r);
         }
+        if (raw)   /* the scaled scores before the mods, for the captured tensors' gradients */
+            memcpy(raw, S, sizeof(float) * (size_t)rows * (size_t)bw->keys_pad);
         af_mods_apply_tile_grad(p->mods, w->b, h_rows, q_rows, rows, j0, cols, S, bw->keys_pad, T, bw->keys_pad,
                                 mod_regs, bw->keys_pad);
     }
@@ -286,7 +293,8 @@ static void block_pair(const bwd_plan *bw, const key_item *w, int64_t h, int64_t
     /* P = exp2(S·c − lse2): the softmax step with the running max preset to lse2 (never exceeded by a score, so P is
      * taken against it; a row whose max still moved, an lse below its scores, is rescaled back by 1 / alpha) */
     uk->gemm(rows, cols, bw->E, qb, ldq, kt, bw->keys_pad, S, bw->keys_pad, false);
-    transform_scores(bw, w, h, i0, rows, j0, cols, S, T, (float *)(base + bw->off_mod));
+    float *mod_regs = (float *)(base + bw->off_mod), *raw = w->aux_grads ? (float *)(base + bw->off_raw) : NULL;
+    transform_scores(bw, w, h, i0, rows, j0, cols, S, T, mod_regs, raw);
     const float c = (float)(bw->pre_scale ? LOG2E : p->scale * LOG2E);
     for (int r = 0; r < rows; r++) {
         m[r] = lse2[r];
@@ -308,12 +316,19 @@ static void block_pair(const bwd_plan *bw, const key_item *w, int64_t h, int64_t
     }
     for (int r = 0; r < rows; r++) {   /* dS = P ∘ (dP − D), through the softcap's tanh or the score_mod */
         float *ds = dP + (size_t)r * bw->keys_pad;
-        const float *P = S + (size_t)r * bw->keys_pad, *t = T + (size_t)r * bw->keys_pad;
+        const float *P = S + (size_t)r * bw->keys_pad;
         const float Dr = D[r];
-        if (bw->tangent)
-            for (int j = 0; j < cols; j++) ds[j] = P[j] * (ds[j] - Dr) * t[j];
-        else
-            for (int j = 0; j < cols; j++) ds[j] = P[j] * (ds[j] - Dr);
+        for (int j = 0; j < cols; j++) ds[j] = P[j] * (ds[j] - Dr);
+    }
+    if (raw) {   /* dS so far is the gradient of the mods' output: through each captured tensor's loads */
+        const int32_t *h_rows = (const int32_t *)(mod_regs + af_mods_scratch_floats(p->mods, bw->keys_pad));
+        af_mods_aux_grads_tile(p->mods, w->b, h_rows, h_rows + rows, rows, j0, cols, raw, bw->keys_pad, dP,
+                               bw->keys_pad, w->aux_grads, (float *)(base + bw->off_aux), bw->keys_pad);
+    }
+    for (int r = 0; r < rows && bw->tangent; r++) {   /* ... and through the softcap's tanh or the score_mod */
+        float *ds = dP + (size_t)r * bw->keys_pad;
+        const float *t = T + (size_t)r * bw->keys_pad;
+        for (int j = 0; j < cols; j++) ds[j] *= t[j];
     }
     float *dq = bw->dq_partial + (size_t)(((w->chunk * p->Hq + h) * bw->R + id0) * bw->e_pad);
     if (bw->bp->dq) uk->gemm(rows, bw->E, cols, dP, bw->keys_pad, kr, bw->e_pad, dq, bw->e_pad, true);   /* dQ += dS·K */
@@ -338,6 +353,7 @@ static void store_tile(const bwd_plan *bw, const key_item *w, int64_t j0, int co
 static void keys_item(void *ctx, int64_t t, void *scratch) {
     const bwd_plan *bw = ctx;
     const af_problem *p = bw->p;
+    const int64_t item = t;
     key_item w;
     w.chunk = t % bw->chunks;
     t /= bw->chunks;
@@ -346,6 +362,12 @@ static void keys_item(void *ctx, int64_t t, void *scratch) {
     w.seq = af_sequence_of(p, w.b);
     char *base = scratch;
     float *dk = (float *)(base + bw->off_dk), *dv = (float *)(base + bw->off_dv);
+    w.aux_grads = NULL;
+    if (bw->aux_floats) {   /* this item's own partial sums, their pointers after the aux scratch */
+        float *part = bw->aux_part + (size_t)item * (size_t)bw->aux_floats;
+        w.aux_grads = (float **)(base + bw->off_auxp);
+        for (int32_t a = 0; a < bw->n_aux; a++) w.aux_grads[a] = bw->aux_at[a] < 0 ? NULL : part + bw->aux_at[a];
+    }
     const int64_t tiles = af_ceil_div(w.seq.S, BLOCK_KEYS);
     const int64_t first = w.chunk * bw->tiles_per_chunk;
     const int64_t last = first + bw->tiles_per_chunk < tiles ? first + bw->tiles_per_chunk : tiles;
@@ -439,8 +461,55 @@ static size_t plan_scratch(bwd_plan *bw) {
     TAKE(off_l, br);
     TAKE(off_a, br);
     TAKE(off_mod, bw->p->mods ? af_mods_scratch_floats(bw->p->mods, bw->keys_pad) + 2 * br : 1);
+    TAKE(off_raw, bw->aux_floats ? br * kp : 1);
+    TAKE(off_aux, bw->aux_floats ? af_mods_aux_scratch_floats(bw->p->mods, bw->keys_pad) : 1);
+    TAKE(off_auxp, (size_t)bw->n_aux * 2 + 1);   /* the item's n_aux pointers */
 #undef TAKE
     return at;
+}
+
+/* The captured tensors' gradients af_flex_attn_backward wants: where each item's partial sums go, zeroed. */
+static af_status plan_aux_grads(bwd_plan *bw) {
+    const af_backward_problem *bp = bw->bp;
+    const af_mods *mods = bw->p->mods;
+    if (!bp->daux || !mods || !mods->has_score || mods->score.n_aux == 0) return AF_OK;
+    bw->n_aux = mods->score.n_aux;
+    if (!(bw->aux_at = af_alloc(sizeof(int64_t) * (size_t)bw->n_aux)))
+        return af_fail(AF_ERR_NO_MEMORY, "out of memory: the captured tensors' gradient plan");
+    for (int32_t a = 0; a < bw->n_aux; a++) {
+        bw->aux_at[a] = bp->daux[a] ? bw->aux_floats : -1;
+        if (bp->daux[a]) bw->aux_floats += af_mods_aux_numel(mods, a);
+    }
+    const int64_t items = bw->p->B * bw->p->Hkv * bw->chunks;
+    if (bw->aux_floats == 0) return AF_OK;
+    if ((double)items * (double)bw->aux_floats * sizeof(float) > (double)((size_t)1 << 31))
+        return af_fail(AF_ERR_NO_MEMORY, "out of memory: the captured tensors' gradients take %lld floats, summed "
+                       "apart over %lld work items for the same bits at any thread count, more than 2 GiB",
+                       (long long)bw->aux_floats, (long long)items);
+    if (!(bw->aux_part = af_alloc_zeroed(sizeof(float) * (size_t)(items * bw->aux_floats))))
+        return af_fail(AF_ERR_NO_MEMORY, "out of memory: %lld floats of the captured tensors' gradient sums",
+                       (long long)(items * bw->aux_floats));
+    return AF_OK;
+}
+
+/* Each wanted gradient: the items' partial sums in item order, into its float32 tensor (row-major element order). */
+static void store_aux_grads(const bwd_plan *bw) {
+    const int64_t items = bw->p->B * bw->p->Hkv * bw->chunks;
+    for (int32_t a = 0; a < bw->n_aux; a++) {
+        af_tensor *t = bw->bp->daux[a];
+        if (!t) continue;
+        const int64_t n = af_mods_aux_numel(bw->p->mods, a);
+        for (int64_t e = 0; e < n; e++) {
+            float sum = 0.0f;
+            for (int64_t it = 0; it < items; it++) sum += bw->aux_part[(size_t)(it * bw->aux_floats + bw->aux_at[a] + e)];
+            int64_t off = 0, rest = e;
+            for (int k = t->ndim - 1; k >= 0; k--) {
+                off += rest % t->shape[k] * t->strides[k];
+                rest /= t->shape[k];
+            }
+            ((float *)t->data)[off] = sum;
+        }
+    }
 }
 
 /* The sink's gradient, -Σ over batches (in order) of their shares; zero when no row exists. */
@@ -498,6 +567,7 @@ af_status af_flash_backward(const af_backward_problem *bp) {
                      2 * rows_bytes + partial_bytes * (size_t)bw.chunks);
         goto done;
     }
+    if ((st = plan_aux_grads(&bw)) != AF_OK) goto done;
     zero_uncovered(bp);
     const size_t scratch = plan_scratch(&bw);
     const int max_threads = af_threads_worth_waking(5.0 * (double)p->B * (double)p->Hq * (double)p->L * (double)p->S *
@@ -510,7 +580,10 @@ af_status af_flash_backward(const af_backward_problem *bp) {
     if (st == AF_OK && bp->dq)
         st = af_parallel_for_at_most(p->B * p->Hq, max_threads, finish_item, &bw, sizeof(float) * (size_t)bw.e_pad);
     if (st == AF_OK && bp->dsink) store_dsink(bp, bw.dsink_part);
+    if (st == AF_OK && bw.aux_floats) store_aux_grads(&bw);
 done:
+    af_free(bw.aux_part);
+    af_free(bw.aux_at);
     af_free(bw.lse2);
     af_free(bw.D);
     af_free(bw.dq_partial);

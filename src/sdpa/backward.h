@@ -13,6 +13,8 @@ typedef struct {
     int64_t dq_stride[4], dk_stride[4], dv_stride[4];
     char *dsink;                    /* NULL, or (Hq,) in f.sink_dtype */
     int64_t dsink_stride;
+    af_tensor *const *daux;         /* af_flex_attn_backward: NULL, or per captured tensor of the score_mod NULL or its
+                                       gradient (float32, its shape, checked) */
 } af_backward_problem;
 
 /* Every rule of the forward (af_sdpa_check / af_flash_check with out and lse) and the backward's own (attnforge.h):

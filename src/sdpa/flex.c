@@ -2,6 +2,7 @@
  * SDPA's with grouped heads (af_sdpa_check, af_sdpa_backward_check), its mods as programs (flex/program.h), its block
  * mask as a map of block classes (flex/block_map.h); the drivers and the references evaluate them on the scaled
  * scores of each tile / row, and the drivers skip the tiles the block mask empties. */
+#include "core/dtype.h"
 #include "core/status.h"
 #include "flex/block_map.h"
 #include "flex/program.h"
@@ -61,15 +62,39 @@ static af_status flex_call(const af_flex_args *args, af_tensor *out, af_tensor *
     return st;
 }
 
+/* daux: NULL, or for each captured tensor of the score_mod NULL or a float32 CPU tensor of its shape. */
+static af_status check_daux(const af_flex_args *args, af_tensor *const *daux) {
+    if (!daux) return AF_OK;
+    if (!args->score_mod)
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "daux: given, but there is no score_mod to capture tensors");
+    for (int32_t i = 0; i < args->score_mod->n_aux; i++) {
+        const af_tensor *d = daux[i], *a = &args->score_mod->aux[i];
+        if (!d) continue;
+        if (a->dtype != AF_F32 && a->dtype != AF_F16 && a->dtype != AF_BF16)
+            return af_fail(AF_ERR_INVALID_ARGUMENT, "daux[%d]: the score_mod's aux tensor %d is %s and has no gradient",
+                           (int)i, (int)i, af_dtype_name(a->dtype));
+        if (d->dtype != AF_F32 || d->device.type != AF_DEVICE_CPU)
+            return af_fail(AF_ERR_INVALID_ARGUMENT, "daux[%d]: must be a float32 CPU tensor", (int)i);
+        bool same = d->ndim == a->ndim && (d->data || a->ndim == 0);
+        for (int k = 0; same && k < a->ndim; k++) same = d->shape[k] == a->shape[k] && d->strides[k] >= 0;
+        if (!same)
+            return af_fail(AF_ERR_INVALID_ARGUMENT, "daux[%d]: must have the shape of the score_mod's aux tensor %d "
+                           "(and data, non-negative strides)", (int)i, (int)i);
+    }
+    return AF_OK;
+}
+
 static af_status flex_backward_call(const af_flex_args *args, const af_backward_inputs *in, const af_gradients *grads,
-                                    backward_fn backward) {
+                                    af_tensor *const *daux, backward_fn backward) {
     af_clear_error();
     if (!args) return af_fail(AF_ERR_INVALID_ARGUMENT, "args: must not be NULL");
     const af_sdpa_args sdpa = sdpa_of(args);
     af_backward_problem bp;
     af_status st = af_sdpa_backward_check(&sdpa, in, grads, &bp);
     if (st == AF_OK) st = flex_rules(args, &bp.f);
+    if (st == AF_OK) st = check_daux(args, daux);
     if (st != AF_OK) return st;
+    bp.daux = daux;
     af_mods mods;
     af_block_map blocks = {0};
     st = take_mods(args, &bp.f, &mods, &blocks);
@@ -88,11 +113,12 @@ af_status af_flex_attn_reference(const af_flex_args *args, af_tensor *out, af_te
     return flex_call(args, out, lse, af_reference_forward);
 }
 
-af_status af_flex_attn_backward(const af_flex_args *args, const af_backward_inputs *in, const af_gradients *grads) {
-    return flex_backward_call(args, in, grads, af_flash_backward);
+af_status af_flex_attn_backward(const af_flex_args *args, const af_backward_inputs *in, const af_gradients *grads,
+                                af_tensor *const *daux) {
+    return flex_backward_call(args, in, grads, daux, af_flash_backward);
 }
 
 af_status af_flex_attn_backward_reference(const af_flex_args *args, const af_backward_inputs *in,
-                                          const af_gradients *grads) {
-    return flex_backward_call(args, in, grads, af_reference_backward);
+                                          const af_gradients *grads, af_tensor *const *daux) {
+    return flex_backward_call(args, in, grads, daux, af_reference_backward);
 }

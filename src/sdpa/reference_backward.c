@@ -41,6 +41,10 @@ typedef struct {
     double *dk, *dv;     /* NULL when not wanted; (slots, Hkv, rows, E / Ev) of key_rows */
     double *dsink;       /* NULL when not wanted; Hq */
     float *mod_regs;     /* af_flex_attn's mods: their registers over MOD_RUN keys, then MOD_RUN scores and tangents */
+    float *raw;          /* S: the row's scaled scores before the mods (captured tensors' gradients wanted) */
+    float *aux_regs;     /* ... the gradients' registers, then MOD_RUN scores and MOD_RUN gradients of the mods' value */
+    float **aux_grads;   /* ... per captured tensor: NULL, or its gradient's sums (one float32 buffer each) */
+    int32_t n_aux;
 } scratch;
 
 #define MOD_RUN 256   /* keys the reference hands the mods at a time */
@@ -68,6 +72,10 @@ static void scratch_free(scratch *w) {
     double *all[] = {w->score, w->softcap_d, w->prob, w->dprob, w->dq_row, w->dk, w->dv, w->dsink};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) af_free(all[i]);
     af_free(w->mod_regs);
+    af_free(w->raw);
+    af_free(w->aux_regs);
+    for (int32_t a = 0; w->aux_grads && a < w->n_aux; a++) af_free(w->aux_grads[a]);
+    af_free(w->aux_grads);
 }
 
 static af_status scratch_alloc(const af_backward_problem *bp, scratch *w) {
@@ -82,6 +90,15 @@ static af_status scratch_alloc(const af_backward_problem *bp, scratch *w) {
          (!bp->dsink || alloc_doubles(&w->dsink, p->Hq));
     ok = ok && (!p->mods || (w->mod_regs = af_alloc(sizeof(float) * (af_mods_scratch_floats(p->mods, MOD_RUN) +
                                                                        2 * MOD_RUN))));
+    if (ok && bp->daux && p->mods && p->mods->has_score && p->mods->score.n_aux > 0) {
+        w->n_aux = p->mods->score.n_aux;
+        ok = (w->raw = af_alloc(sizeof(float) * count_or_one(S))) &&
+             (w->aux_regs = af_alloc(sizeof(float) * (af_mods_aux_scratch_floats(p->mods, MOD_RUN) + 2 * MOD_RUN))) &&
+             (w->aux_grads = af_alloc_zeroed(sizeof(float *) * (size_t)w->n_aux));
+        for (int32_t a = 0; ok && a < w->n_aux; a++)
+            ok = !bp->daux[a] ||
+                 (w->aux_grads[a] = af_alloc_zeroed(sizeof(float) * count_or_one(af_mods_aux_numel(p->mods, a))));
+    }
     if (ok) return AF_OK;
     scratch_free(w);
     return af_fail(AF_ERR_NO_MEMORY, "out of memory: reference backward scratch for S=%lld keys, E=%lld, Ev=%lld",
@@ -104,6 +121,7 @@ static void apply_mods(const af_problem *p, int64_t b, int64_t h, int64_t i, int
     for (int64_t j0 = 0; j0 < S; j0 += MOD_RUN) {
         const int n = S - j0 < MOD_RUN ? (int)(S - j0) : MOD_RUN;
         for (int j = 0; j < MOD_RUN; j++) run[j] = j < n ? (float)w->score[j0 + j] : 0.0f;
+        for (int j = 0; w->raw && j < n; j++) w->raw[j0 + j] = run[j];
         af_mods_apply_tile_grad(p->mods, b, &h_row, &q_row, 1, j0, n, run, MOD_RUN, tangent, MOD_RUN, regs, MOD_RUN);
         for (int j = 0; j < n; j++) {
             w->score[j0 + j] = run[j];
@@ -221,6 +239,22 @@ static void store_dq_row(const af_backward_problem *bp, int64_t b, const af_sequ
     for (int64_t e = 0; e < p->E; e++) store(bp->dq, bp->dq_dtype, row + e * bp->dq_stride[3], dq_row[e]);
 }
 
+/* The row's share of the captured tensors' gradients: p_j·(dp_j - D), the gradient of the mods' value, through each
+ * load (the kernels' interpreter, MOD_RUN keys at a time). */
+static void aux_gradients(const af_problem *p, int64_t b, int64_t S, int64_t h, int64_t i, double D, scratch *w) {
+    float *run = w->aux_regs + af_mods_aux_scratch_floats(p->mods, MOD_RUN), *g = run + MOD_RUN;
+    const int32_t h_row = (int32_t)h, q_row = (int32_t)i;
+    for (int64_t j0 = 0; j0 < S; j0 += MOD_RUN) {
+        const int n = S - j0 < MOD_RUN ? (int)(S - j0) : MOD_RUN;
+        for (int j = 0; j < n; j++) {
+            run[j] = w->raw[j0 + j];
+            g[j] = (float)(w->prob[j0 + j] * (w->dprob[j0 + j] - D));
+        }
+        af_mods_aux_grads_tile(p->mods, b, &h_row, &q_row, 1, j0, n, run, MOD_RUN, g, MOD_RUN, w->aux_grads,
+                               w->aux_regs, MOD_RUN);
+    }
+}
+
 /* One query row of head h: its P and D, its dq, its share of dk, dv and dsink. */
 static void backward_row(const af_backward_problem *bp, int64_t b, const af_sequence *seq, int64_t h, int64_t i,
                          scratch *w) {
@@ -232,6 +266,7 @@ static void backward_row(const af_backward_problem *bp, int64_t b, const af_sequ
         for (int64_t e = 0; e < p->E; e++) w->dq_row[e] = 0.0;
     } else {
         const double D = row_probs_and_d(bp, b, seq, h, i, lse, w);
+        if (w->aux_grads) aux_gradients(p, b, seq->S, h, i, D, w);
         row_gradients(bp, b, seq, h, i, D, w);
         const double p_sink = exp(sink - lse);
         if (w->dsink && p_sink != 0.0) w->dsink[h] += -p_sink * D;   /* the sink is in the denominator only */
@@ -283,6 +318,19 @@ af_status af_reference_backward(const af_backward_problem *bp) {
     if (bp->dk) store_key_gradient(p, w.dk, p->E, bp->dk, bp->dk_dtype, bp->dk_stride);
     if (bp->dv) store_key_gradient(p, w.dv, p->Ev, bp->dv, bp->dv_dtype, bp->dv_stride);
     if (bp->dsink) store_dsink(bp, w.dsink);
+    for (int32_t a = 0; w.aux_grads && a < w.n_aux; a++) {   /* the captured tensors' gradients, row-major order */
+        af_tensor *t = bp->daux[a];
+        if (!t) continue;
+        const int64_t n = af_mods_aux_numel(p->mods, a);
+        for (int64_t e = 0; e < n; e++) {
+            int64_t off = 0, rest = e;
+            for (int k = t->ndim - 1; k >= 0; k--) {
+                off += rest % t->shape[k] * t->strides[k];
+                rest /= t->shape[k];
+            }
+            ((float *)t->data)[off] = w.aux_grads[a][e];
+        }
+    }
     scratch_free(&w);
     return AF_OK;
 }
