@@ -191,12 +191,13 @@ PyObject *afpy_flex_attn_backward(PyObject *self, PyObject *args, PyObject *kwar
     (void)self;
     afpy_log_sync();
     static char *keywords[] = {"query", "key", "value", "out", "dout", "lse", "dq", "dk", "dv", "scale", "score_mod",
-                               "mask_mod", "block_mask", "reference", NULL};
+                               "mask_mod", "block_mask", "daux", "reference", NULL};
     PyObject *obj[9], *scale_obj = Py_None, *score_obj = Py_None, *mask_obj = Py_None, *blocks_obj = Py_None;
+    PyObject *daux_obj = Py_None;
     int reference = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOO|$OOOOp:flex_attn_backward", keywords, &obj[0], &obj[1],
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOO|$OOOOOp:flex_attn_backward", keywords, &obj[0], &obj[1],
                                      &obj[2], &obj[3], &obj[4], &obj[5], &obj[6], &obj[7], &obj[8], &scale_obj,
-                                     &score_obj, &mask_obj, &blocks_obj, &reference))
+                                     &score_obj, &mask_obj, &blocks_obj, &daux_obj, &reference))
         return NULL;
     af_flex_args a = {0};
     if (scale_obj != Py_None) {
@@ -207,9 +208,24 @@ PyObject *afpy_flex_attn_backward(PyObject *self, PyObject *args, PyObject *kwar
     static const char *names[9] = {"query", "key", "value", "out", "dout", "lse", "dq", "dk", "dv"};
     afpy_mod score = {0}, mask = {0};
     afpy_blocks blocks = {0};
-    afpy_tensor t[9] = {{0}};
-    PyObject *result = NULL;
+    afpy_tensor t[9] = {{0}}, daux[AFPY_FLEX_MAX_AUX] = {{0}};
+    af_tensor *daux_views[AFPY_FLEX_MAX_AUX] = {NULL};
+    PyObject *result = NULL, *daux_seq = NULL;
     if (score_obj != Py_None && parse_mod(score_obj, "score_mod", &score) < 0) goto done;
+    if (daux_obj != Py_None) {   /* one entry (None or a float32 tensor) per captured tensor of the score_mod */
+        if (!(daux_seq = PySequence_Fast(daux_obj, "daux must be a sequence"))) goto done;
+        if (PySequence_Fast_GET_SIZE(daux_seq) != score.n_aux) {
+            PyErr_Format(PyExc_ValueError, "daux: %zd entries for the score_mod's %d captured tensors",
+                         PySequence_Fast_GET_SIZE(daux_seq), score.n_aux);
+            goto done;
+        }
+        for (int i = 0; i < score.n_aux; i++) {
+            PyObject *d = PySequence_Fast_GET_ITEM(daux_seq, i);
+            if (d == Py_None) continue;
+            if (afpy_tensor_from_object(d, "daux", true, 0, &daux[i]) < 0) goto done;
+            daux_views[i] = &daux[i].view;
+        }
+    }
     if (mask_obj != Py_None && parse_mod(mask_obj, "mask_mod", &mask) < 0) goto done;
     if (blocks_obj != Py_None && parse_blocks(blocks_obj, &blocks) < 0) goto done;
     for (int i = 0; i < 9; i++)
@@ -225,12 +241,16 @@ PyObject *afpy_flex_attn_backward(PyObject *self, PyObject *args, PyObject *kwar
                                 obj[8] != Py_None ? &t[8].view : NULL, NULL};
     af_status status;
     Py_BEGIN_ALLOW_THREADS
-    status = reference ? af_flex_attn_backward_reference(&a, &in, &grads) : af_flex_attn_backward(&a, &in, &grads);
+    af_tensor *const *daux_arg = daux_obj != Py_None ? daux_views : NULL;
+    status = reference ? af_flex_attn_backward_reference(&a, &in, &grads, daux_arg)
+                       : af_flex_attn_backward(&a, &in, &grads, daux_arg);
     Py_END_ALLOW_THREADS
     if (status != AF_OK) afpy_raise_status(status);
     else result = Py_NewRef(Py_None);
 done:
     for (int i = 0; i < 9; i++) afpy_tensor_release(&t[i]);
+    for (int i = 0; i < AFPY_FLEX_MAX_AUX; i++) afpy_tensor_release(&daux[i]);
+    Py_XDECREF(daux_seq);
     release_mod(&score);
     release_mod(&mask);
     release_blocks(&blocks);

@@ -11,7 +11,7 @@
  * kv_block, kv_num_blocks, kv_indices, full_kv_num_blocks | None, full_kv_indices | None), int32 tensors. */
 PyObject *afpy_flex_attn(PyObject *self, PyObject *args, PyObject *kwargs);
 
-/* flex_attn_backward(query, key, value, out, dout, lse, dq, dk, dv, *, scale, score_mod, mask_mod, block_mask,
+/* flex_attn_backward(query, key, value, out, dout, lse, dq, dk, dv, *, scale, score_mod, mask_mod, block_mask, daux,
  * reference=False) -> None: af_flex_attn_backward into dq, dk, dv (None: not wanted). */
 PyObject *afpy_flex_attn_backward(PyObject *self, PyObject *args, PyObject *kwargs);
 

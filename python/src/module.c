@@ -164,7 +164,7 @@ static PyMethodDef module_methods[] = {
      "flex_attn(query, key, value, out, lse=None, *, scale, score_mod, mask_mod, block_mask, reference): af_flex_attn "
      "into out."},
     {"flex_attn_backward", (PyCFunction)(void (*)(void))afpy_flex_attn_backward, METH_VARARGS | METH_KEYWORDS,
-     "flex_attn_backward(query, key, value, out, dout, lse, dq, dk, dv, *, scale, score_mod, mask_mod, block_mask, "
+     "flex_attn_backward(query, key, value, out, dout, lse, dq, dk, dv, *, scale, score_mod, mask_mod, block_mask, daux, "
      "reference): af_flex_attn_backward into dq, dk, dv (None: not wanted)."},
     {"create_block_mask", afpy_create_block_mask, METH_VARARGS,
      "create_block_mask(mask_mod, B, H, L, S, q_block, kv_block, kv_num_blocks, kv_indices, full_kv_num_blocks, "

@@ -134,15 +134,41 @@ def test_gradients_of_what_the_call_asks_for():
     torch.testing.assert_close(k.grad.double(), k64.grad, atol=1e-5, rtol=1e-4)
 
 
-def test_gradients_for_captured_tensors_are_refused_not_dropped():
+LEARNED = [("alibi slopes", lambda p: (lambda score, b, h, q_idx, kv_idx: score + p[h] * (kv_idx - q_idx) * 0.1),
+            lambda: torch.tensor([0.5, 0.25, 0.125, 0.0625])),
+           ("bias by (head, key)", lambda p: (lambda score, b, h, q_idx, kv_idx: score + p[h, kv_idx]),
+            lambda: 0.3 * torch.randn(H, S, generator=torch.Generator().manual_seed(3))),
+           ("relative bias, scaled score", lambda p: (lambda score, b, h, q_idx, kv_idx:
+                                                      score * torch.sigmoid(p[kv_idx - q_idx + S]) + p[q_idx]),
+            lambda: 0.5 * torch.randn(2 * S, generator=torch.Generator().manual_seed(4)))]
+
+
+@pytest.mark.parametrize("name,make_mod,init", LEARNED, ids=[x[0] for x in LEARNED])
+@pytest.mark.parametrize("mask_mod", [None, causal], ids=["no mask", "causal"])
+def test_captured_tensor_gradients_against_autograd(name, make_mod, init, mask_mod):
+    gen = torch.Generator().manual_seed(13)
+    q = torch.randn(B, H, L, E, generator=gen)
+    k = torch.randn(B, HKV, S, E, generator=gen)
+    v = torch.randn(B, HKV, S, EV, generator=gen)
+    dout = torch.randn(B, H, L, EV, generator=gen)
+    ref_param = init().double().requires_grad_()
+    q64 = q.double().requires_grad_()
+    _dense(q64, k.double(), v.double(), make_mod(ref_param), mask_mod).backward(dout.double())
+    param = init().requires_grad_()
+    qd = q.clone().requires_grad_()
+    block_mask = fa.create_block_mask(mask_mod, 1, 1, L, S, device="cpu") if mask_mod else None
+    flex_attention(qd, k, v, score_mod=make_mod(param), block_mask=block_mask, enable_gqa=True).backward(dout)
+    assert param.grad is not None and param.grad.dtype == param.dtype and param.grad.shape == param.shape
+    torch.testing.assert_close(param.grad.double(), ref_param.grad, atol=1e-4 * (1 + ref_param.grad.abs().max().item()),
+                               rtol=1e-4)
+    torch.testing.assert_close(qd.grad.double(), q64.grad, atol=2e-5 * (1 + q64.grad.abs().max().item()), rtol=1e-4)
+
+
+def test_only_captured_tensors_need_a_gradient():
     bias = torch.zeros(S, requires_grad=True)
-
-    def learned(score, b, h, q_idx, kv_idx):
-        return score + bias[kv_idx]
-
-    q = torch.randn(1, 2, 8, 16, requires_grad=True)
-    k, v = torch.randn(1, 2, S, 16), torch.randn(1, 2, S, 16)
-    with pytest.raises(NotImplementedError, match="captures"):
-        flex_attention(q, k, v, score_mod=learned)
+    q, k, v = torch.randn(1, 2, 8, 16), torch.randn(1, 2, S, 16), torch.randn(1, 2, S, 16)
+    out = flex_attention(q, k, v, score_mod=lambda score, b, h, q_idx, kv_idx: score + bias[kv_idx])
+    out.sum().backward()
+    assert bias.grad is not None and bias.grad.abs().sum() > 0
     with torch.no_grad():
-        flex_attention(q, k, v, score_mod=learned)   # no gradient wanted: runs
+        flex_attention(q, k, v, score_mod=lambda score, b, h, q_idx, kv_idx: score + bias[kv_idx])

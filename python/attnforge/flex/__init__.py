@@ -49,16 +49,17 @@ def _check(query, key, value, enable_gqa, block_mask):
 
 class _Flex(torch.autograd.Function):
     """flex_attention with its backward: the forward keeps out and lse, the backward runs af_flex_attn_backward
-    with the same programs (the lse gets no gradient)."""
+    with the same programs, giving dq, dk, dv and the gradients of the score_mod's captured tensors (`captured`,
+    inputs here so that autograd reaches them; the lse gets no gradient)."""
 
     @staticmethod
-    def forward(ctx, query, key, value, call):
+    def forward(ctx, query, key, value, call, *captured):
         query, key, value = query.detach(), key.detach(), value.detach()   # DLPack takes no tensor needing grad
         B, Hq, L, _ = query.shape
         out = torch.empty(B, Hq, L, value.shape[-1], dtype=query.dtype)
         lse = torch.empty(B, Hq, L, dtype=torch.float32)
         _C.flex_attn(query, key, value, out, lse, **call)
-        ctx.save_for_backward(query, key, value, out, lse)
+        ctx.save_for_backward(query, key, value, out, lse, *captured)
         ctx.call = call
         ctx.mark_non_differentiable(lse)
         ctx.set_materialize_grads(False)
@@ -66,15 +67,18 @@ class _Flex(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        query, key, value, out, lse = (t.detach() for t in ctx.saved_tensors)
+        query, key, value, out, lse, *captured = (t.detach() for t in ctx.saved_tensors)
         if dout is None:
-            return None, None, None, None
+            return (None,) * (4 + len(captured))
         want = ctx.needs_input_grad
         dq = torch.empty_like(query, memory_format=torch.contiguous_format) if want[0] else None
         dk = torch.empty_like(key, memory_format=torch.contiguous_format) if want[1] else None
         dv = torch.empty_like(value, memory_format=torch.contiguous_format) if want[2] else None
-        _C.flex_attn_backward(query, key, value, out, dout.detach(), lse, dq, dk, dv, **ctx.call)
-        return dq, dk, dv, None
+        daux = [torch.empty(t.shape, dtype=torch.float32) if w and t.is_floating_point() else None
+                for t, w in zip(captured, want[4:])]
+        _C.flex_attn_backward(query, key, value, out, dout.detach(), lse, dq, dk, dv,
+                              daux=daux if any(d is not None for d in daux) else None, **ctx.call)
+        return (dq, dk, dv, None, *(d.to(t.dtype) if d is not None else None for d, t in zip(daux, captured)))
 
 
 def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False,
@@ -98,12 +102,9 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
                 score_mod=score_program.as_c() if score_program else None,
                 mask_mod=mask_program.as_c() if mask_program else None,
                 block_mask=block_mask_args(block_mask) if block_mask is not None else None)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
-        for program in (score_program, mask_program):
-            if program is not None and any(t.requires_grad for t in program.aux):
-                raise NotImplementedError("attnforge.flex: gradients for a tensor a mod captures are not implemented "
-                                          "yet (issue 47); detach it, or call torch's flex_attention")
-        out, lse = _Flex.apply(query, key, value, call)
+    captured = list(score_program.aux) if score_program is not None else []
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value, *captured)):
+        out, lse = _Flex.apply(query, key, value, call, *captured)
         lse = lse if want_lse else None
     else:
         B, Hq, L, _ = query.shape
