@@ -19,9 +19,13 @@ static af_status check_tensor(const af_tensor *t, const char *name, int ndim, in
     if (t->ndim != ndim)
         return af_fail(AF_ERR_INVALID_ARGUMENT, "block_mask.%s: has %d dimensions; it must have %d", name, t->ndim,
                        ndim);
-    for (int k = 0; k < ndim; k++)
+    bool empty = false;
+    for (int k = 0; k < ndim; k++) {
         if (t->shape[k] < 0 || t->strides[k] < 0)
             return af_fail(AF_ERR_INVALID_ARGUMENT, "block_mask.%s: negative size or stride in dim %d", name, k);
+        empty = empty || t->shape[k] == 0;
+    }
+    if (!empty && !t->data) return af_fail(AF_ERR_INVALID_ARGUMENT, "block_mask.%s: has elements but no data", name);
     if (t->shape[0] != 1 && t->shape[0] != B)
         return af_fail(AF_ERR_INVALID_ARGUMENT, "block_mask.%s: batch dim %lld must be 1 or the call's B = %lld", name,
                        (long long)t->shape[0], (long long)B);

@@ -103,8 +103,9 @@ static bool is_boolean(af_bound a) { return a.lo >= 0.0 && a.hi <= 1.0; }
 
 /* Instruction `in`'s bound from its operands' (r), its result float32 or int32 (`is_int`). */
 static af_bound bound_of(const af_mod_checked *m, const af_mod_instr *in, const af_bound *r, bool is_int) {
-    const af_bound a = r[in->in[0]], b = r[in->in[1]];
-    const bool ints = m->is_int[in->in[0]];
+    const int n_in = af_mod_operand_count(m, in);   /* in->in past it are not registers */
+    const af_bound a = n_in > 0 ? r[in->in[0]] : any_float(), b = n_in > 1 ? r[in->in[1]] : any_float();
+    const bool ints = n_in > 0 && m->is_int[in->in[0]];
     switch (in->op) {
     case AF_MOD_CONST_F32: return point((float)in->imm);
     case AF_MOD_CONST_I32: return point(in->imm);

@@ -33,7 +33,7 @@ static const char *const op_names[AF_MOD_OP_COUNT] = {
     "LT", "LE", "GT", "GE", "EQ", "NE", "AND", "OR", "XOR", "NOT", "WHERE", "TO_F32", "TO_I32", "LOAD"};
 
 /* Registers instruction `in` reads (a LOAD: one per dimension of its tensor, af_mod_check having checked `aux`). */
-static int operand_count(const af_mod_checked *m, const af_mod_instr *in) {
+int af_mod_operand_count(const af_mod_checked *m, const af_mod_instr *in) {
     const arity ar = arity_of(in->op);
     return ar == ARGS_NONE ? 0 : ar == ARGS_UNARY ? 1 : ar == ARGS_BINARY ? 2 : ar == ARGS_WHERE ? 3
                                                                                    : m->aux[in->aux].ndim;
@@ -94,7 +94,7 @@ static af_status check_instr(const af_mod_checked *m, const af_mod_instr *in, in
     if (ar == ARGS_LOAD && (in->aux < 0 || in->aux >= m->n_aux))
         return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: instruction %d (LOAD): aux %d, but the program has %d aux "
                        "tensors", name, (int)i, (int)in->aux, (int)m->n_aux);
-    const int n_in = operand_count(m, in);
+    const int n_in = af_mod_operand_count(m, in);
     for (int k = 0; k < n_in; k++) {
         const int r = in->in[k];
         if (r < 0 || r >= reg)
@@ -175,7 +175,7 @@ af_status af_mod_check(const af_mod_program *prog, const char *name, bool score,
     for (int32_t i = 0; i < prog->length; i++) {
         const af_mod_instr *in = &prog->code[i];
         if ((st = check_instr(m, in, i, score, m->is_int)) != AF_OK) return st;
-        const int n_in = operand_count(m, in);
+        const int n_in = af_mod_operand_count(m, in);
         uint8_t varies = 0;
         for (int k = 0; k < n_in; k++) {
             varies |= m->varies[in->in[k]];
@@ -419,7 +419,7 @@ static void eval_load(af_mod_checked *m, const af_mod_instr *in, const operand *
  * (1 when it does not vary with the key). */
 static inline __attribute__((always_inline)) void eval_instr(af_mod_checked *m, const af_mod_instr *in,
                                                               const group *g, int rows, int keys, operand D) {
-    const int n_in = operand_count(m, in);
+    const int n_in = af_mod_operand_count(m, in);
     operand x[4] = {{0}};
     for (int k = 0; k < n_in; k++) x[k] = operand_of(m, g, in->in[k]);
     const operand A = x[0], Bo = x[1];
@@ -524,7 +524,7 @@ static operand tangent_of(const group *g, const tangents *tg, int k) {
  * itself runs, which may overwrite the score. */
 static void tangent_instr(const af_mod_checked *m, const af_mod_instr *in, const group *g, const tangents *tg,
                           operand TD) {
-    const int n_in = operand_count(m, in);
+    const int n_in = af_mod_operand_count(m, in);
     operand x[3] = {{(float *)&ZERO, 0, false}, {(float *)&ZERO, 0, false}, {(float *)&ZERO, 0, false}};
     operand t[3] = {x[0], x[1], x[2]};
     for (int k = 0; k < n_in && k < 3; k++) {
@@ -604,7 +604,7 @@ static void depends_on(const af_mod_checked *m, int seed, uint8_t *dep) {
     memset(dep, 0, (size_t)m->n_regs);
     for (int32_t i = seed - AF_MOD_INPUTS + 1; i < m->length; i++) {
         const af_mod_instr *in = &m->code[i];
-        const int reg = AF_MOD_INPUTS + i, n_in = operand_count(m, in);
+        const int reg = AF_MOD_INPUTS + i, n_in = af_mod_operand_count(m, in);
         bool on = false;
         for (int k = 0; k < n_in; k++) on = on || in->in[k] == seed || dep[in->in[k]];
         dep[reg] = on && differentiable(m, in, reg);

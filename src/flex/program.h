@@ -52,6 +52,8 @@ typedef struct af_mods {
 /* Check `prog` (NULL: absent) against the rules of attnforge.h, naming `name` and the instruction in any error. */
 af_status af_mod_check(const af_mod_program *prog, const char *name, bool score, af_mod_checked *out);
 void af_mod_release(af_mod_checked *m);
+/* Registers instruction `in` of checked program m reads (the others of in->in are not registers). */
+int af_mod_operand_count(const af_mod_checked *m, const af_mod_instr *in);
 
 af_status af_mods_check(const af_mod_program *score_mod, const af_mod_program *mask_mod, af_mods *mods);
 void af_mods_release(af_mods *mods);
