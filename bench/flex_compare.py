@@ -4,7 +4,10 @@ compiled for the CPU (--compiled: a C++ toolchain and a compile of several secon
 apart, as is attnforge's, which traces the mods). attnforge's calls take attnforge.create_block_mask's masks,
 PyTorch's its own create_block_mask's (the same blocks). Medians of alternating loops.
 
-    python bench/flex_compare.py [--len 4096] [--heads 16] [--dim 64] [--dtype float32] [--compiled]
+    python bench/flex_compare.py [--len 4096] [--heads 16] [--dim 64] [--dtype float32] [--compiled] [--backward]
+
+--backward times training steps instead (forward and backward, the gradients of q, k and v): plain causal attnforge
+against flex with a causal block mask and with ALiBi on it (PyTorch's CPU flex has no backward to compare with).
 """
 import argparse
 import time
@@ -23,6 +26,7 @@ def main():
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--compiled", action="store_true", help="also PyTorch's compiled CPU flex_attention")
+    ap.add_argument("--backward", action="store_true", help="training steps (forward + backward) instead")
     args = ap.parse_args()
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     dt = getattr(torch, args.dtype)
@@ -41,6 +45,8 @@ def main():
 
     causal_mask = attnforge.create_block_mask(causal, 1, 1, N, N)
     window_mask = attnforge.create_block_mask(window, 1, 1, N, N)
+    if args.backward:
+        return backward_rows(q, k, v, alibi, causal_mask, args)
     dense_window = torch.ones(N, N, dtype=torch.bool).tril() & ~torch.ones(N, N, dtype=torch.bool).tril(-256)
     rows = {
         "plain causal (attnforge sdpa)": lambda: attnforge.scaled_dot_product_attention(q, k, v, is_causal=True),
@@ -74,6 +80,26 @@ def main():
           f"isa {attnforge.get_isa()}")
     for name, t in zip(names, times):
         print(f"{name:42} {t * 1e3:9.2f} ms   {t / base:5.2f}x plain causal")
+
+
+def backward_rows(q, k, v, alibi, causal_mask, args):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    dout = torch.randn_like(q)
+
+    def step(fn):
+        return lambda: torch.autograd.backward(fn(), dout)
+
+    rows = {
+        "plain causal (attnforge sdpa)": step(lambda: attnforge.scaled_dot_product_attention(q, k, v, is_causal=True)),
+        "flex: causal mask_mod": step(lambda: attnforge.flex_attention(q, k, v, block_mask=causal_mask)),
+        "flex: ALiBi + causal": step(lambda: attnforge.flex_attention(q, k, v, score_mod=alibi, block_mask=causal_mask)),
+    }
+    names = list(rows)
+    times = timed_loops([rows[n] for n in names], target_s=0.5, repeats=5)
+    print(f"training step (forward + backward), B 1, H {q.shape[1]}, L = S = {q.shape[2]}, E {q.shape[3]}, "
+          f"{args.dtype}, {attnforge.get_num_threads()} threads, isa {attnforge.get_isa()}")
+    for name, t in zip(names, times):
+        print(f"{name:42} {t * 1e3:9.2f} ms   {t / times[0]:5.2f}x plain causal")
 
 
 if __name__ == "__main__":
