@@ -131,6 +131,12 @@ def trace(fn, score):
     at each call), gets the Program of its first trace; any of those rebound traces it again. A Python container
     or number changed in place without being rebound is not noticed. score: a score_mod (score, b, h, q_idx,
     kv_idx) rather than a mask_mod (b, h, q_idx, kv_idx)."""
+    program = getattr(fn, "program", None)   # a built-in mod (_builtin) carries its program: nothing to trace
+    if isinstance(program, Program):
+        if program.score != score:
+            raise ModTraceError(f"{getattr(fn, '__name__', fn)}: a built-in {'score' if program.score else 'mask'}"
+                                f"_mod where a {'score' if score else 'mask'}_mod is expected")
+        return program
     snap = _snapshot(fn)
     if snap is None:
         return _trace(fn, score)
