@@ -44,26 +44,31 @@ from ._sdpa import scaled_dot_product_attention
 
 NAME = "attnforge"
 FLASH_NAME = "attnforge_flash"
+FLEX_NAME = "attnforge_flex"
 
 logger = logging.getLogger("attnforge")
 
 
-def register(name: str = NAME, flash_name: str = FLASH_NAME) -> None:
-    """Register attention implementations `name` and `flash_name` (and their mask functions) with Transformers'
-    AttentionInterface and AttentionMaskInterface, for every model loaded or configured afterwards with
-    attn_implementation=name (SDPA-style masks) or flash_name (FlashAttention-style: continuous batching)."""
+def register(name: str = NAME, flash_name: str = FLASH_NAME, flex_name: str = FLEX_NAME) -> None:
+    """Register attention implementations `name`, `flash_name` and `flex_name` (and their mask functions) with
+    Transformers' AttentionInterface and AttentionMaskInterface, for every model loaded or configured afterwards with
+    attn_implementation=name (SDPA-style masks), flash_name (FlashAttention-style: continuous batching) or flex_name
+    (FlexAttention-style: block masks built by attnforge.create_block_mask, run block-sparse by
+    attnforge.flex_attention, forward and backward)."""
     if "flash" not in flash_name:
         raise ValueError(f"flash_name must contain 'flash' (Transformers' test for a FlashAttention-style "
                          f"implementation), got {flash_name!r}")
     from transformers import AttentionInterface
     AttentionInterface.register(name, attention_forward)
     AttentionInterface.register(flash_name, attention_forward)
+    AttentionInterface.register(flex_name, flex_attention_forward)
     _teach_flash_imports(flash_name)
     try:
         from transformers import AttentionMaskInterface
     except ImportError:   # before Transformers 4.53 each model built its own mask; no registration needed
         return
     AttentionMaskInterface.register(name, attention_mask)
+    AttentionMaskInterface.register(flex_name, flex_attention_mask)
     from transformers.masking_utils import flash_attention_mask
     AttentionMaskInterface.register(flash_name, flash_attention_mask)
 
@@ -101,6 +106,42 @@ def attention_mask(*args, local_size=None, allow_is_causal_skip=True, config=Non
             and not getattr(config, "attention_chunk_size", None):
         local_size = None
     return sdpa_mask(*args, local_size=local_size, allow_is_causal_skip=allow_is_causal_skip, config=config, **kwargs)
+
+
+def flex_attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+                        attention_mask=None, device="cpu", **kwargs):
+    """Transformers' flex_attention_mask with attnforge.create_block_mask: the layer's mask function (causal, sliding
+    or chunked windows, packed documents), the padding and the offsets, as a BlockMask built in C without the dense
+    mask and without torch.compile."""
+    from transformers.masking_utils import (add_offsets_to_mask_function, and_masks, causal_mask_function,
+                                            padding_mask_function, prepare_padding_mask)
+
+    from .flex import create_block_mask
+    mask_function = mask_function if mask_function is not None else causal_mask_function
+    if attention_mask is not None and not bool(attention_mask.all()):
+        padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
+        mask_function = and_masks(mask_function, padding_mask_function(padding))
+    mask_function = add_offsets_to_mask_function(mask_function, q_offset, kv_offset)
+    return create_block_mask(mask_function, batch_size, None, q_length, kv_length)
+
+
+def flex_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None,
+                           s_aux=None, **kwargs):
+    """The attention-function contract of Transformers' flex implementation on attnforge.flex_attention:
+    attention_mask a BlockMask (flex_attention_mask's) or None; a softcap becomes the built-in softcap score_mod;
+    gradients flow through attnforge's flex backward. Dropout and learned sinks raise."""
+    from .flex import builtin, flex_attention
+    if dropout:
+        raise _C.UnsupportedError("attnforge_flex: attention dropout is not supported")
+    if s_aux is not None or kwargs.get("sinks") is not None:
+        raise _C.UnsupportedError("attnforge_flex: learned sinks are not supported; use attn_implementation="
+                                  f"{NAME!r}")
+    _refuse_sparse_selection(kwargs)
+    if isinstance(attention_mask, torch.Tensor):
+        raise _C.UnsupportedError("attnforge_flex: takes a BlockMask (its own mask function's); got a dense mask")
+    out = flex_attention(query, key, value, score_mod=builtin.softcap(softcap) if softcap else None,
+                         block_mask=attention_mask, scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
+    return out.transpose(1, 2).contiguous(), None
 
 
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,

@@ -342,8 +342,12 @@ def _translate(builder, values, node):
         if dtype in _FLOAT_DTYPES:
             return _as(builder, r, i, False), False
         builder.fail(f"converts to {dtype}")
-    if name in ("zeros_like", "ones_like", "full_like", "scalar_tensor", "full"):
-        value = {"zeros_like": 0, "ones_like": 1}.get(name, args[1] if name in ("full_like", "full") else args[0])
+    if name in ("zeros_like", "ones_like", "full_like", "scalar_tensor", "full", "new_ones", "new_zeros", "new_full",
+                "ones", "zeros"):
+        if val is not None and val.numel() != 1:
+            builder.fail(f"uses {name} to make a value of {val.numel()} elements; a mod computes one value")
+        value = {"zeros_like": 0, "ones_like": 1, "new_ones": 1, "new_zeros": 0, "ones": 1, "zeros": 0}.get(
+            name, args[-1] if name in ("full_like", "full", "new_full") else args[0])
         is_int = val is not None and val.dtype in _INT_DTYPES
         return builder.const(int(value) if is_int else float(value), is_int), is_int
     if name == "index":
