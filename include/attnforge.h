@@ -155,6 +155,11 @@ typedef struct {
     /* float8 K/V only (FA3/FA4's descales): NULL (= 1) or f32 (B, Hkv). Scores use scale·(q·k)·q_descale·k_descale,
      * the output sum_j p_j·v_j·v_descale, each at the (batch, kv head) the row reads. */
     const af_tensor *q_descale, *k_descale, *v_descale;
+    /* FlexAttention-style mods (af_flex_attn's programs, declared below), CPU only; NULL = none. Indices are the
+     * sequence's own: b the sequence, h the query head, q_idx its row, kv_idx the key's position in it (paged K/V:
+     * logical). As FA4: a mask_mod replaces causal and window_size (they are ignored with it), and softcap and
+     * score_mod exclude each other. */
+    const struct af_mod_program *score_mod, *mask_mod;
 } af_flash_args;                     /* zero-initialised = plain attention with FA4's defaults */
 
 /* out: query's shape with head dim Ev, in query's dtype (float8 queries: f32, f16 or bf16, as asked); lse NULL or
@@ -200,7 +205,7 @@ typedef struct {
     double imm;        /* CONST_*: the value */
 } af_mod_instr;
 
-typedef struct {
+typedef struct af_mod_program {
     const af_mod_instr *code;   /* at least one instruction */
     int32_t length;
     const af_tensor *aux;       /* captured tensors: CPU, 1 to 4 dimensions, any strides; read, never written */

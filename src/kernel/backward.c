@@ -193,26 +193,12 @@ static void rows_seeing(const af_problem *p, const af_sequence *seq, int64_t j0,
     *hi = a;
 }
 
-/* S (raw scores) → the scores the forward's softmax saw: softcap (keeping 1 − tanh² in T for dS), or scale and mask,
- * or scale and af_flex_attn's mods (keeping d(score_mod)/d(score) in T); then -inf outside each row's key range. */
+/* S (raw scores) → the scores the forward's softmax saw: softcap (keeping 1 − tanh² in T for dS), or scale and mask;
+ * then af_flex_attn's / af_flash_attn's mods (a score_mod keeping d(score_mod)/d(score) in T: it never comes with a
+ * softcap); then -inf outside each row's key range. */
 static void transform_scores(const bwd_plan *bw, const key_item *w, int64_t h, int64_t i0, int rows, int64_t j0,
                              int cols, float *S, float *T, float *mod_regs, float *raw) {
     const af_problem *p = bw->p;
-    if (p->mods) {   /* the mods over the whole block: its rows' heads and positions after the registers */
-        for (int r = 0; r < rows; r++) {
-            float *s = S + (size_t)r * bw->keys_pad;
-            for (int j = 0; j < cols; j++) s[j] *= (float)p->scale;
-        }
-        int32_t *h_rows = (int32_t *)(mod_regs + af_mods_scratch_floats(p->mods, bw->keys_pad)), *q_rows = h_rows + rows;
-        for (int r = 0; r < rows; r++) {
-            h_rows[r] = (int32_t)h;
-            q_rows[r] = (int32_t)(i0 + r);
-        }
-        if (raw)   /* the scaled scores before the mods, for the captured tensors' gradients */
-            memcpy(raw, S, sizeof(float) * (size_t)rows * (size_t)bw->keys_pad);
-        af_mods_apply_tile_grad(p->mods, w->b, h_rows, q_rows, rows, j0, cols, S, bw->keys_pad, T, bw->keys_pad,
-                                mod_regs, bw->keys_pad);
-    }
     for (int r = 0; r < rows; r++) {
         float *s = S + (size_t)r * bw->keys_pad;
         const int64_t i = i0 + r;
@@ -221,7 +207,7 @@ static void transform_scores(const bwd_plan *bw, const key_item *w, int64_t h, i
             af_softcap_row(s, cols, (float)(p->scale / p->softcap), cap);
             float *t = T + (size_t)r * bw->keys_pad;
             for (int j = 0; j < cols; j++) t[j] = 1.0f - (s[j] / cap) * (s[j] / cap);
-        } else if (bw->pre_scale && !p->mods) {
+        } else if (bw->pre_scale) {
             const float scale = (float)p->scale;
             for (int j = 0; j < cols; j++) s[j] *= scale;
             if (p->mask) {
@@ -237,8 +223,22 @@ static void transform_scores(const bwd_plan *bw, const key_item *w, int64_t h, i
                 }
             }
         }
+    }
+    if (p->mods) {   /* the mods over the whole block: its rows' heads and positions after the registers */
+        int32_t *h_rows = (int32_t *)(mod_regs + af_mods_scratch_floats(p->mods, bw->keys_pad)), *q_rows = h_rows + rows;
+        for (int r = 0; r < rows; r++) {
+            h_rows[r] = (int32_t)h;
+            q_rows[r] = (int32_t)(i0 + r);
+        }
+        if (raw)   /* the scaled scores before the mods, for the captured tensors' gradients */
+            memcpy(raw, S, sizeof(float) * (size_t)rows * (size_t)bw->keys_pad);
+        af_mods_apply_tile_grad(p->mods, w->b, h_rows, q_rows, rows, j0, cols, S, bw->keys_pad, T, bw->keys_pad,
+                                mod_regs, bw->keys_pad);
+    }
+    for (int r = 0; r < rows; r++) {
+        float *s = S + (size_t)r * bw->keys_pad;
         int64_t lo, hi;
-        af_key_range(p, w->seq.L, w->seq.S, i, &lo, &hi);
+        af_key_range(p, w->seq.L, w->seq.S, i0 + r, &lo, &hi);
         for (int64_t j = 0; j < cols && j < lo - j0; j++) s[j] = -INFINITY;
         for (int64_t j = hi - j0 < 0 ? 0 : hi - j0; j < cols; j++) s[j] = -INFINITY;
     }

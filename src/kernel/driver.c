@@ -392,8 +392,12 @@ static void softmax_tile(const flash_plan *fp, const work_item *w, const row_sta
     const bool pre_scale = (fp->pre_scale && !plain) || !(scale > 0.0);
     const double log2e = 1.4426950408889634;
     const float c = (float)(pre_scale ? log2e : scale * log2e);   /* the multiplier folded into the exponent */
-    if (p->softcap > 0.0) apply_softcap(fp, n, cols, Sn, scale);   /* af_flash_attn: no mask */
-    else if (pre_scale) apply_scale_and_mask(fp, w, r0 + skip, n, j0, cols, Sn, (float)scale, rs->mod);
+    if (p->softcap > 0.0) {   /* af_flash_attn: no mask; a mask_mod (never a score_mod) after the cap */
+        apply_softcap(fp, n, cols, Sn, scale);
+        if (p->mods && !plain) apply_scale_and_mask(fp, w, r0 + skip, n, j0, cols, Sn, 1.0f, rs->mod);
+    } else if (pre_scale) {
+        apply_scale_and_mask(fp, w, r0 + skip, n, j0, cols, Sn, (float)scale, rs->mod);
+    }
     if (edge) apply_key_range(fp, w, r0 + skip, n, j0, cols, Sn);
     fp->uk->softmax_step(n, cols, Sn, fp->keys_pad, c, rs->m + skip, rs->l + skip, rs->alpha + skip, fp->exp2_degree);
     if (fp->Ev == 0) return;

@@ -3,6 +3,8 @@
  * mask as a map of block classes (flex/block_map.h); the drivers and the references evaluate them on the scaled
  * scores of each tile / row, and the drivers skip the tiles the block mask empties. */
 #include "core/dtype.h"
+#include <string.h>
+
 #include "core/status.h"
 #include "flex/block_map.h"
 #include "flex/program.h"
@@ -103,6 +105,27 @@ static af_status flex_backward_call(const af_flex_args *args, const af_backward_
     af_block_map_release(&blocks);
     af_mods_release(&mods);
     return st;
+}
+
+af_status af_flash_take_mods(const af_flash_args *args, af_problem *p, af_mods *mods) {
+    memset(mods, 0, sizeof *mods);
+    if (!args->score_mod && !args->mask_mod) return AF_OK;
+    if (args->query->device.type != AF_DEVICE_CPU)
+        return af_fail(AF_ERR_UNSUPPORTED, "score_mod, mask_mod: run on the CPU only; query is on cuda:%d",
+                       args->query->device.index);
+    if (args->score_mod && args->softcap > 0.0)
+        return af_fail(AF_ERR_INVALID_ARGUMENT, "softcap and score_mod cannot be used together");
+    if (p->L > INT32_MAX || p->S > INT32_MAX || p->B > INT32_MAX || p->Hq > INT32_MAX)
+        return af_fail(AF_ERR_UNSUPPORTED, "score_mod, mask_mod: their indices are int32; B, H, L and S must stay "
+                       "below 2^31");
+    af_status st = af_mods_check(args->score_mod, args->mask_mod, mods);
+    if (st != AF_OK) return st;
+    if (args->mask_mod) {   /* FA4: the mask_mod replaces causal and window_size */
+        p->causal = AF_CAUSAL_NONE;
+        p->has_window = false;
+    }
+    p->mods = mods;
+    return AF_OK;
 }
 
 af_status af_flex_attn(const af_flex_args *args, af_tensor *out, af_tensor *lse) {

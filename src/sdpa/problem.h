@@ -216,6 +216,11 @@ af_status af_reference_forward(const af_problem *p);
  * refused before anything is read. On error: a message naming the argument and the rule. */
 af_status af_flash_check(const af_flash_args *args, const af_tensor *out, const af_tensor *lse, af_problem *p);
 
+/* af_flash_attn's score_mod / mask_mod (args) into p->mods, checked (flex/program.h), with FA4's rules: CPU only, a
+ * mask_mod replaces causal and the window, no softcap with a score_mod. *mods is the caller's to release
+ * (af_mods_release), whatever this returns; p->mods stays NULL without mods. */
+af_status af_flash_take_mods(const af_flash_args *args, af_problem *p, struct af_mods *mods);
+
 /* The reference written to an f32 `out_f32` (B,Hq,L,Ev) whatever the input dtype: what tests and
  * `attnforge run` compare the kernels against, without the output rounding of bf16/f16. */
 af_status af_reference_f32(const af_sdpa_args *args, af_tensor *out_f32, af_tensor *lse);

@@ -46,7 +46,7 @@ static void row_scores(const af_problem *p, int64_t b, const af_sequence *seq, i
                    load(p->k, p->kv_dtype, k_row + e * p->k_stride[3]);
         double score = scale * dot;
         if (p->softcap > 0.0) score = p->softcap * tanh(score / p->softcap);
-        if (j < lo || j >= hi) score = -INFINITY;
+        if (!p->mods && (j < lo || j >= hi)) score = -INFINITY;   /* with mods: after them, as the kernels */
         if (p->mask) {
             const int64_t m = b * p->mask_stride[0] + h * p->mask_stride[1] + i * p->mask_stride[2] + j * p->mask_stride[3];
             const double mv = load(p->mask, p->mask_dtype, m);
@@ -55,7 +55,10 @@ static void row_scores(const af_problem *p, int64_t b, const af_sequence *seq, i
         }
         s[j] = score;
     }
-    if (p->mods) apply_mods(p, b, h, i, seq->S, s, mod_regs);
+    if (!p->mods) return;
+    apply_mods(p, b, h, i, seq->S, s, mod_regs);
+    for (int64_t j = 0; j < seq->S; j++)
+        if (j < lo || j >= hi) s[j] = -INFINITY;
 }
 
 /* One row: softmax over the scores and the sink (in the denominator only: FA4), out and lse. */

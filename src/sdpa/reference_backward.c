@@ -149,7 +149,7 @@ static void row_scores(const af_problem *p, int64_t b, const af_sequence *seq, i
             score = p->softcap * t;
             w->softcap_d[j] = 1.0 - t * t;
         }
-        if (j < lo || j >= hi) score = -INFINITY;
+        if (!p->mods && (j < lo || j >= hi)) score = -INFINITY;   /* with mods: after them, as the kernels */
         if (p->mask) {
             const int64_t m = b * p->mask_stride[0] + h * p->mask_stride[1] + i * p->mask_stride[2] + j * p->mask_stride[3];
             const double mv = load(p->mask, p->mask_dtype, m);
@@ -158,7 +158,10 @@ static void row_scores(const af_problem *p, int64_t b, const af_sequence *seq, i
         }
         w->score[j] = score;
     }
-    if (p->mods) apply_mods(p, b, h, i, seq->S, w);
+    if (!p->mods) return;
+    apply_mods(p, b, h, i, seq->S, w);
+    for (int64_t j = 0; j < seq->S; j++)
+        if (j < lo || j >= hi) w->score[j] = -INFINITY;
 }
 
 /* The sink's logit of head h; -inf without one (it then adds nothing to the denominator). */

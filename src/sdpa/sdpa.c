@@ -1,5 +1,6 @@
 /* Public entry points for one SDPA call: check at the boundary, then hand the trusted problem to the kernels of the
  * device its tensors live on. */
+#include "flex/program.h"
 #include "kernel/flash.h"
 #include "sdpa/cuda_backend.h"
 #include "sdpa/problem.h"
@@ -46,14 +47,24 @@ af_status af_sdpa_reference(const af_sdpa_args *args, af_tensor *out, af_tensor 
 
 /* FlashAttention-4's forward (attnforge.h): the same driver over a problem with its features on; on CUDA the
  * backend (fixed-length calls: af_flash_check refuses the varlen, paged and float8 ones there). */
+/* The checked call with its mods (if any) on `forward`. */
+static af_status flash_with_mods(const af_flash_args *args, af_problem *p, af_status (*forward)(const af_problem *)) {
+    af_mods mods;
+    af_status st = af_flash_take_mods(args, p, &mods);
+    if (st == AF_OK) st = forward(p);
+    if (st == AF_OK) st = af_mods_status(&mods);
+    af_mods_release(&mods);
+    return st;
+}
+
 af_status af_flash_attn(const af_flash_args *args, af_tensor *out, af_tensor *lse) {
     af_clear_error();
     af_problem p;
     af_status st = af_flash_check(args, out, lse, &p);
     if (st != AF_OK) return st;
-    if (args->query->device.type == AF_DEVICE_CUDA)
+    if (args->query->device.type == AF_DEVICE_CUDA && !args->score_mod && !args->mask_mod)
         return cuda_forward(&p, args->query->device.index, args->stream, args->workspace);
-    return af_flash_forward(&p);
+    return flash_with_mods(args, &p, af_flash_forward);
 }
 
 af_status af_flash_attn_reference(const af_flash_args *args, af_tensor *out, af_tensor *lse) {
@@ -65,5 +76,5 @@ af_status af_flash_attn_reference(const af_flash_args *args, af_tensor *out, af_
         return af_fail(AF_ERR_UNSUPPORTED, "query: on cuda:%d; the reference reads host memory and runs on the CPU "
                        "only (copy the tensors to the host, or compare af_flash_attn's output there)",
                        args->query->device.index);
-    return af_reference_forward(&p);
+    return flash_with_mods(args, &p, af_reference_forward);
 }

@@ -1,5 +1,6 @@
 /* Public entry points of the backward pass: check at the boundary, then the driver (kernel/flash.h) or the reference. */
 #include "core/status.h"
+#include "flex/program.h"
 #include "kernel/flash.h"
 #include "sdpa/backward.h"
 #include "sdpa/cuda_backend.h"
@@ -39,14 +40,25 @@ af_status af_sdpa_backward(const af_sdpa_args *args, const af_backward_inputs *i
     return af_flash_backward(&bp);
 }
 
+/* The checked backward with af_flash_attn's mods (if any) on `backward`. */
+static af_status flash_backward_with_mods(const af_flash_args *args, af_backward_problem *bp,
+                                          af_status (*backward)(const af_backward_problem *)) {
+    af_mods mods;
+    af_status st = af_flash_take_mods(args, &bp->f, &mods);
+    if (st == AF_OK) st = backward(bp);
+    if (st == AF_OK) st = af_mods_status(&mods);
+    af_mods_release(&mods);
+    return st;
+}
+
 af_status af_flash_attn_backward(const af_flash_args *args, const af_backward_inputs *in, const af_gradients *grads) {
     af_clear_error();
     af_backward_problem bp;
     af_status st = af_flash_backward_check(args, in, grads, &bp);
     if (st != AF_OK) return st;
-    if (args->query->device.type == AF_DEVICE_CUDA)
+    if (args->query->device.type == AF_DEVICE_CUDA && !args->score_mod && !args->mask_mod)
         return cuda_backward(&bp, args->query->device.index, args->stream, args->workspace);
-    return af_flash_backward(&bp);
+    return flash_backward_with_mods(args, &bp, af_flash_backward);
 }
 
 af_status af_sdpa_backward_reference(const af_sdpa_args *args, const af_backward_inputs *in,
@@ -64,5 +76,5 @@ af_status af_flash_attn_backward_reference(const af_flash_args *args, const af_b
     af_backward_problem bp;
     af_status st = af_flash_backward_check(args, in, grads, &bp);
     if (st == AF_OK) st = host_only(args->query);
-    return st != AF_OK ? st : af_reference_backward(&bp);
+    return st != AF_OK ? st : flash_backward_with_mods(args, &bp, af_reference_backward);
 }
