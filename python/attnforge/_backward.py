@@ -109,7 +109,8 @@ def _kv_gradient(grad4, lead, heads, shape, rank):
 
 def flash_backward(grad_out, q, k, v, out, lse, *, softmax_scale=None, causal=False, window_size=(None, None),
                    softcap=0.0, learnable_sink=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-                   max_seqlen_k=None, seqused_k=None, reference=False, float32_grads=False):
+                   max_seqlen_k=None, seqused_k=None, reference=False, float32_grads=False, score_mod=None,
+                   mask_mod=None):
     """The gradients of (out, lse) = flash_attn_func / flash_attn_varlen_func(q, k, v, ...) (FlashAttention-4's NHD
     layouts; window_size unresolved, as FA4 takes it) for dLoss/dout = grad_out: (dq, dk, dv, dsink), each in its
     input's shape and dtype (contiguous), dq/dk/dv in float32 with float32_grads (CPU: gradients that are summed
@@ -130,7 +131,8 @@ def flash_backward(grad_out, q, k, v, out, lse, *, softmax_scale=None, causal=Fa
     _C.flash_attn_backward(q, k, v, out, grad_out, lse, dq, dk, dv, dsink, scale=softmax_scale, causal=causal,
                            window=window, softcap=float(softcap or 0.0), learnable_sink=learnable_sink,
                            cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=int(max_seqlen_q),
-                           max_seqlen_k=int(max_seqlen_k), seqused_k=seqused_k, reference=bool(reference))
+                           max_seqlen_k=int(max_seqlen_k), seqused_k=seqused_k, reference=bool(reference),
+                           score_mod=score_mod, mask_mod=mask_mod)
     return dq, dk, dv, dsink
 
 

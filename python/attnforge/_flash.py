@@ -3,6 +3,8 @@ flash_attn.cute (FA4 4.0.0b27), so code written for FA4 runs by changing the imp
 (af_flash_attn) checks every rule; this module refuses the FA4 features attnforge does not implement, only when
 they are set, and routes the call: torch tensors through the attnforge::flash_attn operator (_ops), NumPy arrays to
 _flash_call (which resolves window_size as FA4 does, allocates the outputs and calls the C library)."""
+import functools
+
 from . import _C
 from ._flash_call import _check_int, resolve_window, run
 from ._tensors import is_torch_tensor
@@ -12,11 +14,9 @@ _NOT_IMPLEMENTED = {
     "qv": "MLA-absorbed attention (qv) is not implemented (FA4 4.0.0b27's 4th parameter is qv: pass cu_seqlens_q "
           "and the other varlen arguments by keyword)",
     "gather_kv_indices": "top-k sparse K/V gathering (gather_kv_indices, MLA only) is not implemented",
-    "score_mod": "CuTe-DSL score_mod callables cannot run on attnforge (use softcap for tanh capping)",
-    "score_mod_bwd": "CuTe-DSL score_mod callables cannot run on attnforge (softcap's backward is built in)",
-    "mask_mod": "CuTe-DSL mask_mod callables cannot run on attnforge (use causal / window_size)",
-    "aux_tensors": "aux_tensors only feed score_mod / mask_mod, which attnforge does not run",
-    "aux_scalars": "aux_scalars only feed score_mod / mask_mod, which attnforge does not run",
+    "score_mod_bwd": "not needed: attnforge derives the score_mod's derivative from the traced mod itself",
+    "aux_tensors": "attnforge's mods capture tensors as torch functions do (closures, globals); pass none here",
+    "aux_scalars": "attnforge's mods capture values as torch functions do (closures, globals); pass none here",
     "block_sparse_tensors": "block sparsity is not implemented",
     "block_sparse_tensors_bwd": "block sparsity is not implemented",
     "seqused_q": "seqused_q is not implemented (give each sequence's real length through cu_seqlens_q)",
@@ -42,9 +42,94 @@ def _check_hints(num_splits, pack_gqa, deterministic, min_seqlen_k=None, seqlen_
     _check_int("seqlen_k_per_split", seqlen_k_per_split, minimum=1)
 
 
-def _dispatch(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink, return_lse, varlen, **tensors):
+class _WithMods:
+    """flash_attn_func / flash_attn_varlen_func with score_mod / mask_mod (torch functions, as attnforge.flex_attention
+    takes them; FA4's meanings: sequence-local indices, a mask_mod replacing causal and window_size): traced into
+    programs and run by the C call directly (not through the attnforge::flash_attn operator: a mod is no operator
+    argument), with the C backward when q, k, v or learnable_sink need a gradient."""
+
+    @staticmethod
+    def run(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink, return_lse, varlen, score_mod,
+            mask_mod, **tensors):
+        from ._mod_trace import trace
+        programs = {"score_mod": trace(score_mod, score=True) if score_mod is not None else None,
+                    "mask_mod": trace(mask_mod, score=False) if mask_mod is not None else None}
+        if any(p is not None and any(t.requires_grad for t in p.aux) for p in programs.values()) and \
+                is_torch_tensor(q) and _torch_grad_enabled():
+            raise _C.UnsupportedError("score_mod: gradients for the tensors a mod captures are computed by "
+                                      "attnforge.flex_attention, not flash_attn_func; detach them here")
+        mods = {name: (p.as_c() if p is not None else None) for name, p in programs.items()}
+        resolved_causal, window = resolve_window(causal, window_size)
+        softcap = 0.0 if softcap is None else softcap
+        inputs = (q, k, v, learnable_sink)
+        if is_torch_tensor(q) and _torch_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
+            unsupported = [n for n in ("page_table", "q_descale", "k_descale", "v_descale") if tensors.get(n) is not None]
+            if unsupported:   # before the forward runs, as the calls without mods
+                raise _C.UnsupportedError(f"{unsupported[0]}: paged and float8 K/V have no backward; call under "
+                                          "torch.no_grad()")
+            fa4 = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+                       learnable_sink=learnable_sink, **tensors)
+            out, lse = _flash_mods_function().apply(q, k, v, learnable_sink, (resolved_causal, window, varlen, mods,
+                                                                           fa4))
+            return out, (lse if return_lse else None)
+        return run(q, k, v, softmax_scale, resolved_causal, window, softcap, learnable_sink, return_lse=return_lse,
+                   varlen=varlen, **mods, **tensors)
+
+
+def _torch_grad_enabled():
+    import torch
+    return torch.is_grad_enabled()
+
+
+# what flash_backward takes besides the tensors and the mods
+_BACKWARD_ARGUMENTS = ("softmax_scale", "causal", "window_size", "softcap", "cu_seqlens_q", "cu_seqlens_k",
+                       "max_seqlen_q", "max_seqlen_k", "seqused_k")
+
+
+@functools.lru_cache(maxsize=None)
+def _flash_mods_function():
+    """The autograd Function of a call with mods, made on first use (this module imports no torch for NumPy)."""
+    import torch
+
+    from ._backward import flash_backward
+
+    class FlashModsFunction(torch.autograd.Function):
+        """The forward through the C call with the mods (out and lse kept), the backward through flash_backward with
+        the same mods; lse gets no gradient."""
+
+        @staticmethod
+        def forward(ctx, q, k, v, learnable_sink, spec):
+            causal, window, varlen, mods, fa4 = spec
+            detached = [t.detach() if t is not None else None for t in (q, k, v, learnable_sink)]
+            tensors = {n: t for n, t in fa4.items() if n not in ("softmax_scale", "causal", "window_size", "softcap",
+                                                                 "learnable_sink")}
+            out, lse = run(*detached[:3], fa4["softmax_scale"], causal, window, fa4["softcap"], detached[3],
+                           return_lse=True, varlen=varlen, **mods, **tensors)
+            ctx.save_for_backward(*detached, out, lse)
+            ctx.mods = mods
+            ctx.fa4 = {n: t for n, t in fa4.items() if n in _BACKWARD_ARGUMENTS}
+            ctx.mark_non_differentiable(lse)
+            ctx.set_materialize_grads(False)
+            return out, lse
+
+        @staticmethod
+        def backward(ctx, dout, _dlse):
+            q, k, v, sink, out, lse = ctx.saved_tensors
+            if dout is None:
+                return None, None, None, None, None
+            dq, dk, dv, dsink = flash_backward(dout, q, k, v, out, lse, learnable_sink=sink, **ctx.fa4, **ctx.mods)
+            return dq, dk, dv, dsink, None
+
+    return FlashModsFunction
+
+
+def _dispatch(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink, return_lse, varlen,
+              score_mod=None, mask_mod=None, **tensors):
     """Checked arguments → the attnforge::flash_attn operator for torch tensors (so torch.compile and torch.export
-    keep the call in their graph), the C call directly for NumPy arrays."""
+    keep the call in their graph), the C call directly for NumPy arrays; a call with mods: _WithMods."""
+    if score_mod is not None or mask_mod is not None:
+        return _WithMods.run(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink, return_lse,
+                             varlen, score_mod, mask_mod, **tensors)
     causal, window = resolve_window(causal, window_size)
     softcap = 0.0 if softcap is None else softcap
     if is_torch_tensor(q):
@@ -74,17 +159,21 @@ def flash_attn_func(q, k, v, qv=None, gather_kv_indices=None, softmax_scale=None
     Returns (out, lse): out (B, Lq, Hq, Ev) in q's dtype (bfloat16 for a float8 q), lse float32 (B, Hq, Lq), natural
     log, or None unless return_lse. Rows that see no key get out = 0 and lse = -inf (lse = sink with a sink).
     num_splits, pack_gqa and deterministic are GPU scheduling hints: checked, and the result does not depend on
-    them. qv, gather_kv_indices, score_mod(_bwd), mask_mod, aux_*, block_sparse_* raise UnsupportedError when set.
+    them. score_mod / mask_mod: torch functions as attnforge.flex_attention takes them (docs/FLEX.md), with FA4's
+    meanings (a mask_mod replaces causal and window_size; not with softcap for a score_mod); traced once and run
+    inside the kernels, CPU only. qv, gather_kv_indices, score_mod_bwd (derived), aux_*, block_sparse_* raise
+    UnsupportedError when set.
     Gradients (the C backward, CPU only) flow to q, k, v and learnable_sink when they require grad; paged and
     float8 K/V have no backward (UnsupportedError before the forward runs), and lse gets no gradient.
     """
-    _refuse_unimplemented(qv=qv, gather_kv_indices=gather_kv_indices, score_mod=score_mod,
-                          score_mod_bwd=score_mod_bwd, mask_mod=mask_mod, aux_tensors=aux_tensors,
+    _refuse_unimplemented(qv=qv, gather_kv_indices=gather_kv_indices,
+                          score_mod_bwd=score_mod_bwd, aux_tensors=aux_tensors,
                           aux_scalars=aux_scalars, block_sparse_tensors=block_sparse_tensors,
                           block_sparse_tensors_bwd=block_sparse_tensors_bwd)
     _check_hints(num_splits, pack_gqa, deterministic)
     return _dispatch(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink, return_lse, False,
-                     q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+                     score_mod=score_mod, mask_mod=mask_mod, q_descale=q_descale, k_descale=k_descale,
+                     v_descale=v_descale)
 
 
 def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
@@ -102,14 +191,15 @@ def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=Non
     (B, S, Hkv, E); or paged (num_pages, page_size, Hkv, E) with page_table (B, max_pages) int32 and
     seqused_k (B,) int32 (the keys each sequence uses; also allowed without paging). page_table and cu_seqlens_k
     exclude each other. max_seqlen_q / max_seqlen_k bound the sequences' lengths (default: derived from the
-    tensors). Masks, softcap, sink and hints as in flash_attn_func, each sequence aligned on its own lengths.
+    tensors). Masks, softcap, sink, score_mod / mask_mod and hints as in flash_attn_func, each sequence aligned on
+    its own lengths (a mod's q_idx and kv_idx count from the sequence's first row and key, b is the sequence).
     Returns (out, lse): out like q with head dim Ev; lse float32 (Hq, total_q) with packed q, (B, Hq, Lq) with
     batched q; None unless return_lse. seqused_q, scheduler_metadata and the flash_attn_func features listed
     there raise UnsupportedError when set; dtypes and q/k/v_descale (B, Hkv) as in flash_attn_func; min_seqlen_k,
     seqlen_k_per_split and disable_scheduler_metadata are hints (checked, not needed).
     """
-    _refuse_unimplemented(qv=qv, gather_kv_indices=gather_kv_indices, score_mod=score_mod,
-                          score_mod_bwd=score_mod_bwd, mask_mod=mask_mod, aux_tensors=aux_tensors,
+    _refuse_unimplemented(qv=qv, gather_kv_indices=gather_kv_indices,
+                          score_mod_bwd=score_mod_bwd, aux_tensors=aux_tensors,
                           aux_scalars=aux_scalars, block_sparse_tensors=block_sparse_tensors, seqused_q=seqused_q,
                           scheduler_metadata=scheduler_metadata)
     _check_hints(num_splits, pack_gqa, deterministic, min_seqlen_k, seqlen_k_per_split)
@@ -118,4 +208,4 @@ def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=Non
     return _dispatch(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink, return_lse, True,
                      cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                      max_seqlen_k=max_seqlen_k, seqused_k=seqused_k, page_table=page_table, q_descale=q_descale,
-                     k_descale=k_descale, v_descale=v_descale)
+                     k_descale=k_descale, v_descale=v_descale, score_mod=score_mod, mask_mod=mask_mod)

@@ -101,12 +101,12 @@ def _length_bound(cu_seqlens, fallback):
 
 def run(q, k, v, softmax_scale, causal, window, softcap, learnable_sink, cu_seqlens_q=None, cu_seqlens_k=None,
         max_seqlen_q=None, max_seqlen_k=None, seqused_k=None, page_table=None, q_descale=None, k_descale=None,
-        v_descale=None, return_lse=False, varlen=False, float32_out=False):
+        v_descale=None, return_lse=False, varlen=False, float32_out=False, score_mod=None, mask_mod=None):
     """One af_flash_attn call on checked, resolved arguments (window from resolve_window): allocates (out, lse)
     and runs the C library; the kernel of the attnforge::flash_attn operators and the NumPy path. Reads
     cu_seqlens only where it is on the CPU (flash_attn_varlen_func's max_seqlen defaults; 0 for flash_attn_func,
     whose lengths are the tensors'). float32_out: out in float32 under a float16/bfloat16 q (CPU; partial results
-    that are merged later, attnforge.distributed's ring)."""
+    that are merged later, attnforge.distributed's ring). score_mod / mask_mod: traced programs' (code, aux)."""
     varlen_q = cu_seqlens_q is not None
     out, lse = _outputs(q, v, varlen_q, return_lse, float32_out)
     rows, keys = _bounds(_shape(q, "q"), _shape(k, "k"), varlen_q, cu_seqlens_k is not None, page_table)
@@ -122,5 +122,5 @@ def run(q, k, v, softmax_scale, causal, window, softcap, learnable_sink, cu_seql
                   learnable_sink=learnable_sink, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                   max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k), seqused_k=seqused_k,
                   page_table=page_table, stream=call_stream(q), q_descale=q_descale, k_descale=k_descale,
-                  v_descale=v_descale, workspace=call_workspace(q))
+                  v_descale=v_descale, workspace=call_workspace(q), score_mod=score_mod, mask_mod=mask_mod)
     return out, lse

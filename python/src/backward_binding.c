@@ -5,6 +5,7 @@
 #include "call_args.h"
 #include "errors.h"
 #include "flash_binding.h"
+#include "flex_binding.h"
 #include "log_bridge.h"
 #include "tensors.h"
 
@@ -73,27 +74,39 @@ PyObject *afpy_flash_attn_backward(PyObject *self, PyObject *args, PyObject *kwa
     static char *keywords[] = {"query", "key", "value", "out", "dout", "lse", "dq", "dk", "dv", "dsink", "scale",
                                "causal", "window", "softcap", "learnable_sink", "cu_seqlens_q", "cu_seqlens_k",
                                "max_seqlen_q", "max_seqlen_k", "seqused_k", "page_table", "reference", "q_descale",
-                               "k_descale", "v_descale", NULL};
+                               "k_descale", "v_descale", "score_mod", "mask_mod", NULL};
     PyObject *in[AFPY_FLASH_N_INPUTS] = {0}, *objects[N_BW] = {0};
-    PyObject *scale_obj = Py_None, *window = Py_None;
+    PyObject *scale_obj = Py_None, *window = Py_None, *score_obj = Py_None, *mask_obj = Py_None;
     int causal = 0, reference = 0;
     double softcap = 0.0;
     long long max_seqlen_q = 0, max_seqlen_k = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOO|O$OpOdOOOLLOOpOOO:flash_attn_backward", keywords,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOO|O$OpOdOOOLLOOpOOOOO:flash_attn_backward", keywords,
                                      &in[AFPY_FLASH_QUERY], &in[AFPY_FLASH_KEY], &in[AFPY_FLASH_VALUE],
                                      &objects[BW_OUT], &objects[BW_DOUT], &objects[BW_LSE], &objects[BW_DQ],
                                      &objects[BW_DK], &objects[BW_DV], &objects[BW_DSINK], &scale_obj, &causal,
                                      &window, &softcap, &in[AFPY_FLASH_SINK], &in[AFPY_FLASH_CU_Q],
                                      &in[AFPY_FLASH_CU_K], &max_seqlen_q, &max_seqlen_k, &in[AFPY_FLASH_SEQUSED_K],
                                      &in[AFPY_FLASH_PAGE_TABLE], &reference, &in[AFPY_FLASH_Q_DESCALE],
-                                     &in[AFPY_FLASH_K_DESCALE], &in[AFPY_FLASH_V_DESCALE]))
+                                     &in[AFPY_FLASH_K_DESCALE], &in[AFPY_FLASH_V_DESCALE], &score_obj, &mask_obj))
         return NULL;
+    afpy_mod score, mask = {0};
+    if (afpy_mod_parse(score_obj, "score_mod", &score) < 0 || afpy_mod_parse(mask_obj, "mask_mod", &mask) < 0) {
+        afpy_mod_release(&score);
+        return NULL;
+    }
     afpy_flash_call call;
-    if (afpy_flash_call_parse(in, scale_obj, causal, window, softcap, max_seqlen_q, max_seqlen_k, 0, &call) < 0)
+    if (afpy_flash_call_parse(in, scale_obj, causal, window, softcap, max_seqlen_q, max_seqlen_k, 0, &call) < 0) {
+        afpy_mod_release(&score);
+        afpy_mod_release(&mask);
         return NULL;
+    }
+    call.args.score_mod = score_obj != Py_None ? &score.program : NULL;
+    call.args.mask_mod = mask_obj != Py_None ? &mask.program : NULL;
     backward_tensors t;
     if (borrow_backward(objects, &t) < 0) {
         afpy_flash_call_release(&call);
+        afpy_mod_release(&score);
+        afpy_mod_release(&mask);
         return NULL;
     }
     af_status status;
@@ -103,6 +116,8 @@ PyObject *afpy_flash_attn_backward(PyObject *self, PyObject *args, PyObject *kwa
     Py_END_ALLOW_THREADS
     release_backward(&t);
     afpy_flash_call_release(&call);
+    afpy_mod_release(&score);
+    afpy_mod_release(&mask);
     if (status != AF_OK) return afpy_raise_status(status);
     Py_RETURN_NONE;
 }

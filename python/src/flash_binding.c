@@ -2,6 +2,7 @@
 
 #include <string.h>
 
+#include "flex_binding.h"
 #include "log_bridge.h"
 #include "call_args.h"
 #include "errors.h"
@@ -96,27 +97,51 @@ int afpy_flash_call_parse(PyObject *const objects[AFPY_FLASH_N_INPUTS], PyObject
 
 void afpy_flash_call_release(afpy_flash_call *call) { release_inputs(call->inputs); }
 
+static PyObject *flash_attn_call(PyObject **objects, PyObject *out_obj, PyObject *lse_obj, PyObject *scale_obj,
+                                 PyObject *window, PyObject *stream_obj, PyObject *workspace_obj, int causal,
+                                 int reference, double softcap, long long max_seqlen_q, long long max_seqlen_k,
+                                 const af_mod_program *score_mod, const af_mod_program *mask_mod);
+
 PyObject *afpy_flash_attn(PyObject *self, PyObject *args, PyObject *kwargs) {
     afpy_log_sync();   /* C messages at the logger's level only */
     static char *keywords[] = {"query", "key", "value", "out", "lse", "scale", "causal", "window", "softcap",
                                "learnable_sink", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
                                "seqused_k", "page_table", "reference", "stream", "q_descale", "k_descale",
-                               "v_descale", "workspace", NULL};
+                               "v_descale", "workspace", "score_mod", "mask_mod", NULL};
     PyObject *objects[AFPY_FLASH_N_INPUTS] = {0};
     PyObject *out_obj, *lse_obj = Py_None, *scale_obj = Py_None, *window = Py_None, *stream_obj = Py_None;
-    PyObject *workspace_obj = Py_None;
+    PyObject *workspace_obj = Py_None, *score_obj = Py_None, *mask_obj = Py_None;
     int causal = 0, reference = 0;
     double softcap = 0.0;
     long long max_seqlen_q = 0, max_seqlen_k = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|O$OpOdOOOLLOOpOOOOO:flash_attn", keywords,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|O$OpOdOOOLLOOpOOOOOOO:flash_attn", keywords,
                                      &objects[AFPY_FLASH_QUERY], &objects[AFPY_FLASH_KEY],
                                      &objects[AFPY_FLASH_VALUE], &out_obj, &lse_obj, &scale_obj, &causal, &window,
                                      &softcap, &objects[AFPY_FLASH_SINK], &objects[AFPY_FLASH_CU_Q],
                                      &objects[AFPY_FLASH_CU_K], &max_seqlen_q, &max_seqlen_k,
                                      &objects[AFPY_FLASH_SEQUSED_K], &objects[AFPY_FLASH_PAGE_TABLE], &reference,
                                      &stream_obj, &objects[AFPY_FLASH_Q_DESCALE], &objects[AFPY_FLASH_K_DESCALE],
-                                     &objects[AFPY_FLASH_V_DESCALE], &workspace_obj))
+                                     &objects[AFPY_FLASH_V_DESCALE], &workspace_obj, &score_obj, &mask_obj))
         return NULL;
+    afpy_mod score, mask;
+    if (afpy_mod_parse(score_obj, "score_mod", &score) < 0) return NULL;
+    if (afpy_mod_parse(mask_obj, "mask_mod", &mask) < 0) {
+        afpy_mod_release(&score);
+        return NULL;
+    }
+    PyObject *result = flash_attn_call(objects, out_obj, lse_obj, scale_obj, window, stream_obj, workspace_obj,
+                                       causal, reference, softcap, max_seqlen_q, max_seqlen_k,
+                                       score_obj != Py_None ? &score.program : NULL,
+                                       mask_obj != Py_None ? &mask.program : NULL);
+    afpy_mod_release(&score);
+    afpy_mod_release(&mask);
+    return result;
+}
+
+static PyObject *flash_attn_call(PyObject **objects, PyObject *out_obj, PyObject *lse_obj, PyObject *scale_obj,
+                                 PyObject *window, PyObject *stream_obj, PyObject *workspace_obj, int causal,
+                                 int reference, double softcap, long long max_seqlen_q, long long max_seqlen_k,
+                                 const af_mod_program *score_mod, const af_mod_program *mask_mod) {
     uintptr_t stream;
     if (afpy_stream_from_object(stream_obj, &stream) < 0) return NULL;
     afpy_workspace workspace;
@@ -126,6 +151,8 @@ PyObject *afpy_flash_attn(PyObject *self, PyObject *args, PyObject *kwargs) {
                               &call) < 0)
         return NULL;
     call.args.workspace = afpy_workspace_allocator(&workspace);
+    call.args.score_mod = score_mod;
+    call.args.mask_mod = mask_mod;
     afpy_tensor out = {0}, lse = {0};
     if (afpy_outputs_from_objects(out_obj, lse_obj, stream, &out, &lse) < 0) {
         afpy_flash_call_release(&call);

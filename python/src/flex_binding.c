@@ -10,16 +10,6 @@
 #include "sdpa_binding.h"
 #include "tensors.h"
 
-#define AFPY_FLEX_MAX_AUX 16
-
-typedef struct {
-    af_mod_program program;
-    af_mod_instr *code;
-    afpy_tensor aux[AFPY_FLEX_MAX_AUX];
-    af_tensor aux_views[AFPY_FLEX_MAX_AUX];
-    int n_aux;
-} afpy_mod;
-
 static void release_mod(afpy_mod *m) {
     for (int i = 0; i < m->n_aux; i++) afpy_tensor_release(&m->aux[i]);
     free(m->code);
@@ -80,6 +70,16 @@ static int parse_mod(PyObject *obj, const char *name, afpy_mod *m) {
     m->program = (af_mod_program){m->code, (int32_t)n, m->n_aux ? m->aux_views : NULL, m->n_aux};
     return 0;
 }
+
+int afpy_mod_parse(PyObject *obj, const char *name, afpy_mod *m) {
+    if (obj == Py_None) {
+        memset(m, 0, sizeof *m);
+        return 0;
+    }
+    return parse_mod(obj, name, m);
+}
+
+void afpy_mod_release(afpy_mod *m) { release_mod(m); }
 
 /* A block mask's tensors: (q_block, kv_block, kv_num_blocks, kv_indices, full_kv_num_blocks | None,
  * full_kv_indices | None) -> m->mask; 0, or -1 with an exception set (what was taken is released by the caller). */

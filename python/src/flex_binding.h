@@ -5,6 +5,24 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "attnforge.h"
+#include "tensors.h"
+
+#define AFPY_FLEX_MAX_AUX 16
+
+/* A mod from Python, (code, aux), as an af_mod_program holding its views. */
+typedef struct {
+    af_mod_program program;
+    af_mod_instr *code;
+    afpy_tensor aux[AFPY_FLEX_MAX_AUX];
+    af_tensor aux_views[AFPY_FLEX_MAX_AUX];
+    int n_aux;
+} afpy_mod;
+
+/* obj (None: no mod, m zeroed) → m; 0, or -1 with an exception set and nothing held. afpy_mod_release frees it. */
+int afpy_mod_parse(PyObject *obj, const char *name, afpy_mod *m);
+void afpy_mod_release(afpy_mod *m);
+
 /* flex_attn(query, key, value, out, lse=None, *, scale=None, score_mod=None, mask_mod=None, block_mask=None,
  * reference=False) -> None. A mod is (code, aux): code a sequence of (op, in0, in1, in2, in3, aux, imm) tuples
  * (attnforge.h's af_mod_instr), aux a sequence of tensors (its captured tensors, CPU). block_mask: (q_block,

@@ -384,9 +384,8 @@ def test_paged_without_seqused_k_uses_every_page():
 
 # ---------------------------------------------------------------- errors
 
-@pytest.mark.parametrize("name, value", [("qv", "q"), ("gather_kv_indices", "idx"), ("score_mod", lambda *a: a[0]),
-                                         ("mask_mod", lambda *a: True), ("aux_tensors", []),
-                                         ("block_sparse_tensors", object())])
+@pytest.mark.parametrize("name, value", [("qv", "q"), ("gather_kv_indices", "idx"), ("score_mod_bwd", lambda *a: a[0]),
+                                         ("aux_tensors", []), ("block_sparse_tensors", object())])
 def test_fa4_features_attnforge_lacks_are_refused_when_set(name, value):
     q, k, v = nhd(1, 4, 4, 2, 2, 8)
     tensors = {"q": q, "idx": torch.zeros(1, 4, 2, dtype=torch.int32)}

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import attnforge
-from attnforge.flex import _trace, builtin, flex_attention
+from attnforge import _mod_trace as _trace
+from attnforge.flex import builtin, flex_attention
 
 fa = pytest.importorskip("torch.nn.attention.flex_attention")
 

@@ -15,7 +15,7 @@ PUBLIC = {"_sdpa", "_flash", "provider"}
 OPERATORS = {"_ops"}
 # what the operators' kernels call: outputs allocated, C called
 BELOW = {"_sdpa_call", "_flash_call", "_provider_call", "_backward", "_masked_rows", "_tensors", "_guard", "_fa4",
-         "_samples"}
+         "_samples", "_mod_trace"}
 
 
 def _modules():
@@ -165,14 +165,15 @@ def test_distributed_walks_one_way_down():
                 assert not any(a.name.startswith("attnforge.distributed") for a in node.names), name
 
 
-# attnforge.flex: a front end of its own over the C extension (and what is below the operators); only the package's
-# entry point reaches it, lazily (attnforge.flex_attention), so importing attnforge never imports torch through it.
+# attnforge.flex: a front end of its own over the C extension (and what is below the operators: the mods' tracer,
+# _mod_trace, which flash_attn_func's mods use too); only the package's entry point (lazily: attnforge.flex_attention,
+# so importing attnforge never imports torch through it) and the framework integrations above it reach it.
 FLEX = PACKAGE / "flex"
 
 
 def test_flex_walks_one_way_down():
     modules = {p.stem: p for p in sorted(FLEX.glob("*.py"))}
-    assert {"__init__", "_trace"} <= set(modules)
+    assert {"__init__", "_block_mask", "_builtin"} <= set(modules)
     edges = {}
     for name, path in modules.items():
         parents, siblings = _subpackage_imports(path)
@@ -180,7 +181,7 @@ def test_flex_walks_one_way_down():
         edges[name] = siblings & set(modules)
     assert cycles(edges) == []
     for name, path in _modules().items():
-        if name == "__init__":
+        if name in INTEGRATIONS:
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
             if isinstance(node, ast.ImportFrom):

@@ -3,13 +3,12 @@
     from attnforge.flex import flex_attention
     out = flex_attention(q, k, v, score_mod=alibi, block_mask=block_mask)   # torch.nn.attention.flex_attention's call
 
-A mod written with torch operations is traced into a small program (_trace) that the C kernels evaluate inside
-their tiles, vectorised over keys, on every ISA; the common ones are also built in (builtin: their programs written
-out, nothing traced). A BlockMask contributes its mask_mod and its block lists: the
-kernels skip the blocks it leaves out and evaluate no mask in its full blocks. create_block_mask builds one in C
-(_block_mask). The forward runs with its LSE, the backward gives dq, dk, dv through the mods (their derivative from
-the traced program); gradients for tensors a mod captures are issue 47's next step, and a call that needs one is
-refused rather than run without it."""
+A mod written with torch operations is traced (attnforge._mod_trace) into a small program that the C kernels
+evaluate inside their tiles, vectorised over keys, on every ISA; the common ones are also built in (builtin: their
+programs written out, nothing traced). A BlockMask contributes its mask_mod and its block lists: the kernels skip
+the blocks it leaves out and evaluate no mask in its full blocks; create_block_mask builds one in C (_block_mask).
+The forward runs with its LSE; the backward gives dq, dk, dv through the mods (their derivative from the traced
+program) and the gradients of the tensors a score_mod captures."""
 import math
 
 import torch
@@ -17,7 +16,7 @@ import torch
 from .. import _C
 from . import _builtin as builtin
 from ._block_mask import block_mask_args, create_block_mask
-from ._trace import ModTraceError, Program, trace
+from .._mod_trace import ModTraceError, Program, trace
 
 __all__ = ["flex_attention", "create_block_mask", "builtin", "trace", "ModTraceError", "Program"]
 

@@ -1,13 +1,13 @@
 """Block masks: PyTorch's BlockMask objects read for attnforge's kernels, and create_block_mask built in C.
 
-create_block_mask traces the mask_mod once (_trace) and hands the program to af_create_block_mask, which classifies
-each block by an interval analysis of the program, evaluating it only on the blocks that analysis cannot settle:
-no dense (B, H, L, S) mask, no compile, nothing to redo when the lengths change. The result is PyTorch's own
+create_block_mask traces the mask_mod once (attnforge._mod_trace) and hands the program to af_create_block_mask,
+which classifies each block by an interval analysis of the program, evaluating it only on the blocks that analysis
+cannot settle: no dense (B, H, L, S) mask, no compile, nothing to redo when the lengths change. The result is PyTorch's own
 BlockMask (BlockMask.from_kv_blocks), so it works with torch's flex_attention as well as attnforge's."""
 import torch
 
 from .. import _C
-from ._trace import trace
+from .._mod_trace import trace
 
 _DEFAULT_BLOCK = 128   # torch.nn.attention.flex_attention's _DEFAULT_SPARSE_BLOCK_SIZE
 

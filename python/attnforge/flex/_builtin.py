@@ -11,7 +11,7 @@ import inspect
 
 import torch
 
-from ._trace import INPUTS, OP, Program
+from .._mod_trace import INPUTS, OP, Program
 
 SCORE, B, H, Q, KV = range(INPUTS)
 

@@ -9,7 +9,7 @@ import inspect
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from .. import _C
+from . import _C
 
 # attnforge.h's af_mod_op, in order
 _OP_NAMES = ("CONST_F32 CONST_I32 ADD SUB MUL DIV FLOORDIV MOD MIN MAX POW NEG ABS SIGN FLOOR CEIL ROUND EXP LOG SQRT "
