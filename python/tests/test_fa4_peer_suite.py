@@ -367,9 +367,9 @@ def _unimplemented_calls():
             8, dtype=torch.int32)),
         # test_flash_attn_output with has_qv / test_flash_attn_mla_absorbed
         "qv": lambda: af.flash_attn_func(q, kv, kv, qv=torch.randn(2, 4, 2, 64, dtype=torch.bfloat16)),
-        # test_score_mod.py, test_mask_mod.py, test_block_sparsity.py
-        "score_mod": lambda: af.flash_attn_func(q, kv, kv, score_mod=lambda *args: args[0]),
-        "mask_mod": lambda: af.flash_attn_func(q, kv, kv, mask_mod=lambda *args: True),
+        # test_score_mod.py's hand-written backward (attnforge derives it; its score_mod / mask_mod are torch
+        # functions, python/tests/test_flash_mods.py), test_block_sparsity.py
+        "score_mod_bwd": lambda: af.flash_attn_func(q, kv, kv, score_mod_bwd=lambda *args: args[0]),
         "block_sparse_tensors": lambda: af.flash_attn_func(q, kv, kv, block_sparse_tensors=object()),
     }
 
