@@ -173,6 +173,13 @@ static void bad_calls(void **state) {
         for (size_t i = 0; i < sizeof ind; i++)
             if (((unsigned char *)ind)[i] != 0x5A) fail_msg("case %zu wrote kv_indices", c);
     }
+    /* one block of 4 keys over a 2-element tensor: its range reaches past the tensor, so the block is evaluated and
+     * the bad load found, not settled on the tensor's first two elements */
+    af_tensor one_t = af_tensor_contiguous(num, AF_I32, 3, (int64_t[]){1, 1, 2});
+    af_tensor one_ind_t = af_tensor_contiguous(ind, AF_I32, 4, (int64_t[]){1, 1, 2, 1});
+    const af_block_mask_tensors one = {&one_t, &one_ind_t, NULL, NULL};
+    assert_int_equal(af_create_block_mask(&past_p, 1, 1, 4, 4, 2, 4, &one), AF_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(af_last_error(), "outside its shape"));
 }
 
 int main(void) {

@@ -39,16 +39,16 @@ static double floordiv(double x, double y) { return floor(x / y); }
 /* Python's x % c for an int32 constant c != 0. */
 static double mod_c(double x, double c) { return x - floor(x / c) * c; }
 
-/* The range of aux tensor `aux` over the box of its indices' ranges (within its shape; a LOAD outside it fails the
- * call when it runs), or anything when the box is too large to scan. */
+/* The range of aux tensor `aux` over the box of its indices' ranges, or anything when the box is too large to scan
+ * or reaches outside the tensor (the block is then evaluated, and a LOAD outside its tensor fails the call). */
 static af_bound load_bound(const af_mod_checked *m, const af_mod_instr *in, const af_bound *r, bool is_int) {
     const af_mod_tensor *t = &m->aux[in->aux];
     int64_t lo[4], hi[4], count = 1;
     for (int k = 0; k < t->ndim; k++) {
         const af_bound ix = r[in->in[k]];
-        lo[k] = ix.lo < 0.0 ? 0 : (int64_t)ix.lo;
-        hi[k] = ix.hi > (double)(t->shape[k] - 1) ? t->shape[k] - 1 : (int64_t)ix.hi;
-        if (hi[k] < lo[k]) return is_int ? any_int() : any_float();   /* every index outside: the call fails */
+        if (ix.lo < 0.0 || ix.hi > (double)(t->shape[k] - 1)) return is_int ? any_int() : any_float();
+        lo[k] = (int64_t)ix.lo;
+        hi[k] = (int64_t)ix.hi;
         count *= hi[k] - lo[k] + 1;
         if (count > LOAD_SCAN_MAX) return is_int ? any_int() : any_float();
     }
