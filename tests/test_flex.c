@@ -16,7 +16,6 @@
 #include <string.h>
 
 #include "attnforge.h"
-#include "kernel/dispatch_testing.h"
 #include "sdpa/tolerance.h"
 #include "test_tensor.h"
 #include "ukernel_amx_emulated.h"
@@ -76,19 +75,16 @@ static void check(const shape_case *c, const mod_case *mc) {
     tt_magnitudes(&k, &k_max, &k_row);
     const af_error_scale scale = {.value_max = v_max, .logit_max = q_row * k_row / sqrt((double)c->E) + mc->bias_max,
                                   .E = c->E, .S = c->S};
-    const char *isas[] = {"portable", "avx2", "avx512", "amx", "amx-emulated"};
     const char *before = af_get_isa();
-    for (int i = 0; i < 5; i++) {
-        if (i < 4 && !af_isa_available(isas[i])) continue;
-        if (i == 4 && light()) continue;
-        if (i < 4) assert_int_equal(af_set_isa(isas[i]), AF_OK);
-        else af_ukernel_force_for_tests(af_ukernel_amx_emulated());
+    for (int i = 0; i < AF_TEST_KERNELS; i++) {
+        const char *isa = af_test_kernel_select(i);
+        if (!isa) continue;
         unsigned char *first = NULL;
         for (int threads = 1; threads <= 2; threads++) {
             af_set_num_threads(threads);
             tt_fill_bytes(&out, TT_SENTINEL_BYTE);
             if (af_flex_attn(&a, &out.view, &lse.view) != AF_OK)
-                fail_msg("%s %s: %s", mc->name, isas[i], af_last_error());
+                fail_msg("%s %s: %s", mc->name, isa, af_last_error());
             int64_t idx[4] = {0, 0, 0, 0};
             test_tensor ref_t = out;
             ref_t.memory = ref_bytes;
@@ -99,7 +95,7 @@ static void check(const shape_case *c, const mod_case *mc) {
                                      (c->dtype == AF_F32 ? 0x1p-24 : c->dtype == AF_F16 ? 0x1p-11 : 0x1p-8);
                 if (!(fabs(got - want) <= bound))
                     fail_msg("%s, %s, %d threads, %s: out[%lld,%lld,%lld,%lld] = %.8g, reference %.8g (bound %.3g)",
-                             mc->name, isas[i], threads, af_dtype_name(c->dtype), (long long)idx[0],
+                             mc->name, isa, threads, af_dtype_name(c->dtype), (long long)idx[0],
                              (long long)idx[1], (long long)idx[2], (long long)idx[3], got, want, bound);
             } while (tt_next_index(4, os, idx));
             int64_t li[3] = {0, 0, 0};
@@ -107,18 +103,18 @@ static void check(const shape_case *c, const mod_case *mc) {
                 const double want = tt_get(&ref_lse, li), got = tt_get(&lse, li);
                 if (isinf(want) ? got != want : !(fabs(got - want) <= 1e-4 * (1.0 + fabs(want)) + scale.logit_max *
                                                                          (c->dtype == AF_F32 ? 1e-6 : 4e-3)))
-                    fail_msg("%s, %s, %s: lse[%lld,%lld,%lld] = %.8g, reference %.8g", mc->name, isas[i],
+                    fail_msg("%s, %s, %s: lse[%lld,%lld,%lld] = %.8g, reference %.8g", mc->name, isa,
                              af_dtype_name(c->dtype), (long long)li[0], (long long)li[1], (long long)li[2], got, want);
             } while (tt_next_index(3, ls, li));
             if (!first) {
                 first = malloc(out.bytes);
                 memcpy(first, out.memory, out.bytes);
             } else if (memcmp(first, out.memory, out.bytes) != 0) {
-                fail_msg("%s, %s: 1 and 2 threads differ", mc->name, isas[i]);
+                fail_msg("%s, %s: 1 and 2 threads differ", mc->name, isa);
             }
         }
         free(first);
-        if (i == 4) af_ukernel_force_for_tests(NULL);
+        af_test_kernel_done(i, before);
     }
     af_set_num_threads(0);
     assert_int_equal(af_set_isa(before), AF_OK);

@@ -16,7 +16,6 @@
 #include <string.h>
 
 #include "attnforge.h"
-#include "kernel/dispatch_testing.h"
 #include "test_tensor.h"
 #include "ukernel_amx_emulated.h"
 
@@ -104,46 +103,44 @@ static void check(const char *name, af_dtype dtype, int64_t L, const af_mod_prog
         fail_msg("%s reference: %s", name, af_last_error());
     const af_gradients grads = {&g[0].view, &g[1].view, &g[2].view, NULL};
     const double tol = dtype == AF_F32 ? 2e-5 : 4e-2;
-    const char *isas[] = {"portable", "avx2", "avx512", "amx", "amx-emulated"}, *names[3] = {"dq", "dk", "dv"};
+    const char *names[3] = {"dq", "dk", "dv"};
     const char *before = af_get_isa();
-    for (int i = 0; i < 5; i++) {
-        if (i < 4 && !af_isa_available(isas[i])) continue;
-        if (i == 4 && light()) continue;
-        if (i < 4) assert_int_equal(af_set_isa(isas[i]), AF_OK);
-        else af_ukernel_force_for_tests(af_ukernel_amx_emulated());
+    for (int i = 0; i < AF_TEST_KERNELS; i++) {
+        const char *isa = af_test_kernel_select(i);
+        if (!isa) continue;
         unsigned char *first[3] = {NULL, NULL, NULL}, *first_aux[4] = {NULL, NULL, NULL, NULL};
         for (int threads = 1; threads <= 2; threads++) {
             af_set_num_threads(threads);
             if (af_flex_attn_backward(&a, &in, &grads, ag.n ? ag.views : NULL) != AF_OK)
-                fail_msg("%s, %s: %s", name, isas[i], af_last_error());
+                fail_msg("%s, %s: %s", name, isa, af_last_error());
             for (int t = 0; t < ag.n; t++) {
                 const double gap = flat_gap(&ag.t[t], &ag.ref[t]);
                 if (!(gap <= (dtype == AF_F32 ? 1e-4 : 4e-2)))
                     fail_msg("%s, %s, %s, %d threads: the gradient of captured tensor %d off the reference by %.3g "
-                             "of its largest element", name, isas[i], af_dtype_name(dtype), threads, t, gap);
+                             "of its largest element", name, isa, af_dtype_name(dtype), threads, t, gap);
                 if (!first_aux[t]) {
                     first_aux[t] = malloc(ag.t[t].bytes);
                     memcpy(first_aux[t], ag.t[t].memory, ag.t[t].bytes);
                 } else if (memcmp(first_aux[t], ag.t[t].memory, ag.t[t].bytes) != 0) {
-                    fail_msg("%s, %s: captured tensor %d's gradient differs between 1 and 2 threads", name, isas[i], t);
+                    fail_msg("%s, %s: captured tensor %d's gradient differs between 1 and 2 threads", name, isa, t);
                 }
             }
             for (int t = 0; t < 3; t++) {
                 const double gap = relative_gap(&g[t], &ref[t], shapes[t]);
                 if (!(gap <= tol))
                     fail_msg("%s, %s, %s, %d threads: %s off the reference by %.3g of its largest element (bound "
-                             "%.3g)", name, isas[i], af_dtype_name(dtype), threads, names[t], gap, tol);
+                             "%.3g)", name, isa, af_dtype_name(dtype), threads, names[t], gap, tol);
                 if (!first[t]) {
                     first[t] = malloc(g[t].bytes);
                     memcpy(first[t], g[t].memory, g[t].bytes);
                 } else if (memcmp(first[t], g[t].memory, g[t].bytes) != 0) {
-                    fail_msg("%s, %s: %s differs between 1 and 2 threads", name, isas[i], names[t]);
+                    fail_msg("%s, %s: %s differs between 1 and 2 threads", name, isa, names[t]);
                 }
             }
         }
         for (int t = 0; t < 3; t++) free(first[t]);
         for (int t = 0; t < 4; t++) free(first_aux[t]);
-        if (i == 4) af_ukernel_force_for_tests(NULL);
+        af_test_kernel_done(i, before);
     }
     af_set_num_threads(0);
     assert_int_equal(af_set_isa(before), AF_OK);

@@ -105,6 +105,24 @@ static int parse_blocks(PyObject *obj, afpy_blocks *b) {
     return 0;
 }
 
+/* What af_flex_attn and its backward take alike: scale, the mods and the block mask into *a; 0, or -1 with an
+ * exception set (what was taken is the caller's to release; score, mask and blocks start zeroed). */
+static int parse_flex_args(PyObject *scale_obj, PyObject *score_obj, PyObject *mask_obj, PyObject *blocks_obj,
+                           af_flex_args *a, afpy_mod *score, afpy_mod *mask, afpy_blocks *blocks) {
+    if (scale_obj != Py_None) {
+        a->has_scale = true;
+        a->scale = PyFloat_AsDouble(scale_obj);
+        if (PyErr_Occurred()) return -1;
+    }
+    if (afpy_mod_parse(score_obj, "score_mod", score) < 0 || afpy_mod_parse(mask_obj, "mask_mod", mask) < 0 ||
+        (blocks_obj != Py_None && parse_blocks(blocks_obj, blocks) < 0))
+        return -1;
+    a->score_mod = score_obj != Py_None ? &score->program : NULL;
+    a->mask_mod = mask_obj != Py_None ? &mask->program : NULL;
+    a->block_mask = blocks_obj != Py_None ? &blocks->mask : NULL;
+    return 0;
+}
+
 PyObject *afpy_flex_attn(PyObject *self, PyObject *args, PyObject *kwargs) {
     afpy_log_sync();
     static char *keywords[] = {"query", "key", "value", "out", "lse", "scale", "score_mod", "mask_mod", "block_mask",
@@ -116,18 +134,11 @@ PyObject *afpy_flex_attn(PyObject *self, PyObject *args, PyObject *kwargs) {
                                      &out_obj, &lse_obj, &scale_obj, &score_obj, &mask_obj, &blocks_obj, &reference))
         return NULL;
     af_flex_args a = {0};
-    if (scale_obj != Py_None) {
-        a.has_scale = true;
-        a.scale = PyFloat_AsDouble(scale_obj);
-        if (PyErr_Occurred()) return NULL;
-    }
     afpy_mod score = {0}, mask = {0};
     afpy_blocks blocks = {0};
     afpy_tensor q = {0}, k = {0}, v = {0}, out = {0}, lse = {0};
     PyObject *result = NULL;
-    if (score_obj != Py_None && parse_mod(score_obj, "score_mod", &score) < 0) goto done;
-    if (mask_obj != Py_None && parse_mod(mask_obj, "mask_mod", &mask) < 0) goto done;
-    if (blocks_obj != Py_None && parse_blocks(blocks_obj, &blocks) < 0) goto done;
+    if (parse_flex_args(scale_obj, score_obj, mask_obj, blocks_obj, &a, &score, &mask, &blocks) < 0) goto done;
     if (afpy_tensor_from_object(q_obj, "query", false, 0, &q) < 0 ||
         afpy_tensor_from_object(k_obj, "key", false, 0, &k) < 0 ||
         afpy_tensor_from_object(v_obj, "value", false, 0, &v) < 0 ||
@@ -136,9 +147,6 @@ PyObject *afpy_flex_attn(PyObject *self, PyObject *args, PyObject *kwargs) {
     a.query = &q.view;
     a.key = &k.view;
     a.value = &v.view;
-    a.score_mod = score_obj != Py_None ? &score.program : NULL;
-    a.mask_mod = mask_obj != Py_None ? &mask.program : NULL;
-    a.block_mask = blocks_obj != Py_None ? &blocks.mask : NULL;
     af_tensor *lse_view = lse_obj != Py_None ? &lse.view : NULL;
     af_status status;
     Py_BEGIN_ALLOW_THREADS
@@ -200,18 +208,13 @@ PyObject *afpy_flex_attn_backward(PyObject *self, PyObject *args, PyObject *kwar
                                      &score_obj, &mask_obj, &blocks_obj, &daux_obj, &reference))
         return NULL;
     af_flex_args a = {0};
-    if (scale_obj != Py_None) {
-        a.has_scale = true;
-        a.scale = PyFloat_AsDouble(scale_obj);
-        if (PyErr_Occurred()) return NULL;
-    }
     static const char *names[9] = {"query", "key", "value", "out", "dout", "lse", "dq", "dk", "dv"};
     afpy_mod score = {0}, mask = {0};
     afpy_blocks blocks = {0};
     afpy_tensor t[9] = {{0}}, daux[AFPY_FLEX_MAX_AUX] = {{0}};
     af_tensor *daux_views[AFPY_FLEX_MAX_AUX] = {NULL};
     PyObject *result = NULL, *daux_seq = NULL;
-    if (score_obj != Py_None && parse_mod(score_obj, "score_mod", &score) < 0) goto done;
+    if (parse_flex_args(scale_obj, score_obj, mask_obj, blocks_obj, &a, &score, &mask, &blocks) < 0) goto done;
     if (daux_obj != Py_None) {   /* one entry (None or a float32 tensor) per captured tensor of the score_mod */
         if (!(daux_seq = PySequence_Fast(daux_obj, "daux must be a sequence"))) goto done;
         if (PySequence_Fast_GET_SIZE(daux_seq) != score.n_aux) {
@@ -226,16 +229,11 @@ PyObject *afpy_flex_attn_backward(PyObject *self, PyObject *args, PyObject *kwar
             daux_views[i] = &daux[i].view;
         }
     }
-    if (mask_obj != Py_None && parse_mod(mask_obj, "mask_mod", &mask) < 0) goto done;
-    if (blocks_obj != Py_None && parse_blocks(blocks_obj, &blocks) < 0) goto done;
     for (int i = 0; i < 9; i++)
         if (obj[i] != Py_None && afpy_tensor_from_object(obj[i], names[i], i >= 6, 0, &t[i]) < 0) goto done;
     a.query = &t[0].view;
     a.key = &t[1].view;
     a.value = &t[2].view;
-    a.score_mod = score_obj != Py_None ? &score.program : NULL;
-    a.mask_mod = mask_obj != Py_None ? &mask.program : NULL;
-    a.block_mask = blocks_obj != Py_None ? &blocks.mask : NULL;
     const af_backward_inputs in = {&t[3].view, &t[4].view, &t[5].view};
     const af_gradients grads = {obj[6] != Py_None ? &t[6].view : NULL, obj[7] != Py_None ? &t[7].view : NULL,
                                 obj[8] != Py_None ? &t[8].view : NULL, NULL};

@@ -10,27 +10,11 @@ transformers = pytest.importorskip("transformers")
 
 import attnforge as af  # noqa: E402
 import attnforge.transformers as aft  # noqa: E402
+from test_transformers_backend import SMALL, build  # noqa: E402
 
 aft.register()
 
-SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-             head_dim=16, vocab_size=97, max_position_embeddings=128, initializer_range=0.2, pad_token_id=0,
-             bos_token_id=1, eos_token_id=2)
-FAMILIES = {
-    "llama_gqa": ("LlamaConfig", dict()),
-    "mistral_sliding": ("MistralConfig", dict(sliding_window=6)),
-    "gemma2_softcap": ("Gemma2Config", dict(sliding_window=6, attn_logit_softcapping=1.5, final_logit_softcapping=None,
-                                            query_pre_attn_scalar=16, tie_word_embeddings=False)),
-}
-
-
-def build(family):
-    class_name, extra = FAMILIES[family]
-    config_class = getattr(transformers, class_name, None)
-    if config_class is None:
-        pytest.skip(f"transformers {transformers.__version__} has no {class_name}")
-    torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(config_class(**SMALL, **extra), attn_implementation="eager")
+FAMILIES = ["llama_gqa", "mistral_sliding", "gemma2_softcap"]   # test_transformers_backend's configs
 
 
 def inputs(padded):
@@ -60,7 +44,7 @@ class FlexCalls:
 @pytest.mark.parametrize("padded", [False, True], ids=["packed documents", "left-padded"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_logits_match_eager(family, padded, monkeypatch):
-    model = build(family).eval()
+    model = build(family)
     kwargs, keep = inputs(padded)
     with torch.no_grad():
         want = model(**kwargs).logits

@@ -6,7 +6,6 @@
 
 #include <math.h>
 
-#include "core/dtype.h"
 
 #define I32_MIN (-2147483648.0)
 #define I32_MAX 2147483647.0
@@ -54,21 +53,12 @@ static af_bound load_bound(const af_mod_checked *m, const af_mod_instr *in, cons
     }
     double vmin = INFINITY, vmax = -INFINITY;
     bool nan = false;
-    int64_t idx[4] = {lo[0], lo[1], lo[2], lo[3]};
+    int32_t idx[4] = {(int32_t)lo[0], (int32_t)lo[1], (int32_t)lo[2], (int32_t)lo[3]};
     for (;;) {
-        int64_t off = 0;
-        for (int k = 0; k < t->ndim; k++) off += idx[k] * t->strides[k];
-        const char *p = t->data + off * (int64_t)af_dtype_size(t->dtype);
-        double v;
-        if (t->dtype == AF_I32) {
-            int32_t x;
-            __builtin_memcpy(&x, p, 4);
-            v = x;
-        } else if (t->dtype == AF_BOOL) {
-            v = *(const uint8_t *)p != 0;
-        } else {
-            v = af_load_as_f32(p, t->dtype);
-        }
+        float f = 0.0f;
+        int32_t i = 0;
+        af_mod_tensor_load(t, idx, &f, &i);   /* inside: the box lies within the tensor */
+        const double v = is_int ? (double)i : (double)f;
         if (v != v) nan = true;
         else {
             vmin = fmin(vmin, v);

@@ -294,8 +294,7 @@ static float max_f(float a, float b) { return a != a || b != b ? NAN : a > b ? a
 
 static float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-/* Element (idx) of aux tensor t as float32 or int32 bits, or out of bounds (false). */
-static bool load_one(const af_mod_tensor *t, const int32_t *idx, float *f, int32_t *i) {
+bool af_mod_tensor_load(const af_mod_tensor *t, const int32_t *idx, float *f, int32_t *i) {
     int64_t off = 0;
     for (int k = 0; k < t->ndim; k++) {
         if (idx[k] < 0 || idx[k] >= t->shape[k]) return false;
@@ -359,7 +358,7 @@ static void eval_load(af_mod_checked *m, const af_mod_instr *in, const operand *
                 for (int k = 0; k < t->ndim; k++) last[k] = index[k][j * step[k]];
                 f = 0.0f;
                 v = 0;
-                if (!load_one(t, last, &f, &v)) {
+                if (!af_mod_tensor_load(t, last, &f, &v)) {
                     int expected = 0;
                     atomic_compare_exchange_strong(&m->out_of_bounds, &expected, in->aux + 1);
                 }
@@ -616,6 +615,15 @@ int64_t af_mods_aux_numel(const af_mods *mods, int aux) {
     int64_t n = 1;
     for (int k = 0; k < t->ndim; k++) n *= t->shape[k];
     return n;
+}
+
+void af_mods_store_aux_grad(af_tensor *t, int64_t e, float value) {
+    int64_t off = 0;
+    for (int k = t->ndim - 1; k >= 0; k--) {
+        off += e % t->shape[k] * t->strides[k];
+        e /= t->shape[k];
+    }
+    ((float *)t->data)[off] = value;
 }
 
 size_t af_mods_aux_scratch_floats(const af_mods *mods, int lanes) {

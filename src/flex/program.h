@@ -52,6 +52,9 @@ typedef struct af_mods {
 /* Check `prog` (NULL: absent) against the rules of attnforge.h, naming `name` and the instruction in any error. */
 af_status af_mod_check(const af_mod_program *prog, const char *name, bool score, af_mod_checked *out);
 void af_mod_release(af_mod_checked *m);
+/* Element idx of aux tensor t: *f (a float tensor) or *i (int32, bool as 0 / 1); false when idx is outside it. */
+bool af_mod_tensor_load(const af_mod_tensor *t, const int32_t *idx, float *f, int32_t *i);
+
 /* Registers instruction `in` of checked program m reads (the others of in->in are not registers). */
 int af_mod_operand_count(const af_mod_checked *m, const af_mod_instr *in);
 
@@ -83,6 +86,8 @@ void af_mods_aux_grads_tile(af_mods *mods, int64_t b, const int32_t *h_rows, con
 size_t af_mods_aux_scratch_floats(const af_mods *mods, int lanes);
 /* Elements of captured tensor `aux` of the score_mod (the length of its grads[aux] buffer). */
 int64_t af_mods_aux_numel(const af_mods *mods, int aux);
+/* Element e, in row-major order, of a captured tensor's float32 gradient t (any strides) set to `value`. */
+void af_mods_store_aux_grad(af_tensor *t, int64_t e, float value);
 
 /* One row of it. */
 void af_mods_apply_row(af_mods *mods, int64_t b, int64_t h, int64_t q_idx, int64_t kv0, int n, float *s, float *regs,

@@ -502,12 +502,7 @@ static void store_aux_grads(const bwd_plan *bw) {
         for (int64_t e = 0; e < n; e++) {
             float sum = 0.0f;
             for (int64_t it = 0; it < items; it++) sum += bw->aux_part[(size_t)(it * bw->aux_floats + bw->aux_at[a] + e)];
-            int64_t off = 0, rest = e;
-            for (int k = t->ndim - 1; k >= 0; k--) {
-                off += rest % t->shape[k] * t->strides[k];
-                rest /= t->shape[k];
-            }
-            ((float *)t->data)[off] = sum;
+            af_mods_store_aux_grad(t, e, sum);
         }
     }
 }

@@ -234,7 +234,7 @@ static void pack_value_tile(const flash_plan *fp, const work_item *w, int64_t j0
 static void apply_scale_and_mask(const flash_plan *fp, const work_item *w, int64_t r0, int rows, int64_t j0, int cols,
                                  float *S, float scale, float *mod_regs) {
     const af_problem *p = fp->p;
-    for (int r = 0; r < rows; r++) {
+    for (int r = 0; r < rows && scale != 1.0f; r++) {   /* 1: after a softcap, which applied it */
         float *s = S + (size_t)r * fp->keys_pad;
         for (int j = 0; j < cols; j++) s[j] *= scale;
     }

@@ -15,6 +15,14 @@
 typedef af_status (*forward_fn)(const af_problem *p);
 typedef af_status (*backward_fn)(const af_backward_problem *bp);
 
+/* The mods' indices are int32. */
+static af_status int32_indices(const af_problem *p) {
+    if (p->L > INT32_MAX || p->S > INT32_MAX || p->B > INT32_MAX || p->Hq > INT32_MAX)
+        return af_fail(AF_ERR_UNSUPPORTED,
+                       "query, key: the mods' indices are int32; B, H, L and S must stay below 2^31");
+    return AF_OK;
+}
+
 /* What the SDPA checks do not see: CPU tensors, heads that divide rather than broadcast, int32 indices. */
 static af_status flex_rules(const af_flex_args *args, const af_problem *p) {
     if (args->query->device.type != AF_DEVICE_CPU)
@@ -23,10 +31,7 @@ static af_status flex_rules(const af_flex_args *args, const af_problem *p) {
     if (p->Hq != args->query->shape[1] || p->B != args->query->shape[0])
         return af_fail(AF_ERR_INVALID_ARGUMENT, "key, value: batch and heads must be query's or divide them as "
                        "FlexAttention's (B, Hkv) with Hq a multiple of Hkv, not broadcast beyond query's");
-    if (p->L > INT32_MAX || p->S > INT32_MAX || p->B > INT32_MAX || p->Hq > INT32_MAX)
-        return af_fail(AF_ERR_UNSUPPORTED,
-                       "query, key: the mods' indices are int32; B, H, L and S must stay below 2^31");
-    return AF_OK;
+    return int32_indices(p);
 }
 
 static af_sdpa_args sdpa_of(const af_flex_args *args) {
@@ -115,10 +120,8 @@ af_status af_flash_take_mods(const af_flash_args *args, af_problem *p, af_mods *
                        args->query->device.index);
     if (args->score_mod && args->softcap > 0.0)
         return af_fail(AF_ERR_INVALID_ARGUMENT, "softcap and score_mod cannot be used together");
-    if (p->L > INT32_MAX || p->S > INT32_MAX || p->B > INT32_MAX || p->Hq > INT32_MAX)
-        return af_fail(AF_ERR_UNSUPPORTED, "score_mod, mask_mod: their indices are int32; B, H, L and S must stay "
-                       "below 2^31");
-    af_status st = af_mods_check(args->score_mod, args->mask_mod, mods);
+    af_status st = int32_indices(p);
+    if (st == AF_OK) st = af_mods_check(args->score_mod, args->mask_mod, mods);
     if (st != AF_OK) return st;
     if (args->mask_mod) {   /* FA4: the mask_mod replaces causal and window_size */
         p->causal = AF_CAUSAL_NONE;

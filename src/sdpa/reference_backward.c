@@ -325,14 +325,7 @@ af_status af_reference_backward(const af_backward_problem *bp) {
         af_tensor *t = bp->daux[a];
         if (!t) continue;
         const int64_t n = af_mods_aux_numel(p->mods, a);
-        for (int64_t e = 0; e < n; e++) {
-            int64_t off = 0, rest = e;
-            for (int k = t->ndim - 1; k >= 0; k--) {
-                off += rest % t->shape[k] * t->strides[k];
-                rest /= t->shape[k];
-            }
-            ((float *)t->data)[off] = w.aux_grads[a][e];
-        }
+        for (int64_t e = 0; e < n; e++) af_mods_store_aux_grad(t, e, w.aux_grads[a][e]);
     }
     scratch_free(&w);
     return AF_OK;

@@ -3,8 +3,10 @@
 #include "ukernel_amx_emulated.h"
 
 #include <pthread.h>
+#include <stdlib.h>
 
 #include "amx_tile_emulated.h"
+#include "kernel/dispatch_testing.h"
 #include "ukernel_vec16_emulated.h"
 
 #define AMX_SUFFIX emulated
@@ -30,4 +32,21 @@ static void build_table(void) {
 const af_ukernel *af_ukernel_amx_emulated(void) {
     pthread_once(&table_once, build_table);
     return &table;
+}
+
+const char *af_test_kernel_select(int i) {
+    static const char *const names[AF_TEST_KERNELS] = {"portable", "avx2", "avx512", "amx", "amx-emulated"};
+    if (i == AF_TEST_KERNELS - 1) {
+        if (getenv("ATTNFORGE_TEST_LIGHT")) return NULL;
+        af_ukernel_force_for_tests(af_ukernel_amx_emulated());
+        return names[i];
+    }
+    if (!af_isa_available(names[i])) return NULL;
+    if (af_set_isa(names[i]) != AF_OK) abort();   /* available, yet refused: a broken dispatch */
+    return names[i];
+}
+
+void af_test_kernel_done(int i, const char *before) {
+    if (i == AF_TEST_KERNELS - 1) af_ukernel_force_for_tests(NULL);
+    af_set_isa(before);
 }

@@ -48,6 +48,15 @@ def _check(query, key, value, enable_gqa, block_mask):
                                           f"({query.shape[2]}, {key.shape[2]}); BlockMask._adjust makes it fit")
 
 
+def _run(query, key, value, call, want_lse):
+    """One af_flex_attn call: (out, lse or None)."""
+    B, Hq, L, _ = query.shape
+    out = torch.empty(B, Hq, L, value.shape[-1], dtype=query.dtype)
+    lse = torch.empty(B, Hq, L, dtype=torch.float32) if want_lse else None
+    _C.flex_attn(query.detach(), key.detach(), value.detach(), out, lse, **call)   # DLPack takes no tensor needing grad
+    return out, lse
+
+
 class _Flex(torch.autograd.Function):
     """flex_attention with its backward: the forward keeps out and lse, the backward runs af_flex_attn_backward
     with the same programs, giving dq, dk, dv and the gradients of the score_mod's captured tensors (`captured`,
@@ -55,11 +64,7 @@ class _Flex(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, query, key, value, call, *captured):
-        query, key, value = query.detach(), key.detach(), value.detach()   # DLPack takes no tensor needing grad
-        B, Hq, L, _ = query.shape
-        out = torch.empty(B, Hq, L, value.shape[-1], dtype=query.dtype)
-        lse = torch.empty(B, Hq, L, dtype=torch.float32)
-        _C.flex_attn(query, key, value, out, lse, **call)
+        out, lse = _run(query, key, value, call, want_lse=True)
         ctx.save_for_backward(query, key, value, out, lse, *captured)
         ctx.call = call
         ctx.mark_non_differentiable(lse)
@@ -89,7 +94,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     (h: the query head); block_mask's blocks and mask_mod remove keys, as compiled flex does: its empty blocks are
     skipped, its full ones attended without the mask; a row that sees no key gets 0 and LSE -inf. Returns
     out, or (out, lse) with return_lse, or (out, AuxOutput) with return_aux=AuxRequest(lse=True). kernel_options
-    are PyTorch's tuning hints and ignored. No compile step: the mods are traced at each call (a few ms)."""
+    are PyTorch's tuning hints and ignored. No compile step: a mod is traced once (a few ms) and its program kept."""
     _check(query, key, value, enable_gqa, block_mask)
     want_lse = return_lse
     if return_aux is not None:
@@ -108,10 +113,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
         out, lse = _Flex.apply(query, key, value, call, *captured)
         lse = lse if want_lse else None
     else:
-        B, Hq, L, _ = query.shape
-        out = torch.empty(B, Hq, L, value.shape[-1], dtype=query.dtype)
-        lse = torch.empty(B, Hq, L, dtype=torch.float32) if want_lse else None
-        _C.flex_attn(query.detach(), key.detach(), value.detach(), out, lse, **call)
+        out, lse = _run(query, key, value, call, want_lse)
     if return_aux is not None:
         from torch.nn.attention.flex_attention import AuxOutput
         aux = AuxOutput(lse=lse if getattr(return_aux, "lse", False) else None)
