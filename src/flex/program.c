@@ -257,10 +257,12 @@ static size_t program_floats(const af_mod_checked *m, int lanes) {
     return (size_t)(m->lane_units + m->t_units) * (size_t)lanes + (size_t)m->fixed;
 }
 
+static size_t runs_floats(int lanes);
+
 size_t af_mods_scratch_floats(const af_mods *mods, int lanes) {
     const size_t a = mods->has_score ? program_floats(&mods->score, lanes) : 0;
     const size_t b = mods->has_mask ? program_floats(&mods->mask, lanes) : 0;
-    return a > b ? a : b;
+    return (a > b ? a : b) + runs_floats(lanes);
 }
 
 /* ---------------------------------------------------------------- evaluation */
@@ -703,32 +705,62 @@ static void mask_keys(float *s, operand keep, int r, int j, int e) {
     for (int c = j; c < e; c++) s[c] = k[c] ? s[c] : -INFINITY;
 }
 
-/* The end of the run of keys from j (< n) whose blocks have row `cls`'s class of key kv0 + j. */
-static int run_end(const af_block_map *bm, const uint8_t *cls, int64_t kv0, int j, int n) {
-    const uint8_t c = cls[(kv0 + j) / bm->kv_block];
-    int e = j;
-    while (e < n && cls[(kv0 + e) / bm->kv_block] == c) {
-        const int64_t block_end = ((kv0 + e) / bm->kv_block + 1) * bm->kv_block - kv0;
-        e = block_end < n ? (int)block_end : n;
+/* The group's scores times the call's scale (S·scale, one rounding, as the plain kernels' pre-scale). */
+AF_MOD_CLONES static void scale_group(const group *g, float scale) {
+    for (int r = 0; r < g->rows; r++) {
+        float *s = g->s + (size_t)r * g->lds;
+        for (int j = 0; j < g->n; j++) s[j] *= scale;
     }
-    return e;
 }
 
-/* One group of rows: which blocks its rows need evaluated (a block mask), the programs, then the mask applied; with
- * T (the backward), the score_mod's tangent into it, 0 where a key is removed. */
+/* A run of keys [j, e) of one block class. */
+typedef struct {
+    int32_t j, e, cls;
+} key_run;
+
+/* Keys [0, n) of a row whose block classes are `cls` (kv0 the first key's position) as runs of one class each, the
+ * blocks walked without a division each: at most n runs. */
+static int key_runs(const af_block_map *bm, const uint8_t *cls, int64_t kv0, int n, key_run *runs) {
+    int count = 0;
+    int64_t blk = kv0 / bm->kv_block;
+    for (int j = 0; j < n;) {
+        const uint8_t c = cls[blk];
+        int e;
+        do {
+            const int64_t block_end = (blk + 1) * bm->kv_block - kv0;
+            e = block_end < n ? (int)block_end : n;
+            blk++;
+        } while (e < n && cls[blk] == c);
+        runs[count++] = (key_run){j, e, c};
+        j = e;
+    }
+    return count;
+}
+
+/* Floats of scratch the block runs take after the programs' registers: a row's runs, at most one per key. */
+static size_t runs_floats(int lanes) { return 3 * ((size_t)lanes + 1); }
+
+/* One group of rows: which blocks its rows need evaluated (a block mask: the runs of classes, found once for rows that
+ * share a query block), the programs, then the mask applied; with T (the backward), the score_mod's tangent into it,
+ * 0 where a key is removed. */
 static void apply_group(af_mods *mods, int64_t b, const int32_t *h_rows, const int32_t *q_rows, int64_t kv0,
-                        group *g, float *T, int ldt) {
+                        float scale, group *g, float *T, int ldt) {
     const af_block_map *bm = mods->blocks;
+    key_run *runs = (key_run *)(g->regs + af_mods_scratch_floats(mods, g->lanes) - runs_floats(g->lanes));
+    const uint8_t *row_cls[AF_MOD_ROWS];   /* each row's class row; runs hold the last distinct one's */
+    int n_runs = 0;
     bool any_partial = !bm, any_seen = !bm;
     for (int r = 0; bm && r < g->rows; r++) {
-        const uint8_t *cls = af_block_row(bm, b, h_rows[r], q_rows[r]);
-        for (int j = 0; j < g->n; j = run_end(bm, cls, kv0, j, g->n)) {
-            const uint8_t c = cls[(kv0 + j) / bm->kv_block];
-            any_partial = any_partial || c == AF_BLOCK_PARTIAL;
-            any_seen = any_seen || c != AF_BLOCK_EMPTY;
+        row_cls[r] = af_block_row(bm, b, h_rows[r], q_rows[r]);
+        if (r > 0 && row_cls[r] == row_cls[r - 1]) continue;
+        n_runs = key_runs(bm, row_cls[r], kv0, g->n, runs);
+        for (int k = 0; k < n_runs; k++) {
+            any_partial = any_partial || runs[k].cls == AF_BLOCK_PARTIAL;
+            any_seen = any_seen || runs[k].cls != AF_BLOCK_EMPTY;
         }
     }
     const bool masked = mods->has_mask && any_partial;
+    if (any_seen && scale != 1.0f) scale_group(g, scale);
     if (any_seen && (mods->has_score || masked) && g->width > g->n)   /* the score's lanes past the keys: defined */
         for (int r = 0; r < g->rows; r++) memset(g->s + (size_t)r * g->lds + g->n, 0, sizeof(float) * (size_t)(g->width - g->n));
     if (any_seen && mods->has_score) {
@@ -743,19 +775,19 @@ static void apply_group(af_mods *mods, int64_t b, const int32_t *h_rows, const i
         fill_inputs(&mods->mask, g, b, h_rows, q_rows, kv0);
         keep = run_program(&mods->mask, g, false);
     }
+    const uint8_t *have = NULL;   /* the class row `runs` now holds (the last row's, from the loop above) */
+    if (bm && g->rows > 0) have = row_cls[g->rows - 1];
     for (int r = 0; r < g->rows; r++) {
         float *s = g->s + (size_t)r * g->lds;
         if (!bm) {
             if (masked) mask_keys(s, keep, r, 0, g->n);
             continue;
         }
-        const uint8_t *cls = af_block_row(bm, b, h_rows[r], q_rows[r]);
-        for (int j = 0; j < g->n;) {
-            const int e = run_end(bm, cls, kv0, j, g->n);
-            const uint8_t c = cls[(kv0 + j) / bm->kv_block];
-            if (c == AF_BLOCK_EMPTY) for (int k = j; k < e; k++) s[k] = -INFINITY;
-            else if (c == AF_BLOCK_PARTIAL && masked) mask_keys(s, keep, r, j, e);
-            j = e;
+        if (row_cls[r] != have) n_runs = key_runs(bm, have = row_cls[r], kv0, g->n, runs);
+        for (int k = 0; k < n_runs; k++) {
+            const key_run u = runs[k];
+            if (u.cls == AF_BLOCK_EMPTY) for (int c = u.j; c < u.e; c++) s[c] = -INFINITY;
+            else if (u.cls == AF_BLOCK_PARTIAL && masked) mask_keys(s, keep, r, u.j, u.e);
         }
     }
     for (int r = 0; T && mods->has_score && r < g->rows; r++) {   /* removed keys: P = 0, and no NaN tangent */
@@ -766,22 +798,23 @@ static void apply_group(af_mods *mods, int64_t b, const int32_t *h_rows, const i
 }
 
 void af_mods_apply_tile_grad(af_mods *mods, int64_t b, const int32_t *h_rows, const int32_t *q_rows, int rows,
-                             int64_t kv0, int n, float *s, int lds, float *t, int ldt, float *regs, int lanes) {
+                             int64_t kv0, int n, float scale, float *s, int lds, float *t, int ldt, float *regs,
+                             int lanes) {
     const int width = (n + AF_MOD_LANES - 1) / AF_MOD_LANES * AF_MOD_LANES;
     for (int r0 = 0; r0 < rows; r0 += AF_MOD_ROWS) {
         group g = {regs, lanes, rows - r0 < AF_MOD_ROWS ? rows - r0 : AF_MOD_ROWS, n, width, s + (size_t)r0 * lds,
                    lds};
-        apply_group(mods, b, h_rows + r0, q_rows + r0, kv0, &g, t ? t + (size_t)r0 * ldt : NULL, ldt);
+        apply_group(mods, b, h_rows + r0, q_rows + r0, kv0, scale, &g, t ? t + (size_t)r0 * ldt : NULL, ldt);
     }
 }
 
 void af_mods_apply_tile(af_mods *mods, int64_t b, const int32_t *h_rows, const int32_t *q_rows, int rows, int64_t kv0,
-                        int n, float *s, int lds, float *regs, int lanes) {
-    af_mods_apply_tile_grad(mods, b, h_rows, q_rows, rows, kv0, n, s, lds, NULL, 0, regs, lanes);
+                        int n, float scale, float *s, int lds, float *regs, int lanes) {
+    af_mods_apply_tile_grad(mods, b, h_rows, q_rows, rows, kv0, n, scale, s, lds, NULL, 0, regs, lanes);
 }
 
 void af_mods_apply_row(af_mods *mods, int64_t b, int64_t h, int64_t q_idx, int64_t kv0, int n, float *s, float *regs,
                        int lanes) {
     const int32_t h_row = (int32_t)h, q_row = (int32_t)q_idx;
-    af_mods_apply_tile(mods, b, &h_row, &q_row, 1, kv0, n, s, lanes, regs, lanes);
+    af_mods_apply_tile(mods, b, &h_row, &q_row, 1, kv0, n, 1.0f, s, lanes, regs, lanes);
 }

@@ -67,15 +67,17 @@ af_status af_mods_status(af_mods *mods);
 size_t af_mods_scratch_floats(const af_mods *mods, int lanes);
 
 /* Keys kv0 .. kv0 + n (n <= lanes) of `rows` rows of batch b, row r being query row q_rows[r] of query head h_rows[r]:
- * s[r·lds + j] (the scaled score) becomes score_mod's value, then -inf where mask_mod is 0; with a block mask, -inf
+ * s[r·lds + j] (the raw score: the mods multiply it by `scale` first, in the vector code, on the rows a block mask
+ * does not empty) becomes score_mod's value, then -inf where mask_mod is 0; with a block mask, -inf
  * in the blocks it leaves out and no mask_mod in its full blocks. Each row of s has round_up(n, AF_MOD_LANES)
  * writable floats (those past n are scratch). regs: af_mods_scratch_floats(mods, lanes) floats, 64-byte aligned. */
 void af_mods_apply_tile(af_mods *mods, int64_t b, const int32_t *h_rows, const int32_t *q_rows, int rows, int64_t kv0,
-                        int n, float *s, int lds, float *regs, int lanes);
+                        int n, float scale, float *s, int lds, float *regs, int lanes);
 /* The same for the backward, which also needs d(score_mod)/d(score): t[r·ldt + j] gets it for every key the row keeps
  * (0 for those removed). With no score_mod, t is not written. */
 void af_mods_apply_tile_grad(af_mods *mods, int64_t b, const int32_t *h_rows, const int32_t *q_rows, int rows,
-                             int64_t kv0, int n, float *s, int lds, float *t, int ldt, float *regs, int lanes);
+                             int64_t kv0, int n, float scale, float *s, int lds, float *t, int ldt, float *regs,
+                             int lanes);
 /* Gradients for the score_mod's captured tensors over the same tile: for every score the row keeps, g[r·ldg + j] (the
  * loss's gradient with respect to score_mod's value there) times d(score_mod)/d(each float LOAD's value) is added to
  * grads[aux][the element loaded], for each aux tensor whose grads[aux] is not NULL (float32, its elements in
@@ -89,7 +91,7 @@ int64_t af_mods_aux_numel(const af_mods *mods, int aux);
 /* Element e, in row-major order, of a captured tensor's float32 gradient t (any strides) set to `value`. */
 void af_mods_store_aux_grad(af_tensor *t, int64_t e, float value);
 
-/* One row of it. */
+/* One row of it, its scores already scaled. */
 void af_mods_apply_row(af_mods *mods, int64_t b, int64_t h, int64_t q_idx, int64_t kv0, int n, float *s, float *regs,
                        int lanes);
 

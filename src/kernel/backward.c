@@ -207,7 +207,7 @@ static void transform_scores(const bwd_plan *bw, const key_item *w, int64_t h, i
             af_softcap_row(s, cols, (float)(p->scale / p->softcap), cap);
             float *t = T + (size_t)r * bw->keys_pad;
             for (int j = 0; j < cols; j++) t[j] = 1.0f - (s[j] / cap) * (s[j] / cap);
-        } else if (bw->pre_scale) {
+        } else if (bw->pre_scale && !p->mods) {   /* mods: they scale the block in their vector code */
             const float scale = (float)p->scale;
             for (int j = 0; j < cols; j++) s[j] *= scale;
             if (p->mask) {
@@ -230,9 +230,15 @@ static void transform_scores(const bwd_plan *bw, const key_item *w, int64_t h, i
             h_rows[r] = (int32_t)h;
             q_rows[r] = (int32_t)(i0 + r);
         }
-        if (raw)   /* the scaled scores before the mods, for the captured tensors' gradients */
+        /* scale 1 after a softcap (which applied it) or without a score_mod (the exponent takes it) */
+        float scale = p->softcap > 0.0 || !bw->pre_scale ? 1.0f : (float)p->scale;
+        if (raw) {   /* the scaled scores before the mods, for the captured tensors' gradients */
+            for (int r = 0; r < rows && scale != 1.0f; r++)
+                for (int j = 0; j < cols; j++) S[(size_t)r * bw->keys_pad + j] *= scale;
             memcpy(raw, S, sizeof(float) * (size_t)rows * (size_t)bw->keys_pad);
-        af_mods_apply_tile_grad(p->mods, w->b, h_rows, q_rows, rows, j0, cols, S, bw->keys_pad, T, bw->keys_pad,
+            scale = 1.0f;
+        }
+        af_mods_apply_tile_grad(p->mods, w->b, h_rows, q_rows, rows, j0, cols, scale, S, bw->keys_pad, T, bw->keys_pad,
                                 mod_regs, bw->keys_pad);
     }
     for (int r = 0; r < rows; r++) {
@@ -539,7 +545,7 @@ af_status af_flash_backward(const af_backward_problem *bp) {
     bw.R = p->cu_seqlens_q ? p->total_q : p->B * p->L;
     bw.q_direct = f32_rows_direct(p->dtype, p->q_stride, bw.E);
     bw.do_direct = f32_rows_direct(p->out_dtype, bp->dout_stride, bw.Ev);
-    bw.pre_scale = p->mask != NULL || !(p->scale > 0.0) || p->softcap > 0.0 || p->mods != NULL;
+    bw.pre_scale = p->mask != NULL || !(p->scale > 0.0) || p->softcap > 0.0 || (p->mods && p->mods->has_score);
     bw.tangent = p->softcap > 0.0 || (p->mods && p->mods->has_score);
 
     /* key chunks: enough items for the threads of a big machine, while all chunks' dq partials stay bounded */

@@ -230,21 +230,24 @@ static void pack_value_tile(const flash_plan *fp, const work_item *w, int64_t j0
     }
 }
 
-/* S = S·scale + mask, then the mods (af_flex_attn), for the tiles that need the scale applied before the softmax. */
+/* S = S·scale + mask, or the mods (af_flex_attn), which scale the tile in their own vector code (scale 1: a softcap
+ * applied it, or the exponent takes it: no score_mod), for the tiles that need the scale applied before the softmax. */
 static void apply_scale_and_mask(const flash_plan *fp, const work_item *w, int64_t r0, int rows, int64_t j0, int cols,
                                  float *S, float scale, float *mod_regs) {
     const af_problem *p = fp->p;
-    for (int r = 0; r < rows && scale != 1.0f; r++) {   /* 1: after a softcap, which applied it */
-        float *s = S + (size_t)r * fp->keys_pad;
-        for (int j = 0; j < cols; j++) s[j] *= scale;
-    }
     if (p->mods) {   /* the rows' query heads and positions after the registers, then the whole tile at once */
         int32_t *h_rows = (int32_t *)(mod_regs + af_mods_scratch_floats(p->mods, fp->keys_pad)), *q_rows = h_rows + rows;
         for (int r = 0; r < rows; r++) {
             q_rows[r] = (int32_t)((r0 + r) / p->group);
             h_rows[r] = (int32_t)(w->hk * p->group + (r0 + r) % p->group);
         }
-        af_mods_apply_tile(p->mods, w->b, h_rows, q_rows, rows, j0, cols, S, fp->keys_pad, mod_regs, fp->keys_pad);
+        af_mods_apply_tile(p->mods, w->b, h_rows, q_rows, rows, j0, cols, scale, S, fp->keys_pad, mod_regs,
+                           fp->keys_pad);
+        return;   /* af_problem_check: no dense mask beside mods */
+    }
+    for (int r = 0; r < rows && scale != 1.0f; r++) {
+        float *s = S + (size_t)r * fp->keys_pad;
+        for (int j = 0; j < cols; j++) s[j] *= scale;
     }
     for (int r = 0; r < rows && p->mask; r++) {
         float *s = S + (size_t)r * fp->keys_pad;
@@ -397,6 +400,8 @@ static void softmax_tile(const flash_plan *fp, const work_item *w, const row_sta
         if (p->mods && !plain) apply_scale_and_mask(fp, w, r0 + skip, n, j0, cols, Sn, 1.0f, rs->mod);
     } else if (pre_scale) {
         apply_scale_and_mask(fp, w, r0 + skip, n, j0, cols, Sn, (float)scale, rs->mod);
+    } else if (p->mods && !plain) {   /* a mask_mod alone: the scale stays in the exponent */
+        apply_scale_and_mask(fp, w, r0 + skip, n, j0, cols, Sn, 1.0f, rs->mod);
     }
     if (edge) apply_key_range(fp, w, r0 + skip, n, j0, cols, Sn);
     fp->uk->softmax_step(n, cols, Sn, fp->keys_pad, c, rs->m + skip, rs->l + skip, rs->alpha + skip, fp->exp2_degree);
@@ -834,7 +839,7 @@ af_status af_flash_forward(const af_problem *p) {
         fp.splits = af_ceil_div(p->S, fp.split_keys);
         fp.chunks_per_split = fp.split_keys / KEY_CHUNK;
     }
-    fp.pre_scale = p->mask != NULL || !(p->scale > 0.0) || p->softcap > 0.0 || p->mods != NULL;
+    fp.pre_scale = p->mask != NULL || !(p->scale > 0.0) || p->softcap > 0.0 || (p->mods && p->mods->has_score);
     fp.exp2_degree = p->out_dtype == AF_BF16 ? 3 : p->out_dtype == AF_F16 ? 4 : 5;   /* what out's precision needs */
     /* V tiles straight from the caller's f32 tensor when they meet the gemm's B contract (whole vectors of
      * columns, no padding to zero; leading dim a multiple of AF_TILE_PAD; every tile 64-byte aligned) and its rows
