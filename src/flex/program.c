@@ -257,12 +257,16 @@ static size_t program_floats(const af_mod_checked *m, int lanes) {
     return (size_t)(m->lane_units + m->t_units) * (size_t)lanes + (size_t)m->fixed;
 }
 
+/* Where the mask_mod's registers start: after the score_mod's, on a 64-byte boundary. */
+static size_t mask_regs_at(const af_mods *mods, int lanes) {
+    return mods->has_score ? (program_floats(&mods->score, lanes) + 15) / 16 * 16 : 0;
+}
+
 static size_t runs_floats(int lanes);
 
 size_t af_mods_scratch_floats(const af_mods *mods, int lanes) {
-    const size_t a = mods->has_score ? program_floats(&mods->score, lanes) : 0;
     const size_t b = mods->has_mask ? program_floats(&mods->mask, lanes) : 0;
-    return (a > b ? a : b) + runs_floats(lanes);
+    return mask_regs_at(mods, lanes) + b + runs_floats(lanes);   /* apart: each keeps its tile's key registers over the groups */
 }
 
 /* ---------------------------------------------------------------- evaluation */
@@ -296,19 +300,25 @@ static float max_f(float a, float b) { return a != a || b != b ? NAN : a > b ? a
 
 static float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-bool af_mod_tensor_load(const af_mod_tensor *t, const int32_t *idx, float *f, int32_t *i) {
+/* af_mod_tensor_load, inlined into the LOAD loop: float32 and int32 tensors without a call. */
+static inline __attribute__((always_inline)) bool tensor_load(const af_mod_tensor *t, const int32_t *idx, float *f,
+                                                             int32_t *i) {
     int64_t off = 0;
     for (int k = 0; k < t->ndim; k++) {
         if (idx[k] < 0 || idx[k] >= t->shape[k]) return false;
         off += (int64_t)idx[k] * t->strides[k];
     }
-    const char *p = t->data + off * (int64_t)af_dtype_size(t->dtype);
     switch (t->dtype) {
-    case AF_I32: memcpy(i, p, 4); break;
-    case AF_BOOL: *i = *(const uint8_t *)p != 0; break;
-    default: *f = af_load_as_f32(p, t->dtype); break;
+    case AF_F32: memcpy(f, t->data + off * 4, 4); break;
+    case AF_I32: memcpy(i, t->data + off * 4, 4); break;
+    case AF_BOOL: *i = *(const uint8_t *)(t->data + off) != 0; break;
+    default: *f = af_load_as_f32(t->data + off * (int64_t)af_dtype_size(t->dtype), t->dtype); break;
     }
     return true;
+}
+
+bool af_mod_tensor_load(const af_mod_tensor *t, const int32_t *idx, float *f, int32_t *i) {
+    return tensor_load(t, idx, f, i);
 }
 
 /* Where register values sit for a tile's group of rows: value (row r, key j) at p[r·row_step + (by_key ? j : 0)]. */
@@ -360,7 +370,7 @@ static void eval_load(af_mod_checked *m, const af_mod_instr *in, const operand *
                 for (int k = 0; k < t->ndim; k++) last[k] = index[k][j * step[k]];
                 f = 0.0f;
                 v = 0;
-                if (!af_mod_tensor_load(t, last, &f, &v)) {
+                if (!tensor_load(t, last, &f, &v)) {
                     int expected = 0;
                     atomic_compare_exchange_strong(&m->out_of_bounds, &expected, in->aux + 1);
                 }
@@ -402,6 +412,59 @@ static void eval_load(af_mod_checked *m, const af_mod_instr *in, const operand *
     if (ints) { BINARY(int32_t, int32_t, x opr y) }          \
     else { BINARY(float, int32_t, x opr y) }
 
+/* The common operations over whole groups of AF_MOD_LANES keys, in GCC's vector types: one load, operation and store
+ * per group of keys, with no remainder loop or aliasing check per row (the destination may be an operand: each group
+ * is loaded before it is stored). The same IEEE operations as the scalar loops, so the same bits. */
+typedef float vfloat __attribute__((vector_size(4 * AF_MOD_LANES)));
+typedef int32_t vint __attribute__((vector_size(4 * AF_MOD_LANES)));
+typedef uint32_t vuint __attribute__((vector_size(4 * AF_MOD_LANES)));
+#define V_LOAD_AS(VT, p) ({ VT v_; memcpy(&v_, (p), sizeof v_); v_; })
+#define V_STORE_AS(p, v) do { __typeof__(v) s_ = (v); memcpy((p), &s_, sizeof s_); } while (0)
+/* d = expr(x, y) over `rows` rows of `keys` (a multiple of AF_MOD_LANES) lanes, x and y vectors of type VT (elements
+ * ET), an operand that does not vary with the key broadcast once per row; one of them varies with it. */
+#define V_BINARY(VT, ET, expr)                                                                               \
+    for (int r = 0; r < rows; r++) {                                                                         \
+        const float *a_ = A.p + r * A.row_step, *b_ = Bo.p + r * Bo.row_step;                                \
+        float *d_ = D.p + r * D.row_step;                                                                    \
+        ET a1_, b1_;                                                                                         \
+        memcpy(&a1_, a_, sizeof a1_);                                                                        \
+        memcpy(&b1_, b_, sizeof b1_);                                                                        \
+        const VT a_all = (VT){} + a1_, b_all = (VT){} + b1_;                                                 \
+        if (A.by_key && Bo.by_key)                                                                           \
+            for (int j = 0; j < keys; j += AF_MOD_LANES) {                                                   \
+                const VT x = V_LOAD_AS(VT, a_ + j), y = V_LOAD_AS(VT, b_ + j);                               \
+                V_STORE_AS(d_ + j, (expr));                                                                  \
+            }                                                                                                \
+        else if (A.by_key)                                                                                   \
+            for (int j = 0; j < keys; j += AF_MOD_LANES) {                                                   \
+                const VT x = V_LOAD_AS(VT, a_ + j), y = b_all;                                               \
+                V_STORE_AS(d_ + j, (expr));                                                                  \
+            }                                                                                                \
+        else                                                                                                 \
+            for (int j = 0; j < keys; j += AF_MOD_LANES) {                                                   \
+                const VT x = a_all, y = V_LOAD_AS(VT, b_ + j);                                               \
+                V_STORE_AS(d_ + j, (expr));                                                                  \
+            }                                                                                                \
+    }
+
+/* Instruction `in` (operands A, B) over whole groups of keys when it is one of the common ones: true when done. */
+static inline __attribute__((always_inline)) bool eval_vector(int op, bool ints, operand A, operand Bo, int rows,
+                                                              int keys, operand D) {
+    if (keys % AF_MOD_LANES != 0 || (!A.by_key && !Bo.by_key)) return false;
+    switch (op) {
+    case AF_MOD_ADD: if (ints) { V_BINARY(vuint, uint32_t, x + y) } else { V_BINARY(vfloat, float, x + y) } return true;
+    case AF_MOD_SUB: if (ints) { V_BINARY(vuint, uint32_t, x - y) } else { V_BINARY(vfloat, float, x - y) } return true;
+    case AF_MOD_MUL: if (ints) { V_BINARY(vuint, uint32_t, x * y) } else { V_BINARY(vfloat, float, x * y) } return true;
+    case AF_MOD_LT: if (ints) { V_BINARY(vint, int32_t, -(x < y)) } else { V_BINARY(vfloat, float, -(x < y)) } return true;
+    case AF_MOD_LE: if (ints) { V_BINARY(vint, int32_t, -(x <= y)) } else { V_BINARY(vfloat, float, -(x <= y)) } return true;
+    case AF_MOD_GT: if (ints) { V_BINARY(vint, int32_t, -(x > y)) } else { V_BINARY(vfloat, float, -(x > y)) } return true;
+    case AF_MOD_GE: if (ints) { V_BINARY(vint, int32_t, -(x >= y)) } else { V_BINARY(vfloat, float, -(x >= y)) } return true;
+    case AF_MOD_AND: V_BINARY(vint, int32_t, x & y) return true;
+    case AF_MOD_OR: V_BINARY(vint, int32_t, x | y) return true;
+    default: return false;
+    }
+}
+
 /* A program's loops in AVX-512, AVX2 or baseline code (run_program() is cloned, eval_instr inlined into each clone),
  * picked once by the loader for this CPU (the library is built for baseline x86-64): 4 to 16 keys an operation. The
  * operations are single IEEE operations or libm calls, the same in every clone. */
@@ -425,6 +488,7 @@ static inline __attribute__((always_inline)) void eval_instr(af_mod_checked *m, 
     for (int k = 0; k < n_in; k++) x[k] = operand_of(m, g, in->in[k]);
     const operand A = x[0], Bo = x[1];
     const bool ints = n_in > 0 && m->is_int[in->in[0]];
+    if (n_in == 2 && eval_vector(in->op, ints, A, Bo, rows, keys, D)) return;
     switch (in->op) {
     case AF_MOD_CONST_F32: for (int j = 0; j < keys; j++) D.p[j] = (float)in->imm; break;
     case AF_MOD_CONST_I32: for (int j = 0; j < keys; j++) ((int32_t *)D.p)[j] = (int32_t)in->imm; break;
@@ -485,10 +549,11 @@ static inline __attribute__((always_inline)) void eval_instr(af_mod_checked *m, 
 
 /* Run program m over the group, its inputs in place; the result's operand. The last instruction of a score_mod that
  * varies with row and key writes the score tile itself (every operation reads its operands at the score it writes). */
-AF_MOD_CLONES static operand run_program(af_mod_checked *m, const group *g, bool into_scores) {
+AF_MOD_CLONES static operand run_program(af_mod_checked *m, const group *g, bool into_scores, bool keys_ready) {
     for (int32_t i = 0; i < m->length; i++) {
         const int reg = AF_MOD_INPUTS + i;
         const uint8_t v = m->varies[reg];
+        if (keys_ready && !(v & AF_MOD_BY_ROW)) continue;   /* the same for every group of the tile: done */
         const bool last = i == m->length - 1;
         const operand d = last && into_scores && v == (AF_MOD_BY_ROW | AF_MOD_BY_KEY) ? operand_of(m, g, 0)
                                                                                         : operand_of(m, g, reg);
@@ -569,12 +634,13 @@ static void tangent_instr(const af_mod_checked *m, const af_mod_instr *in, const
 }
 
 /* run_program with each register's tangent beside it, the result's into T (row stride ldt): the backward's pass. */
-static operand run_program_grad(af_mod_checked *m, const group *g, float *T, int ldt) {
+static operand run_program_grad(af_mod_checked *m, const group *g, float *T, int ldt, bool keys_ready) {
     const operand scores = operand_of(m, g, 0);
     const tangents tg = {0, m->on_score, g->regs, m->t_at_lanes};
     for (int32_t i = 0; i < m->length; i++) {
         const int reg = AF_MOD_INPUTS + i;
         const uint8_t v = m->varies[reg];
+        if (keys_ready && !(v & AF_MOD_BY_ROW)) continue;   /* the same for every group of the tile (no tangent) */
         const bool into_scores = i == m->length - 1 && v == (AF_MOD_BY_ROW | AF_MOD_BY_KEY);
         if (m->on_score[reg])
             tangent_instr(m, &m->code[i], g, &tg, into_scores ? (operand){T, ldt, true} : tangent_of(g, &tg, reg));
@@ -588,10 +654,11 @@ static operand run_program_grad(af_mod_checked *m, const group *g, float *T, int
 
 /* The inputs the program reads: b, then h and q_idx per row, kv_idx per key. */
 static void fill_inputs(const af_mod_checked *m, const group *g, int64_t b, const int32_t *h_rows,
-                        const int32_t *q_rows, int64_t kv0) {
-    if (m->reads_input[1]) ((int32_t *)operand_of(m, g, 1).p)[0] = (int32_t)b;
+                        const int32_t *q_rows, int64_t kv0, bool keys_ready) {
     if (m->reads_input[2]) memcpy(operand_of(m, g, 2).p, h_rows, sizeof(int32_t) * (size_t)g->rows);
     if (m->reads_input[3]) memcpy(operand_of(m, g, 3).p, q_rows, sizeof(int32_t) * (size_t)g->rows);
+    if (keys_ready) return;   /* b and kv_idx: the tile's, already there */
+    if (m->reads_input[1]) ((int32_t *)operand_of(m, g, 1).p)[0] = (int32_t)b;
     if (m->reads_input[4]) {
         int32_t *kv = (int32_t *)operand_of(m, g, 4).p;
         for (int j = 0; j < g->width; j++) kv[j] = (int32_t)(kv0 + j);
@@ -675,7 +742,7 @@ void af_mods_aux_grads_tile(af_mods *mods, int64_t b, const int32_t *h_rows, con
             for (int j = 0; j < n && !any; j++) any = gg[(size_t)r * ldg + j] != 0.0f;
         if (!any) continue;
         for (int r = 0; r < gr.rows; r++) memset(gr.s + (size_t)r * ldr + n, 0, sizeof(float) * (size_t)(width - n));
-        fill_inputs(m, &gr, b, h_rows + r0, q_rows + r0, kv0);
+        fill_inputs(m, &gr, b, h_rows + r0, q_rows + r0, kv0, false);
         for (int32_t l = 0; l < m->length; l++) {   /* each float LOAD of a tensor that wants a gradient */
             const af_mod_instr *load = &m->code[l];
             if (load->op != AF_MOD_LOAD || !grads[load->aux] || m->is_int[AF_MOD_INPUTS + l]) continue;
@@ -744,7 +811,7 @@ static size_t runs_floats(int lanes) { return 3 * ((size_t)lanes + 1); }
  * share a query block), the programs, then the mask applied; with T (the backward), the score_mod's tangent into it,
  * 0 where a key is removed. */
 static void apply_group(af_mods *mods, int64_t b, const int32_t *h_rows, const int32_t *q_rows, int64_t kv0,
-                        float scale, group *g, float *T, int ldt) {
+                        float scale, group *g, float *T, int ldt, bool ready[2]) {
     const af_block_map *bm = mods->blocks;
     key_run *runs = (key_run *)(g->regs + af_mods_scratch_floats(mods, g->lanes) - runs_floats(g->lanes));
     const uint8_t *row_cls[AF_MOD_ROWS];   /* each row's class row; runs hold the last distinct one's */
@@ -764,16 +831,21 @@ static void apply_group(af_mods *mods, int64_t b, const int32_t *h_rows, const i
     if (any_seen && (mods->has_score || masked) && g->width > g->n)   /* the score's lanes past the keys: defined */
         for (int r = 0; r < g->rows; r++) memset(g->s + (size_t)r * g->lds + g->n, 0, sizeof(float) * (size_t)(g->width - g->n));
     if (any_seen && mods->has_score) {
-        fill_inputs(&mods->score, g, b, h_rows, q_rows, kv0);
-        const operand out = T ? run_program_grad(&mods->score, g, T, ldt) : run_program(&mods->score, g, true);
+        fill_inputs(&mods->score, g, b, h_rows, q_rows, kv0, ready[0]);
+        const operand out = T ? run_program_grad(&mods->score, g, T, ldt, ready[0])
+                              : run_program(&mods->score, g, true, ready[0]);
+        ready[0] = true;
         if (out.p != g->s)   /* a score that does not vary with both: spread over the tile */
             for (int r = 0; r < g->rows; r++)
                 for (int j = 0; j < g->n; j++) g->s[(size_t)r * g->lds + j] = out.p[r * out.row_step + (out.by_key ? j : 0)];
     }
     operand keep = {0};
-    if (any_seen && masked) {
-        fill_inputs(&mods->mask, g, b, h_rows, q_rows, kv0);
-        keep = run_program(&mods->mask, g, false);
+    if (any_seen && masked) {   /* the mask's registers after the score_mod's */
+        group gm = *g;
+        gm.regs = g->regs + mask_regs_at(mods, g->lanes);
+        fill_inputs(&mods->mask, &gm, b, h_rows, q_rows, kv0, ready[1]);
+        keep = run_program(&mods->mask, &gm, false, ready[1]);
+        ready[1] = true;
     }
     const uint8_t *have = NULL;   /* the class row `runs` now holds (the last row's, from the loop above) */
     if (bm && g->rows > 0) have = row_cls[g->rows - 1];
@@ -801,10 +873,11 @@ void af_mods_apply_tile_grad(af_mods *mods, int64_t b, const int32_t *h_rows, co
                              int64_t kv0, int n, float scale, float *s, int lds, float *t, int ldt, float *regs,
                              int lanes) {
     const int width = (n + AF_MOD_LANES - 1) / AF_MOD_LANES * AF_MOD_LANES;
+    bool ready[2] = {false, false};   /* the score_mod's, the mask_mod's registers that follow the keys alone: done */
     for (int r0 = 0; r0 < rows; r0 += AF_MOD_ROWS) {
         group g = {regs, lanes, rows - r0 < AF_MOD_ROWS ? rows - r0 : AF_MOD_ROWS, n, width, s + (size_t)r0 * lds,
                    lds};
-        apply_group(mods, b, h_rows + r0, q_rows + r0, kv0, scale, &g, t ? t + (size_t)r0 * ldt : NULL, ldt);
+        apply_group(mods, b, h_rows + r0, q_rows + r0, kv0, scale, &g, t ? t + (size_t)r0 * ldt : NULL, ldt, ready);
     }
 }
 
