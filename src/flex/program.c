@@ -10,6 +10,7 @@
 #include "core/status.h"
 #include "flex/block_map.h"
 #include "flex/program.h"
+#include "flex/vector.h"
 
 typedef enum { ARGS_NONE, ARGS_UNARY, ARGS_BINARY, ARGS_WHERE, ARGS_LOAD } arity;
 
@@ -202,6 +203,7 @@ af_status af_mod_check(const af_mod_program *prog, const char *name, bool score,
         if (m->on_score[r]) m->t_units += AF_MOD_ROWS;
     }
     const uint8_t result = m->is_int[m->n_regs - 1];
+    if (score && !result) af_mod_fuse(m);
     if (score && result)
         return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: its result (the last instruction's) is int32; a score_mod "
                        "gives float32", name);
@@ -345,12 +347,17 @@ static operand operand_of(const af_mod_checked *m, const group *g, int k) {
 }
 
 /* LOAD: the tensor's element at the indices, per row and key (only the first n keys load: past them the indices are
- * not keys'); the previous key's value again when its indices are (a per-head table, a run of document ids). */
+ * not keys'); the previous value again when its indices are the previous key's or row's (a per-head table, a run of
+ * document ids). */
 static void eval_load(af_mod_checked *m, const af_mod_instr *in, const operand *x, int rows, int keys, int n,
                       operand d) {
     const af_mod_tensor *t = &m->aux[in->aux];
     const bool is_int = t->dtype == AF_I32 || t->dtype == AF_BOOL;
     const int loaded = keys < n ? keys : n;
+    int32_t last[4] = {0, 0, 0, 0};
+    float f = 0.0f;
+    int32_t v = 0;
+    bool have = false;
     for (int r = 0; r < rows; r++) {
         const int32_t *index[4];
         int step[4];
@@ -360,16 +367,14 @@ static void eval_load(af_mod_checked *m, const af_mod_instr *in, const operand *
         }
         float *df = d.p + r * d.row_step;
         int32_t *di = (int32_t *)df;
-        int32_t last[4] = {0, 0, 0, 0};
-        float f = 0.0f;
-        int32_t v = 0;
         for (int j = 0; j < loaded; j++) {
-            bool same = j > 0;
+            bool same = have;
             for (int k = 0; k < t->ndim; k++) same = same && index[k][j * step[k]] == last[k];
             if (!same) {
                 for (int k = 0; k < t->ndim; k++) last[k] = index[k][j * step[k]];
                 f = 0.0f;
                 v = 0;
+                have = true;
                 if (!tensor_load(t, last, &f, &v)) {
                     int expected = 0;
                     atomic_compare_exchange_strong(&m->out_of_bounds, &expected, in->aux + 1);
@@ -415,11 +420,6 @@ static void eval_load(af_mod_checked *m, const af_mod_instr *in, const operand *
 /* The common operations over whole groups of AF_MOD_LANES keys, in GCC's vector types: one load, operation and store
  * per group of keys, with no remainder loop or aliasing check per row (the destination may be an operand: each group
  * is loaded before it is stored). The same IEEE operations as the scalar loops, so the same bits. */
-typedef float vfloat __attribute__((vector_size(4 * AF_MOD_LANES)));
-typedef int32_t vint __attribute__((vector_size(4 * AF_MOD_LANES)));
-typedef uint32_t vuint __attribute__((vector_size(4 * AF_MOD_LANES)));
-#define V_LOAD_AS(VT, p) ({ VT v_; memcpy(&v_, (p), sizeof v_); v_; })
-#define V_STORE_AS(p, v) do { __typeof__(v) s_ = (v); memcpy((p), &s_, sizeof s_); } while (0)
 /* d = expr(x, y) over `rows` rows of `keys` (a multiple of AF_MOD_LANES) lanes, x and y vectors of type VT (elements
  * ET), an operand that does not vary with the key broadcast once per row; one of them varies with it. */
 #define V_BINARY(VT, ET, expr)                                                                               \
@@ -465,19 +465,8 @@ static inline __attribute__((always_inline)) bool eval_vector(int op, bool ints,
     }
 }
 
-/* A program's loops in AVX-512, AVX2 or baseline code (run_program() is cloned, eval_instr inlined into each clone),
- * picked once by the loader for this CPU (the library is built for baseline x86-64): 4 to 16 keys an operation. The
- * operations are single IEEE operations or libm calls, the same in every clone. */
-#if defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define AF_MOD_NO_IFUNC 1   /* ThreadSanitizer: an ifunc resolver runs before its runtime is up and crashes */
-#endif
-#endif
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_THREAD__) && !defined(AF_MOD_NO_IFUNC)
-#define AF_MOD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define AF_MOD_CLONES
-#endif
+/* A program's loops in AVX-512, AVX2 or baseline code (run_program() is cloned, eval_instr inlined into each clone,
+ * flex/vector.h): 4 to 16 keys an operation. */
 
 /* Instruction `in` into D over the group: `rows` rows (1 when its value does not vary with the row) and `keys` lanes
  * (1 when it does not vary with the key). */
@@ -549,11 +538,13 @@ static inline __attribute__((always_inline)) void eval_instr(af_mod_checked *m, 
 
 /* Run program m over the group, its inputs in place; the result's operand. The last instruction of a score_mod that
  * varies with row and key writes the score tile itself (every operation reads its operands at the score it writes). */
-AF_MOD_CLONES static operand run_program(af_mod_checked *m, const group *g, bool into_scores, bool keys_ready) {
+AF_MOD_CLONES static operand run_program(af_mod_checked *m, const group *g, bool into_scores, bool keys_ready,
+                                         bool fused) {
     for (int32_t i = 0; i < m->length; i++) {
         const int reg = AF_MOD_INPUTS + i;
         const uint8_t v = m->varies[reg];
         if (keys_ready && !(v & AF_MOD_BY_ROW)) continue;   /* the same for every group of the tile: done */
+        if (fused && v == (AF_MOD_BY_ROW | AF_MOD_BY_KEY)) continue;   /* the fused kernel's part */
         const bool last = i == m->length - 1;
         const operand d = last && into_scores && v == (AF_MOD_BY_ROW | AF_MOD_BY_KEY) ? operand_of(m, g, 0)
                                                                                         : operand_of(m, g, reg);
@@ -811,14 +802,21 @@ static size_t runs_floats(int lanes) { return 3 * ((size_t)lanes + 1); }
  * share a query block), the programs, then the mask applied; with T (the backward), the score_mod's tangent into it,
  * 0 where a key is removed. */
 static void apply_group(af_mods *mods, int64_t b, const int32_t *h_rows, const int32_t *q_rows, int64_t kv0,
-                        float scale, group *g, float *T, int ldt, bool ready[2]) {
-    const af_block_map *bm = mods->blocks;
+                        float scale, bool full, group *g, float *T, int ldt, bool ready[2]) {
+    const af_block_map *bm = full ? NULL : mods->blocks;   /* full: as if no block mask, and no mask_mod */
     key_run *runs = (key_run *)(g->regs + af_mods_scratch_floats(mods, g->lanes) - runs_floats(g->lanes));
     const uint8_t *row_cls[AF_MOD_ROWS];   /* each row's class row; runs hold the last distinct one's */
     int n_runs = 0;
     bool any_partial = !bm, any_seen = !bm;
+    int64_t q_lo = 0, q_hi = 0;   /* the query block of the last row looked up (one division a block) */
     for (int r = 0; bm && r < g->rows; r++) {
+        if (r > 0 && h_rows[r] == h_rows[r - 1] && q_rows[r] >= q_lo && q_rows[r] < q_hi) {
+            row_cls[r] = row_cls[r - 1];
+            continue;
+        }
         row_cls[r] = af_block_row(bm, b, h_rows[r], q_rows[r]);
+        q_lo = q_rows[r] / bm->q_block * bm->q_block;
+        q_hi = q_lo + bm->q_block;
         if (r > 0 && row_cls[r] == row_cls[r - 1]) continue;
         n_runs = key_runs(bm, row_cls[r], kv0, g->n, runs);
         for (int k = 0; k < n_runs; k++) {
@@ -826,14 +824,21 @@ static void apply_group(af_mods *mods, int64_t b, const int32_t *h_rows, const i
             any_seen = any_seen || runs[k].cls != AF_BLOCK_EMPTY;
         }
     }
-    const bool masked = mods->has_mask && any_partial;
-    if (any_seen && scale != 1.0f) scale_group(g, scale);
+    const bool masked = mods->has_mask && any_partial && !full;
+    const af_mod_fused *fused = mods->has_score && mods->score.fused.kind ? &mods->score.fused : NULL;
+    if (any_seen && scale != 1.0f && !fused) scale_group(g, scale);   /* fused: in its pass */
     if (any_seen && (mods->has_score || masked) && g->width > g->n)   /* the score's lanes past the keys: defined */
         for (int r = 0; r < g->rows; r++) memset(g->s + (size_t)r * g->lds + g->n, 0, sizeof(float) * (size_t)(g->width - g->n));
     if (any_seen && mods->has_score) {
         fill_inputs(&mods->score, g, b, h_rows, q_rows, kv0, ready[0]);
-        const operand out = T ? run_program_grad(&mods->score, g, T, ldt, ready[0])
-                              : run_program(&mods->score, g, true, ready[0]);
+        if (fused) {   /* what follows the row or the key alone, then the one pass over the scores */
+            run_program(&mods->score, g, true, ready[0], true);
+            const operand a = operand_of(&mods->score, g, fused->row_reg);
+            af_fused_alibi(fused, a.p, (int)a.row_step, q_rows, g->rows, kv0, g->width, scale, g->s, g->lds, T, ldt);
+        }
+        const operand out = fused ? operand_of(&mods->score, g, 0)
+                            : T   ? run_program_grad(&mods->score, g, T, ldt, ready[0])
+                                  : run_program(&mods->score, g, true, ready[0], false);
         ready[0] = true;
         if (out.p != g->s)   /* a score that does not vary with both: spread over the tile */
             for (int r = 0; r < g->rows; r++)
@@ -844,7 +849,7 @@ static void apply_group(af_mods *mods, int64_t b, const int32_t *h_rows, const i
         group gm = *g;
         gm.regs = g->regs + mask_regs_at(mods, g->lanes);
         fill_inputs(&mods->mask, &gm, b, h_rows, q_rows, kv0, ready[1]);
-        keep = run_program(&mods->mask, &gm, false, ready[1]);
+        keep = run_program(&mods->mask, &gm, false, ready[1], false);
         ready[1] = true;
     }
     const uint8_t *have = NULL;   /* the class row `runs` now holds (the last row's, from the loop above) */
@@ -870,24 +875,25 @@ static void apply_group(af_mods *mods, int64_t b, const int32_t *h_rows, const i
 }
 
 void af_mods_apply_tile_grad(af_mods *mods, int64_t b, const int32_t *h_rows, const int32_t *q_rows, int rows,
-                             int64_t kv0, int n, float scale, float *s, int lds, float *t, int ldt, float *regs,
-                             int lanes) {
+                             int64_t kv0, int n, float scale, bool full, float *s, int lds, float *t, int ldt,
+                             float *regs, int lanes) {
     const int width = (n + AF_MOD_LANES - 1) / AF_MOD_LANES * AF_MOD_LANES;
     bool ready[2] = {false, false};   /* the score_mod's, the mask_mod's registers that follow the keys alone: done */
     for (int r0 = 0; r0 < rows; r0 += AF_MOD_ROWS) {
         group g = {regs, lanes, rows - r0 < AF_MOD_ROWS ? rows - r0 : AF_MOD_ROWS, n, width, s + (size_t)r0 * lds,
                    lds};
-        apply_group(mods, b, h_rows + r0, q_rows + r0, kv0, scale, &g, t ? t + (size_t)r0 * ldt : NULL, ldt, ready);
+        apply_group(mods, b, h_rows + r0, q_rows + r0, kv0, scale, full, &g, t ? t + (size_t)r0 * ldt : NULL, ldt,
+                    ready);
     }
 }
 
 void af_mods_apply_tile(af_mods *mods, int64_t b, const int32_t *h_rows, const int32_t *q_rows, int rows, int64_t kv0,
-                        int n, float scale, float *s, int lds, float *regs, int lanes) {
-    af_mods_apply_tile_grad(mods, b, h_rows, q_rows, rows, kv0, n, scale, s, lds, NULL, 0, regs, lanes);
+                        int n, float scale, bool full, float *s, int lds, float *regs, int lanes) {
+    af_mods_apply_tile_grad(mods, b, h_rows, q_rows, rows, kv0, n, scale, full, s, lds, NULL, 0, regs, lanes);
 }
 
 void af_mods_apply_row(af_mods *mods, int64_t b, int64_t h, int64_t q_idx, int64_t kv0, int n, float *s, float *regs,
                        int lanes) {
     const int32_t h_row = (int32_t)h, q_row = (int32_t)q_idx;
-    af_mods_apply_tile(mods, b, &h_row, &q_row, 1, kv0, n, 1.0f, s, lanes, regs, lanes);
+    af_mods_apply_tile(mods, b, &h_row, &q_row, 1, kv0, n, 1.0f, false, s, lanes, regs, lanes);
 }

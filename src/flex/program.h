@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "attnforge.h"
+#include "flex/fused.h"
 
 #define AF_MOD_INPUTS 5    /* registers 0-4: score, b, h, q_idx, kv_idx */
 #define AF_MOD_LANES 16    /* keys are evaluated in whole groups of this many: lanes is a multiple of it */
@@ -23,7 +24,7 @@ typedef struct {
     int64_t shape[4], strides[4];   /* elements */
 } af_mod_tensor;
 
-typedef struct {
+typedef struct af_mod_checked {
     const char *name;          /* "score_mod" / "mask_mod", for messages */
     const af_mod_instr *code;
     int32_t length, n_regs;    /* n_regs = AF_MOD_INPUTS + length */
@@ -38,6 +39,7 @@ typedef struct {
     af_mod_tensor *aux;
     int32_t n_aux;
     atomic_int out_of_bounds;  /* a LOAD met an index outside its tensor: 1 + the aux index (0: none) */
+    af_mod_fused fused;        /* a score_mod with a one-pass kernel (fused.h), or AF_FUSED_NONE */
 } af_mod_checked;
 
 struct af_block_map;
@@ -70,14 +72,16 @@ size_t af_mods_scratch_floats(const af_mods *mods, int lanes);
  * s[r·lds + j] (the raw score: the mods multiply it by `scale` first, in the vector code, on the rows a block mask
  * does not empty) becomes score_mod's value, then -inf where mask_mod is 0; with a block mask, -inf
  * in the blocks it leaves out and no mask_mod in its full blocks. Each row of s has round_up(n, AF_MOD_LANES)
- * writable floats (those past n are scratch). regs: af_mods_scratch_floats(mods, lanes) floats, 64-byte aligned. */
+ * writable floats (those past n are scratch). `full`: the caller knows every key lies in a full block for every row
+ * (a block mask's interior): no block is looked up, no mask_mod runs. regs: af_mods_scratch_floats(mods, lanes)
+ * floats, 64-byte aligned. */
 void af_mods_apply_tile(af_mods *mods, int64_t b, const int32_t *h_rows, const int32_t *q_rows, int rows, int64_t kv0,
-                        int n, float scale, float *s, int lds, float *regs, int lanes);
+                        int n, float scale, bool full, float *s, int lds, float *regs, int lanes);
 /* The same for the backward, which also needs d(score_mod)/d(score): t[r·ldt + j] gets it for every key the row keeps
  * (0 for those removed). With no score_mod, t is not written. */
 void af_mods_apply_tile_grad(af_mods *mods, int64_t b, const int32_t *h_rows, const int32_t *q_rows, int rows,
-                             int64_t kv0, int n, float scale, float *s, int lds, float *t, int ldt, float *regs,
-                             int lanes);
+                             int64_t kv0, int n, float scale, bool full, float *s, int lds, float *t, int ldt,
+                             float *regs, int lanes);
 /* Gradients for the score_mod's captured tensors over the same tile: for every score the row keeps, g[r·ldg + j] (the
  * loss's gradient with respect to score_mod's value there) times d(score_mod)/d(each float LOAD's value) is added to
  * grads[aux][the element loaded], for each aux tensor whose grads[aux] is not NULL (float32, its elements in

@@ -197,7 +197,7 @@ static void rows_seeing(const af_problem *p, const af_sequence *seq, int64_t j0,
  * then af_flex_attn's / af_flash_attn's mods (a score_mod keeping d(score_mod)/d(score) in T: it never comes with a
  * softcap); then -inf outside each row's key range. */
 static void transform_scores(const bwd_plan *bw, const key_item *w, int64_t h, int64_t i0, int rows, int64_t j0,
-                             int cols, float *S, float *T, float *mod_regs, float *raw) {
+                             int cols, bool full, float *S, float *T, float *mod_regs, float *raw) {
     const af_problem *p = bw->p;
     for (int r = 0; r < rows; r++) {
         float *s = S + (size_t)r * bw->keys_pad;
@@ -238,8 +238,8 @@ static void transform_scores(const bwd_plan *bw, const key_item *w, int64_t h, i
             memcpy(raw, S, sizeof(float) * (size_t)rows * (size_t)bw->keys_pad);
             scale = 1.0f;
         }
-        af_mods_apply_tile_grad(p->mods, w->b, h_rows, q_rows, rows, j0, cols, scale, S, bw->keys_pad, T, bw->keys_pad,
-                                mod_regs, bw->keys_pad);
+        af_mods_apply_tile_grad(p->mods, w->b, h_rows, q_rows, rows, j0, cols, scale, full, S, bw->keys_pad, T,
+                                bw->keys_pad, mod_regs, bw->keys_pad);
     }
     for (int r = 0; r < rows; r++) {
         float *s = S + (size_t)r * bw->keys_pad;
@@ -263,7 +263,7 @@ static void gemm_at(const af_ukernel *uk, int m, int n, int k, const float *A, i
 
 /* One (query row block, key tile) pair of head h: the five products and the softmax's gradient. */
 static void block_pair(const bwd_plan *bw, const key_item *w, int64_t h, int64_t i0, int rows, int64_t j0, int cols,
-                       char *base) {
+                       bool full, char *base) {
     const af_problem *p = bw->p;
     const af_ukernel *uk = bw->uk;
     float *kt = (float *)(base + bw->off_kt), *kr = (float *)(base + bw->off_kr), *vt = (float *)(base + bw->off_vt);
@@ -300,7 +300,7 @@ static void block_pair(const bwd_plan *bw, const key_item *w, int64_t h, int64_t
      * taken against it; a row whose max still moved, an lse below its scores, is rescaled back by 1 / alpha) */
     uk->gemm(rows, cols, bw->E, qb, ldq, kt, bw->keys_pad, S, bw->keys_pad, false);
     float *mod_regs = (float *)(base + bw->off_mod), *raw = w->aux_grads ? (float *)(base + bw->off_raw) : NULL;
-    transform_scores(bw, w, h, i0, rows, j0, cols, S, T, mod_regs, raw);
+    transform_scores(bw, w, h, i0, rows, j0, cols, full, S, T, mod_regs, raw);
     const float c = (float)(bw->pre_scale ? LOG2E : p->scale * LOG2E);
     for (int r = 0; r < rows; r++) {
         m[r] = lse2[r];
@@ -391,9 +391,9 @@ static void keys_item(void *ctx, int64_t t, void *scratch) {
             for (int64_t i0 = i_lo; i0 < i_hi; i0 += BLOCK_ROWS) {
                 const int rows = (int)(i_hi - i0 < BLOCK_ROWS ? i_hi - i0 : BLOCK_ROWS);
                 const int64_t h = w.hk * p->group + g;
-                if (blocks && af_block_map_tile(blocks, w.b, h, 1, i0, i0 + rows - 1, j0, j0 + cols) == AF_BLOCK_EMPTY)
-                    continue;   /* a flex block mask leaves out every key of the pair */
-                block_pair(bw, &w, h, i0, rows, j0, cols, base);
+                const int cls = blocks ? af_block_map_tile(blocks, w.b, h, 1, i0, i0 + rows - 1, j0, j0 + cols) : -1;
+                if (cls == AF_BLOCK_EMPTY) continue;   /* a flex block mask leaves out every key of the pair */
+                block_pair(bw, &w, h, i0, rows, j0, cols, cls == AF_BLOCK_FULL, base);
             }
         store_tile(bw, &w, j0, cols, dk, dv);
     }

@@ -230,10 +230,15 @@ static void pack_value_tile(const flash_plan *fp, const work_item *w, int64_t j0
     }
 }
 
+/* What a flex block mask makes of a tile for the rows that run it: blocks of every class (or no block mask: rows
+ * walk their own blocks), only full blocks (the mods run with no block lookup and no mask_mod), or only full blocks
+ * and no score_mod (plain attention). */
+typedef enum { TILE_MIXED, TILE_FULL, TILE_PLAIN } tile_blocks;
+
 /* S = S·scale + mask, or the mods (af_flex_attn), which scale the tile in their own vector code (scale 1: a softcap
  * applied it, or the exponent takes it: no score_mod), for the tiles that need the scale applied before the softmax. */
 static void apply_scale_and_mask(const flash_plan *fp, const work_item *w, int64_t r0, int rows, int64_t j0, int cols,
-                                 float *S, float scale, float *mod_regs) {
+                                 float *S, float scale, tile_blocks blocks, float *mod_regs) {
     const af_problem *p = fp->p;
     if (p->mods) {   /* the rows' query heads and positions after the registers, then the whole tile at once */
         int32_t *h_rows = (int32_t *)(mod_regs + af_mods_scratch_floats(p->mods, fp->keys_pad)), *q_rows = h_rows + rows;
@@ -241,8 +246,8 @@ static void apply_scale_and_mask(const flash_plan *fp, const work_item *w, int64
             q_rows[r] = (int32_t)((r0 + r) / p->group);
             h_rows[r] = (int32_t)(w->hk * p->group + (r0 + r) % p->group);
         }
-        af_mods_apply_tile(p->mods, w->b, h_rows, q_rows, rows, j0, cols, scale, S, fp->keys_pad, mod_regs,
-                           fp->keys_pad);
+        af_mods_apply_tile(p->mods, w->b, h_rows, q_rows, rows, j0, cols, scale, blocks == TILE_FULL, S, fp->keys_pad,
+                           mod_regs, fp->keys_pad);
         return;   /* af_problem_check: no dense mask beside mods */
     }
     for (int r = 0; r < rows && scale != 1.0f; r++) {
@@ -382,26 +387,27 @@ __attribute__((noinline)) static void fold_row(int Ev, const float *o, float m, 
 }
 
 /* From the raw S block of rows [skip, end) to P: softcap or scale and mask, the causal/window limits on the tiles
- * that cross them (`edge`), the softmax step, and O rescaled where a row's max moved. `plain`: a tile a flex block
- * mask fills and no score_mod changes, run as plain attention (the scale folded into the exponent, no mods). */
+ * that cross them (`edge`), the softmax step, and O rescaled where a row's max moved. `blocks`: what a flex block
+ * mask makes of the tile (TILE_PLAIN: plain attention, the scale folded into the exponent, no mods). */
 static void softmax_tile(const flash_plan *fp, const work_item *w, const row_state *rs, int64_t r0, int skip, int end,
-                         int64_t j0, int cols, bool edge, bool plain) {
+                         int64_t j0, int cols, bool edge, tile_blocks blocks) {
     const af_problem *p = fp->p;
     const int n = end - skip;
     float *Sn = rs->S + (size_t)skip * fp->keys_pad;
     /* float8 descales of the (batch, kv head) join the scale; c folds it into the exponent when it is > 0 */
     const double scale = p->scale * af_descale_at(p->q_descale, p->q_descale_stride, w->b, w->hk) *
                          af_descale_at(p->k_descale, p->k_descale_stride, w->b, w->hk);
+    const bool plain = blocks == TILE_PLAIN;
     const bool pre_scale = (fp->pre_scale && !plain) || !(scale > 0.0);
     const double log2e = 1.4426950408889634;
     const float c = (float)(pre_scale ? log2e : scale * log2e);   /* the multiplier folded into the exponent */
     if (p->softcap > 0.0) {   /* af_flash_attn: no mask; a mask_mod (never a score_mod) after the cap */
         apply_softcap(fp, n, cols, Sn, scale);
-        if (p->mods && !plain) apply_scale_and_mask(fp, w, r0 + skip, n, j0, cols, Sn, 1.0f, rs->mod);
+        if (p->mods && !plain) apply_scale_and_mask(fp, w, r0 + skip, n, j0, cols, Sn, 1.0f, blocks, rs->mod);
     } else if (pre_scale) {
-        apply_scale_and_mask(fp, w, r0 + skip, n, j0, cols, Sn, (float)scale, rs->mod);
+        apply_scale_and_mask(fp, w, r0 + skip, n, j0, cols, Sn, (float)scale, blocks, rs->mod);
     } else if (p->mods && !plain) {   /* a mask_mod alone: the scale stays in the exponent */
-        apply_scale_and_mask(fp, w, r0 + skip, n, j0, cols, Sn, 1.0f, rs->mod);
+        apply_scale_and_mask(fp, w, r0 + skip, n, j0, cols, Sn, 1.0f, blocks, rs->mod);
     }
     if (edge) apply_key_range(fp, w, r0 + skip, n, j0, cols, Sn);
     fp->uk->softmax_step(n, cols, Sn, fp->keys_pad, c, rs->m + skip, rs->l + skip, rs->alpha + skip, fp->exp2_degree);
@@ -473,10 +479,10 @@ static void direct_scores(const flash_plan *fp, int h, const row_state *rs, int 
 }
 
 static void direct_values(const flash_plan *fp, const work_item *w, int h, const row_state *rs, int64_t r0, int skip,
-                          int end, int64_t j0, int cols, bool edge, bool plain, const char *const *v_rows,
+                          int end, int64_t j0, int cols, bool edge, tile_blocks blocks, const char *const *v_rows,
                           af_prefetch pf) {
     const af_problem *p = fp->p;
-    softmax_tile(fp, w, rs, r0, skip, end, j0, cols, edge, plain);
+    softmax_tile(fp, w, rs, r0, skip, end, j0, cols, edge, blocks);
     if (fp->Ev == 0) return;
     fp->uk->values_direct(end - skip, fp->Ev, cols, rs->S + (size_t)skip * fp->keys_pad, fp->keys_pad, v_rows,
                           (size_t)(h * p->v_stride[1]) * fp->elem, p->kv_dtype, rs->O + (size_t)skip * fp->ev_pad,
@@ -622,7 +628,7 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
         while (end > skip && (row_key_range(fp, &w, r0 + end - 1, &lo, &hi), lo >= j0 + cols)) end--;
         if (end == skip) continue;
         const bool edge = j0 < last_lo || j0 + cols > first_hi;
-        bool plain = false;
+        tile_blocks tb = TILE_MIXED;
         if (blocks) {   /* a tile the block mask empties for all these rows is skipped, one it fills runs plain */
             /* one kv head's rows: those at either end whose blocks of the tile are all empty sit it out too */
             while (heads == 1 && skip < end && row_blocks_empty(fp, &w, r0 + skip, j0, cols)) skip++;
@@ -631,7 +637,7 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
             const int cls = af_block_map_tile(blocks, w.b, block_h0, block_nh, (r0 + skip) / p->group,
                                               (r0 + end - 1) / p->group, j0, j0 + cols);
             if (cls == AF_BLOCK_EMPTY) continue;
-            plain = cls == AF_BLOCK_FULL && !p->mods->has_score;
+            if (cls == AF_BLOCK_FULL) tb = p->mods->has_score ? TILE_FULL : TILE_PLAIN;
         }
         if (direct) {
             const int64_t next = j0 + cols, next_n = k_hi - next < tile ? k_hi - next : tile;
@@ -653,7 +659,7 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
                 for (int h = 0; h < heads; h++) {
                     const work_item wh = with_head(&w, w.hk + h);
                     const row_state rh = state_of(fp, base, h);
-                    direct_values(fp, &wh, h, &rh, r0, skip, end, j0, cols, edge, plain, v_rows,
+                    direct_values(fp, &wh, h, &rh, r0, skip, end, j0, cols, edge, tb, v_rows,
                                   next_prefetch(fp, &next_k, pf_lines));
                 }
                 continue;
@@ -673,7 +679,7 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
                     pf_values = next_prefetch(fp, &next_v, pf_v_lines);
                 }
                 direct_scores(fp, h, &rh, skip, end, cols, k_rows, pf_scores);
-                direct_values(fp, &wh, h, &rh, r0, skip, end, j0, cols, edge, plain, v_rows, pf_values);
+                direct_values(fp, &wh, h, &rh, r0, skip, end, j0, cols, edge, tb, v_rows, pf_values);
             }
             continue;
         }
@@ -706,7 +712,7 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
             if (pack) pack_key_tile(fp, &w, j0, pack_cols, ktile, vt);
             uk->gemm(n, cols, fp->E, qn, fp->E, ktile, fp->keys_pad, Sn, fp->keys_pad, false);
         }
-        softmax_tile(fp, &w, &rs, r0, skip, end, j0, cols, edge, plain);
+        softmax_tile(fp, &w, &rs, r0, skip, end, j0, cols, edge, tb);
         if (fp->Ev == 0) continue;
         if (fp->px) {
             size_t stride;

@@ -122,7 +122,7 @@ static void apply_mods(const af_problem *p, int64_t b, int64_t h, int64_t i, int
         const int n = S - j0 < MOD_RUN ? (int)(S - j0) : MOD_RUN;
         for (int j = 0; j < MOD_RUN; j++) run[j] = j < n ? (float)w->score[j0 + j] : 0.0f;
         for (int j = 0; w->raw && j < n; j++) w->raw[j0 + j] = run[j];
-        af_mods_apply_tile_grad(p->mods, b, &h_row, &q_row, 1, j0, n, 1.0f, run, MOD_RUN, tangent, MOD_RUN, regs, MOD_RUN);
+        af_mods_apply_tile_grad(p->mods, b, &h_row, &q_row, 1, j0, n, 1.0f, false, run, MOD_RUN, tangent, MOD_RUN, regs, MOD_RUN);
         for (int j = 0; j < n; j++) {
             w->score[j0 + j] = run[j];
             if (p->mods->has_score) w->softcap_d[j0 + j] = tangent[j];
