@@ -178,6 +178,10 @@ static void gradients_against_the_reference(void **state) {
     const af_mod_program p_square = {square, 4, NULL, 0}, p_leaky = {leaky, 5, NULL, 0};
     const af_mod_program p_silu = {silu_max, 4, NULL, 0}, p_causal = {causal, 1, NULL, 0};
     const af_mod_program p_stripes = {stripes, 5, NULL, 0};
+    /* ALiBi as traced (score + slope·float(kv − q)): the shape the fused kernel takes (src/flex/fused.c) */
+    const af_mod_instr alibi_fused[] = {LOAD1(0, H_IDX), I(AF_MOD_SUB, KV_IDX, Q_IDX, 0), I(AF_MOD_TO_F32, 6, 0, 0),
+                                        I(AF_MOD_MUL, 5, 7, 0), I(AF_MOD_ADD, SCORE, 8, 0)};
+    const af_mod_program p_alibi_fused = {alibi_fused, 5, &slopes_t, 1};
     /* a block mask of blocks 16 x 32 over (1, 1): query block q sees key blocks q % 5 (partial) and 1 (full) */
     int32_t num[8], ind[8 * 5], fnum[8], find[8 * 5];
     for (int qb = 0; qb < 8; qb++) {
@@ -199,6 +203,7 @@ static void gradients_against_the_reference(void **state) {
         {"leaky where", &p_leaky, &p_stripes, NULL},
         {"silu, max", &p_silu, NULL, NULL},
         {"alibi, block mask", &p_alibi, &p_stripes, &blocks},
+        {"alibi (fused), block mask", &p_alibi_fused, &p_stripes, &blocks},
         {"mask only", NULL, &p_stripes, NULL},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)

@@ -239,6 +239,8 @@ af_status af_mods_check(const af_mod_program *score_mod, const af_mod_program *m
     return AF_OK;
 }
 
+void af_mods_unfuse(af_mods *mods) { mods->score.fused.kind = AF_FUSED_NONE; }
+
 void af_mods_release(af_mods *mods) {
     af_mod_release(&mods->score);
     af_mod_release(&mods->mask);

@@ -62,6 +62,8 @@ int af_mod_operand_count(const af_mod_checked *m, const af_mod_instr *in);
 
 af_status af_mods_check(const af_mod_program *score_mod, const af_mod_program *mask_mod, af_mods *mods);
 void af_mods_release(af_mods *mods);
+/* Evaluate every program in the interpreter from now on, none by a fused kernel (the references). */
+void af_mods_unfuse(af_mods *mods);
 /* After the call: AF_OK, or AF_ERR_INVALID_ARGUMENT naming the program and tensor a LOAD read outside of. */
 af_status af_mods_status(af_mods *mods);
 

@@ -100,6 +100,7 @@ static void reference_row(const af_problem *p, int64_t b, const af_sequence *seq
 }
 
 af_status af_reference_forward(const af_problem *p) {
+    if (p->mods) af_mods_unfuse(p->mods);   /* every program in the interpreter: a fused kernel is checked against it */
     if (p->B == 0 || p->Hq == 0 || p->L == 0) return AF_OK;   /* no row: no scratch (S may be absurd) */
     if (p->Ev == 0 && !p->lse) return AF_OK;                   /* no element to write (B·H·L may be absurd) */
     if ((uint64_t)p->S > SIZE_MAX / sizeof(double))   /* a broadcast (stride-0) key can be this long */

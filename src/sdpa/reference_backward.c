@@ -309,6 +309,7 @@ static void store_dsink(const af_backward_problem *bp, const double *dsink) {
 
 af_status af_reference_backward(const af_backward_problem *bp) {
     const af_problem *p = &bp->f;
+    if (p->mods) af_mods_unfuse(p->mods);   /* every program in the interpreter: a fused kernel is checked against it */
     scratch w;
     af_status st = scratch_alloc(bp, &w);
     if (st != AF_OK) return st;

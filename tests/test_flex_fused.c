@@ -1,0 +1,187 @@
+/* Fused score_mods (src/flex/fused.c): which programs take a one-pass kernel, and that it gives the interpreter's
+ * bits — forward out and lse, backward dq, dk, dv — on every ISA and the emulated AMX products, f32 / f16 / bf16,
+ * prefill and decode rows, with and without a block mask (its full tiles skip the block lookups), over key positions
+ * on both sides of each row (negative and positive distances). The interpreter's own correctness against the double
+ * reference is test_flex's and test_flex_backward's. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attnforge.h"
+#include "flex/fused.h"
+#include "flex/program.h"
+#include "test_tensor.h"
+#include "ukernel_amx_emulated.h"
+
+#define I(op_, a_, b_, c_) {.op = (op_), .in = {(a_), (b_), (c_), 0}}
+#define K_F32(v) {.op = AF_MOD_CONST_F32, .imm = (v)}
+#define K_I32(v) {.op = AF_MOD_CONST_I32, .imm = (v)}
+#define LOAD1(aux_, i0) {.op = AF_MOD_LOAD, .in = {(i0), 0, 0, 0}, .aux = (aux_)}
+enum { SCORE = 0, B_IDX = 1, H_IDX = 2, Q_IDX = 3, KV_IDX = 4 };
+
+static test_rng rng = {0x7E57F0CED0000001ull};
+static float slopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f};
+static af_tensor slopes_t;
+
+/* ALiBi as PyTorch's trace gives it: slopes[h] · float(kv_idx − q_idx) added to the score */
+static const af_mod_instr alibi[] = {LOAD1(0, H_IDX), I(AF_MOD_SUB, KV_IDX, Q_IDX, 0), I(AF_MOD_TO_F32, 6, 0, 0),
+                                     I(AF_MOD_MUL, 5, 7, 0), I(AF_MOD_ADD, SCORE, 8, 0)};
+/* the other order of every commutative operand, q_idx − kv_idx, and a slope that is one value for all rows */
+static const af_mod_instr alibi_swapped[] = {K_F32(0.375), I(AF_MOD_SUB, Q_IDX, KV_IDX, 0), I(AF_MOD_TO_F32, 6, 0, 0),
+                                             I(AF_MOD_MUL, 7, 5, 0), I(AF_MOD_ADD, 8, SCORE, 0)};
+/* a slope computed from the row: (h + 1) · 0.1 − q_idx · 0.001 */
+static const af_mod_instr alibi_row_slope[] = {K_I32(1), I(AF_MOD_ADD, H_IDX, 5, 0), I(AF_MOD_TO_F32, 6, 0, 0),
+                                               K_F32(0.1), I(AF_MOD_MUL, 7, 8, 0), I(AF_MOD_TO_F32, Q_IDX, 0, 0),
+                                               K_F32(0.001), I(AF_MOD_MUL, 10, 11, 0), I(AF_MOD_SUB, 9, 12, 0),
+                                               I(AF_MOD_SUB, KV_IDX, Q_IDX, 0), I(AF_MOD_TO_F32, 14, 0, 0),
+                                               I(AF_MOD_MUL, 13, 15, 0), I(AF_MOD_ADD, SCORE, 16, 0)};
+/* not fused: a fifth instruction on every score; a slope that follows the key; kv_idx − kv_idx */
+static const af_mod_instr alibi_scaled[] = {LOAD1(0, H_IDX), I(AF_MOD_SUB, KV_IDX, Q_IDX, 0),
+                                            I(AF_MOD_TO_F32, 6, 0, 0), K_F32(0.05), I(AF_MOD_MUL, 7, 8, 0),
+                                            I(AF_MOD_MUL, 5, 9, 0), I(AF_MOD_ADD, SCORE, 10, 0)};
+static const af_mod_instr slope_by_key[] = {I(AF_MOD_TO_F32, KV_IDX, 0, 0), I(AF_MOD_SUB, KV_IDX, Q_IDX, 0),
+                                            I(AF_MOD_TO_F32, 6, 0, 0), I(AF_MOD_MUL, 5, 7, 0),
+                                            I(AF_MOD_ADD, SCORE, 8, 0)};
+static const af_mod_instr kv_minus_kv[] = {LOAD1(0, H_IDX), I(AF_MOD_SUB, KV_IDX, KV_IDX, 0),
+                                           I(AF_MOD_TO_F32, 6, 0, 0), I(AF_MOD_MUL, 5, 7, 0),
+                                           I(AF_MOD_ADD, SCORE, 8, 0)};
+static const af_mod_instr causal[] = {I(AF_MOD_GE, Q_IDX, KV_IDX, 0)};
+
+#define PROGRAM(code) ((af_mod_program){(code), (int32_t)(sizeof(code) / sizeof((code)[0])), &slopes_t, 1})
+
+static int fused_kind(const af_mod_instr *code, int32_t length) {
+    const af_mod_program p = {code, length, &slopes_t, 1};
+    af_mods mods;
+    assert_int_equal(af_mods_check(&p, NULL, &mods), AF_OK);
+    const int kind = mods.score.fused.kind;
+    af_mods_release(&mods);
+    return kind;
+}
+
+static void which_programs_fuse(void **state) {
+    (void)state;
+    slopes_t = af_tensor_contiguous(slopes, AF_F32, 1, (int64_t[]){4});
+    const struct {
+        const char *name;
+        af_mod_program p;
+        int kind;
+    } cases[] = {
+        {"alibi", PROGRAM(alibi), AF_FUSED_ALIBI},
+        {"alibi, swapped", PROGRAM(alibi_swapped), AF_FUSED_ALIBI},
+        {"alibi, slope from the row", PROGRAM(alibi_row_slope), AF_FUSED_ALIBI},
+        {"alibi times 0.05", PROGRAM(alibi_scaled), AF_FUSED_NONE},
+        {"slope by key", PROGRAM(slope_by_key), AF_FUSED_NONE},
+        {"kv - kv", PROGRAM(kv_minus_kv), AF_FUSED_NONE},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        if (fused_kind(cases[c].p.code, cases[c].p.length) != cases[c].kind)
+            fail_msg("%s: fused kind %d, expected %d", cases[c].name, fused_kind(cases[c].p.code, cases[c].p.length),
+                     cases[c].kind);
+    af_mod_fusion_for_tests(false);
+    assert_int_equal(fused_kind(alibi, 5), AF_FUSED_NONE);
+    af_mod_fusion_for_tests(true);
+}
+
+/* out, lse, dq, dk, dv of one call on the current kernel, with fusion as set. */
+typedef struct {
+    test_tensor out, lse, g[3];
+} results;
+
+static void run(const af_flex_args *a, test_tensor *dout, results *r) {
+    if (af_flex_attn(a, &r->out.view, &r->lse.view) != AF_OK) fail_msg("forward: %s", af_last_error());
+    const af_backward_inputs in = {.out = &r->out.view, .dout = &dout->view, .lse = &r->lse.view};
+    const af_gradients grads = {&r->g[0].view, &r->g[1].view, &r->g[2].view, NULL};
+    if (af_flex_attn_backward(a, &in, &grads, NULL) != AF_OK) fail_msg("backward: %s", af_last_error());
+}
+
+static void same_bits(const char *what, const char *isa, const char *dtype, const test_tensor *x,
+                      const test_tensor *y) {
+    if (memcmp(x->memory, y->memory, x->bytes) != 0)
+        fail_msg("%s, %s, %s: the fused kernel's bits differ from the interpreter's", what, isa, dtype);
+}
+
+static void check(const char *name, af_dtype dtype, int64_t L, const af_mod_program *score, const af_block_mask *bm) {
+    const int64_t B = 2, Hq = 4, Hkv = 2, S = 150, E = 32, Ev = 48;
+    const int64_t qs[4] = {B, Hq, L, E}, ks[4] = {B, Hkv, S, E}, vs[4] = {B, Hkv, S, Ev}, os[4] = {B, Hq, L, Ev};
+    const int64_t *shapes[3] = {qs, ks, vs};
+    test_tensor q, k, v, dout;
+    results r[2];
+    assert_true(tt_alloc(&q, dtype, 4, qs, LAYOUT_NHD, &rng) && tt_alloc(&k, dtype, 4, ks, LAYOUT_CONTIGUOUS, &rng) &&
+                tt_alloc(&v, dtype, 4, vs, LAYOUT_CONTIGUOUS, &rng) &&
+                tt_alloc(&dout, dtype, 4, os, LAYOUT_CONTIGUOUS, &rng));
+    for (int f = 0; f < 2; f++) {
+        assert_true(tt_alloc(&r[f].out, dtype, 4, os, LAYOUT_CONTIGUOUS, &rng) &&
+                    tt_alloc(&r[f].lse, AF_F32, 3, (int64_t[]){B, Hq, L}, LAYOUT_CONTIGUOUS, &rng));
+        for (int t = 0; t < 3; t++) assert_true(tt_alloc(&r[f].g[t], AF_F32, 4, shapes[t], LAYOUT_CONTIGUOUS, &rng));
+    }
+    tt_fill_uniform(&q, &rng, 2.0);
+    tt_fill_uniform(&k, &rng, 2.0);
+    tt_fill_uniform(&v, &rng, 1.0);
+    tt_fill_uniform(&dout, &rng, 1.0);
+    const af_flex_args a = {.query = &q.view, .key = &k.view, .value = &v.view, .has_scale = true, .scale = 0.3,
+                            .score_mod = score, .mask_mod = bm ? &(af_mod_program){causal, 1, NULL, 0} : NULL,
+                            .block_mask = bm};
+    const char *before = af_get_isa(), *dt = af_dtype_name(dtype);
+    for (int i = 0; i < AF_TEST_KERNELS; i++) {
+        const char *isa = af_test_kernel_select(i);
+        if (!isa) continue;
+        for (int f = 0; f < 2; f++) {   /* f = 0: the interpreter, 1: fused */
+            af_mod_fusion_for_tests(f == 1);
+            run(&a, &dout, &r[f]);
+        }
+        same_bits(name, isa, dt, &r[0].out, &r[1].out);
+        same_bits(name, isa, dt, &r[0].lse, &r[1].lse);
+        for (int t = 0; t < 3; t++) same_bits(name, isa, dt, &r[0].g[t], &r[1].g[t]);
+        af_test_kernel_done(i, before);
+    }
+    af_mod_fusion_for_tests(true);
+    assert_int_equal(af_set_isa(before), AF_OK);
+    test_tensor *all[] = {&q, &k, &v, &dout};
+    for (size_t t = 0; t < 4; t++) tt_free(all[t]);
+    for (int f = 0; f < 2; f++) {
+        tt_free(&r[f].out);
+        tt_free(&r[f].lse);
+        for (int t = 0; t < 3; t++) tt_free(&r[f].g[t]);
+    }
+}
+
+static void fused_bits_are_the_interpreters(void **state) {
+    (void)state;
+    slopes_t = af_tensor_contiguous(slopes, AF_F32, 1, (int64_t[]){4});
+    /* a causal block mask of 32 × 16 blocks over the L = S = 150 prefill: full tiles inside, partial ones on the
+     * diagonal */
+    const int64_t nq = 5, nk = 10;
+    int32_t num[5], ind[50], full_num[5], full_ind[50];
+    af_tensor num_t = af_tensor_contiguous(num, AF_I32, 3, (int64_t[]){1, 1, nq}),
+              ind_t = af_tensor_contiguous(ind, AF_I32, 4, (int64_t[]){1, 1, nq, nk}),
+              full_num_t = af_tensor_contiguous(full_num, AF_I32, 3, (int64_t[]){1, 1, nq}),
+              full_ind_t = af_tensor_contiguous(full_ind, AF_I32, 4, (int64_t[]){1, 1, nq, nk});
+    const af_block_mask_tensors out = {&num_t, &ind_t, &full_num_t, &full_ind_t};
+    const af_mod_program causal_p = {causal, 1, NULL, 0};
+    assert_int_equal(af_create_block_mask(&causal_p, 1, 1, 150, 150, 32, 16, &out), AF_OK);
+    const af_block_mask bm = {.q_block = 32, .kv_block = 16, .kv_num_blocks = &num_t, .kv_indices = &ind_t,
+                              .full_kv_num_blocks = &full_num_t, .full_kv_indices = &full_ind_t};
+    const af_mod_program programs[3] = {PROGRAM(alibi), PROGRAM(alibi_swapped), PROGRAM(alibi_row_slope)};
+    const char *names[3] = {"alibi", "alibi, swapped", "alibi, slope from the row"};
+    const af_dtype dtypes[3] = {AF_F32, AF_F16, AF_BF16};
+    for (int p = 0; p < 3; p++)
+        for (int d = 0; d < 3; d++) {
+            check(names[p], dtypes[d], 150, &programs[p], NULL);
+            check(names[p], dtypes[d], 3, &programs[p], NULL);   /* decode-sized rows: the direct kernels */
+            if (d == p) check(names[p], dtypes[d], 150, &programs[p], &bm);
+        }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(which_programs_fuse),
+        cmocka_unit_test(fused_bits_are_the_interpreters),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
