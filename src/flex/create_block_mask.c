@@ -46,7 +46,7 @@ static void classify_row(void *ctx, int64_t t, void *scratch) {
     build *c = ctx;
     const int64_t qb = t % c->nq, h = t / c->nq % c->Hs, b = t / c->nq / c->Hs;
     float *regs = (float *)scratch + 16;   /* past the 64 bytes the pool zeroes for its own use */
-    float *s = regs + af_mods_scratch_floats(&c->mods, EVAL_KEYS);
+    float *s = regs + af_mods_scratch_floats(&c->mods, 1, EVAL_KEYS);
     af_bound *bounds = (af_bound *)((char *)scratch + c->bounds_offset);
     uint8_t *row = c->cls + (size_t)t * (size_t)c->nk;
     const int64_t q0 = qb * c->q_block, q1 = (q0 + c->q_block < c->L ? q0 + c->q_block : c->L) - 1;
@@ -126,7 +126,7 @@ af_status af_create_block_mask(const af_mod_program *mask_mod, int64_t B, int64_
         af_mods_release(&c.mods);
         return af_fail(AF_ERR_NO_MEMORY, "out of memory: %lld x %lld blocks", (long long)rows, (long long)nk);
     }
-    const size_t floats = af_mods_scratch_floats(&c.mods, EVAL_KEYS) + EVAL_KEYS;
+    const size_t floats = af_mods_scratch_floats(&c.mods, 1, EVAL_KEYS) + EVAL_KEYS;
     c.bounds_offset = (64 + sizeof(float) * floats + 63) / 64 * 64;
     const size_t scratch = c.bounds_offset + sizeof(af_bound) * (size_t)c.mods.mask.n_regs;
     st = af_parallel_for(rows, classify_row, &c, scratch);

@@ -164,7 +164,8 @@ af_status af_mod_check(const af_mod_program *prog, const char *name, bool score,
     if (st != AF_OK) return st;
     const size_t n = (size_t)m->n_regs;
     if (!(m->is_int = af_alloc(n)) || !(m->varies = af_alloc(n)) || !(m->at_lanes = af_alloc(4 * n)) ||
-        !(m->at = af_alloc(4 * n)) || !(m->on_score = af_alloc_zeroed(n)) || !(m->t_at_lanes = af_alloc(4 * n)))
+        !(m->at = af_alloc(4 * n)) || !(m->on_score = af_alloc_zeroed(n)) || !(m->t_at_lanes = af_alloc(4 * n)) ||
+        !(m->at_row = af_alloc(4 * n)))
         return af_fail(AF_ERR_NO_MEMORY, "out of memory: %s's register types", name);
     /* the score varies with the row and the key, b with neither, h and q_idx with the row, kv_idx with the key */
     const uint8_t input_varies[AF_MOD_INPUTS] = {AF_MOD_BY_ROW | AF_MOD_BY_KEY, 0, AF_MOD_BY_ROW, AF_MOD_BY_ROW,
@@ -189,13 +190,15 @@ af_status af_mod_check(const af_mod_program *prog, const char *name, bool score,
     }
     /* the scratch: a register by row and key takes AF_MOD_ROWS · lanes floats, by key lanes, by row or neither 16;
      * the score (register 0) is the caller's tile itself */
-    m->lane_units = m->fixed = 0;
+    m->lane_units = m->fixed = m->row_units = 0;
     for (int32_t r = 0; r < m->n_regs; r++) {
         m->at_lanes[r] = m->lane_units;
         m->at[r] = m->fixed;
+        m->at_row[r] = m->row_units;   /* ... and a register by row alone one per row of the call (group.row_regs) */
         if (r == 0) continue;
         if (m->varies[r] & AF_MOD_BY_KEY) m->lane_units += m->varies[r] & AF_MOD_BY_ROW ? AF_MOD_ROWS : 1;
         else m->fixed += 16;
+        if (m->varies[r] == AF_MOD_BY_ROW) m->row_units++;
     }
     m->t_units = 0;   /* tangents after the values: a register on the score varies with row and key */
     for (int32_t r = 1; r < m->n_regs; r++) {
@@ -220,9 +223,10 @@ void af_mod_release(af_mod_checked *m) {
     af_free(m->at);
     af_free(m->on_score);
     af_free(m->t_at_lanes);
+    af_free(m->at_row);
     af_free(m->aux);
     m->is_int = m->varies = m->on_score = NULL;
-    m->at_lanes = m->at = m->t_at_lanes = NULL;
+    m->at_lanes = m->at = m->t_at_lanes = m->at_row = NULL;
     m->aux = NULL;
 }
 
@@ -268,9 +272,21 @@ static size_t mask_regs_at(const af_mods *mods, int lanes) {
 
 static size_t runs_floats(int lanes);
 
-size_t af_mods_scratch_floats(const af_mods *mods, int lanes) {
+/* Where the block runs start, and after them the registers by row alone (the score_mod's, then the mask_mod's). */
+static size_t runs_at(const af_mods *mods, int lanes) {
     const size_t b = mods->has_mask ? program_floats(&mods->mask, lanes) : 0;
-    return mask_regs_at(mods, lanes) + b + runs_floats(lanes);   /* apart: each keeps its tile's key registers over the groups */
+    return (mask_regs_at(mods, lanes) + b + 15) / 16 * 16;
+}
+
+/* Where the registers by row alone start: after the runs and the passes they hold (ROWS_DONE_FLOATS). */
+#define ROWS_DONE_FLOATS 16
+static size_t rows_at(const af_mods *mods, int lanes) { return runs_at(mods, lanes) + runs_floats(lanes); }
+
+size_t af_mods_scratch_floats(const af_mods *mods, int rows, int lanes) {
+    const size_t row_units = (size_t)(mods->has_score ? mods->score.row_units : 0) +
+                             (size_t)(mods->has_mask ? mods->mask.row_units : 0);
+    /* apart: each program keeps its tile's key registers over the groups, its row registers over the calls */
+    return rows_at(mods, lanes) + ROWS_DONE_FLOATS + row_units * (size_t)(rows > 0 ? rows : 1);
 }
 
 /* ---------------------------------------------------------------- evaluation */
@@ -339,12 +355,16 @@ typedef struct {
     int lanes, rows, n, width;
     float *s;
     int lds;
+    float *row_regs;   /* NULL, or the call's registers by row alone: register k's row r at [at_row[k]·rows_ld + r0 + r] */
+    int rows_ld, r0;
 } group;
 
 static operand operand_of(const af_mod_checked *m, const group *g, int k) {
     if (k == 0) return (operand){g->s, g->lds, true};
-    float *p = g->regs + (size_t)m->at_lanes[k] * (size_t)g->lanes + (size_t)m->at[k];
     const uint8_t v = m->varies[k];
+    if (v == AF_MOD_BY_ROW && g->row_regs)
+        return (operand){g->row_regs + (size_t)m->at_row[k] * (size_t)g->rows_ld + (size_t)g->r0, 1, false};
+    float *p = g->regs + (size_t)m->at_lanes[k] * (size_t)g->lanes + (size_t)m->at[k];
     return (operand){p, v & AF_MOD_BY_ROW ? (v & AF_MOD_BY_KEY ? g->lanes : 1) : 0, (v & AF_MOD_BY_KEY) != 0};
 }
 
@@ -538,15 +558,22 @@ static inline __attribute__((always_inline)) void eval_instr(af_mod_checked *m, 
     }
 }
 
-/* Run program m over the group, its inputs in place; the result's operand. The last instruction of a score_mod that
- * varies with row and key writes the score tile itself (every operation reads its operands at the score it writes). */
-AF_MOD_CLONES static operand run_program(af_mod_checked *m, const group *g, bool into_scores, bool keys_ready,
-                                         bool fused) {
+/* The instructions a pass runs: bit v of a run set for those whose registers vary as v (AF_MOD_BY_*). */
+enum {
+    RUN_ROWS = 1 << 0 | 1 << AF_MOD_BY_ROW,                     /* once a call: what follows the row alone */
+    RUN_KEYS = 1 << AF_MOD_BY_KEY,                              /* once a tile: what follows the key alone */
+    RUN_SCORES = 1 << (AF_MOD_BY_ROW | AF_MOD_BY_KEY),          /* each group: what follows both */
+    RUN_ALL = RUN_ROWS | RUN_KEYS | RUN_SCORES,
+};
+
+/* Run program m's instructions of run set `run` over the group, its inputs in place; the result's operand. The last
+ * instruction of a score_mod that varies with row and key writes the score tile itself (every operation reads its
+ * operands at the score it writes). */
+AF_MOD_CLONES static operand run_program(af_mod_checked *m, const group *g, bool into_scores, int run) {
     for (int32_t i = 0; i < m->length; i++) {
         const int reg = AF_MOD_INPUTS + i;
         const uint8_t v = m->varies[reg];
-        if (keys_ready && !(v & AF_MOD_BY_ROW)) continue;   /* the same for every group of the tile: done */
-        if (fused && v == (AF_MOD_BY_ROW | AF_MOD_BY_KEY)) continue;   /* the fused kernel's part */
+        if (!(run >> v & 1)) continue;
         const bool last = i == m->length - 1;
         const operand d = last && into_scores && v == (AF_MOD_BY_ROW | AF_MOD_BY_KEY) ? operand_of(m, g, 0)
                                                                                         : operand_of(m, g, reg);
@@ -627,13 +654,13 @@ static void tangent_instr(const af_mod_checked *m, const af_mod_instr *in, const
 }
 
 /* run_program with each register's tangent beside it, the result's into T (row stride ldt): the backward's pass. */
-static operand run_program_grad(af_mod_checked *m, const group *g, float *T, int ldt, bool keys_ready) {
+static operand run_program_grad(af_mod_checked *m, const group *g, float *T, int ldt, int run) {
     const operand scores = operand_of(m, g, 0);
     const tangents tg = {0, m->on_score, g->regs, m->t_at_lanes};
     for (int32_t i = 0; i < m->length; i++) {
         const int reg = AF_MOD_INPUTS + i;
         const uint8_t v = m->varies[reg];
-        if (keys_ready && !(v & AF_MOD_BY_ROW)) continue;   /* the same for every group of the tile (no tangent) */
+        if (!(run >> v & 1)) continue;   /* another pass's (none has a tangent) */
         const bool into_scores = i == m->length - 1 && v == (AF_MOD_BY_ROW | AF_MOD_BY_KEY);
         if (m->on_score[reg])
             tangent_instr(m, &m->code[i], g, &tg, into_scores ? (operand){T, ldt, true} : tangent_of(g, &tg, reg));
@@ -645,14 +672,16 @@ static operand run_program_grad(af_mod_checked *m, const group *g, float *T, int
     return m->varies[m->n_regs - 1] == (AF_MOD_BY_ROW | AF_MOD_BY_KEY) ? scores : operand_of(m, g, m->n_regs - 1);
 }
 
-/* The inputs the program reads: b, then h and q_idx per row, kv_idx per key. */
+/* The inputs the program reads, those of run set `run`: b, then h and q_idx per row (RUN_ROWS), kv_idx per key
+ * (RUN_KEYS). */
 static void fill_inputs(const af_mod_checked *m, const group *g, int64_t b, const int32_t *h_rows,
-                        const int32_t *q_rows, int64_t kv0, bool keys_ready) {
-    if (m->reads_input[2]) memcpy(operand_of(m, g, 2).p, h_rows, sizeof(int32_t) * (size_t)g->rows);
-    if (m->reads_input[3]) memcpy(operand_of(m, g, 3).p, q_rows, sizeof(int32_t) * (size_t)g->rows);
-    if (keys_ready) return;   /* b and kv_idx: the tile's, already there */
-    if (m->reads_input[1]) ((int32_t *)operand_of(m, g, 1).p)[0] = (int32_t)b;
-    if (m->reads_input[4]) {
+                        const int32_t *q_rows, int64_t kv0, int run) {
+    if (run & RUN_ROWS) {
+        if (m->reads_input[1]) ((int32_t *)operand_of(m, g, 1).p)[0] = (int32_t)b;
+        if (m->reads_input[2]) memcpy(operand_of(m, g, 2).p, h_rows, sizeof(int32_t) * (size_t)g->rows);
+        if (m->reads_input[3]) memcpy(operand_of(m, g, 3).p, q_rows, sizeof(int32_t) * (size_t)g->rows);
+    }
+    if ((run & RUN_KEYS) && m->reads_input[4]) {
         int32_t *kv = (int32_t *)operand_of(m, g, 4).p;
         for (int j = 0; j < g->width; j++) kv[j] = (int32_t)(kv0 + j);
     }
@@ -728,14 +757,14 @@ void af_mods_aux_grads_tile(af_mods *mods, int64_t b, const int32_t *h_rows, con
     for (int32_t k = 0; k < m->n_regs; k++) at_lanes[k] = k * AF_MOD_ROWS;
     for (int r0 = 0; r0 < rows; r0 += AF_MOD_ROWS) {
         group gr = {regs, lanes, rows - r0 < AF_MOD_ROWS ? rows - r0 : AF_MOD_ROWS, n, width, raw + (size_t)r0 * ldr,
-                    ldr};
+                    ldr, NULL, 0, 0};   /* registers by row alone in the group's own scratch */
         const float *gg = g + (size_t)r0 * ldg;
         bool any = false;
         for (int r = 0; r < gr.rows && !any; r++)
             for (int j = 0; j < n && !any; j++) any = gg[(size_t)r * ldg + j] != 0.0f;
         if (!any) continue;
         for (int r = 0; r < gr.rows; r++) memset(gr.s + (size_t)r * ldr + n, 0, sizeof(float) * (size_t)(width - n));
-        fill_inputs(m, &gr, b, h_rows + r0, q_rows + r0, kv0, false);
+        fill_inputs(m, &gr, b, h_rows + r0, q_rows + r0, kv0, RUN_ALL);
         for (int32_t l = 0; l < m->length; l++) {   /* each float LOAD of a tensor that wants a gradient */
             const af_mod_instr *load = &m->code[l];
             if (load->op != AF_MOD_LOAD || !grads[load->aux] || m->is_int[AF_MOD_INPUTS + l]) continue;
@@ -803,10 +832,45 @@ static size_t runs_floats(int lanes) { return 3 * ((size_t)lanes + 1); }
 /* One group of rows: which blocks its rows need evaluated (a block mask: the runs of classes, found once for rows that
  * share a query block), the programs, then the mask applied; with T (the backward), the score_mod's tangent into it,
  * 0 where a key is removed. */
-static void apply_group(af_mods *mods, int64_t b, const int32_t *h_rows, const int32_t *q_rows, int64_t kv0,
-                        float scale, bool full, group *g, float *T, int ldt, bool ready[2]) {
-    const af_block_map *bm = full ? NULL : mods->blocks;   /* full: as if no block mask, and no mask_mod */
-    key_run *runs = (key_run *)(g->regs + af_mods_scratch_floats(mods, g->lanes) - runs_floats(g->lanes));
+/* One af_mods_apply_tile call: its rows and keys, and which of each program's passes have run (RUN_ROWS once for the
+ * call's rows, RUN_KEYS once for the tile's keys: their registers then serve every group). */
+typedef struct {
+    af_mods *mods;
+    int64_t b, kv0;
+    const int32_t *h_rows, *q_rows;
+    int rows;
+    float scale;
+    bool full;
+    float *row_regs[2];   /* the score_mod's, the mask_mod's registers by row alone */
+    int done[2];          /* their passes run so far */
+    int32_t *rows_done;   /* [2] in the scratch: whether the row registers are there, kept for AF_MODS_SAME_ROWS */
+} tile_call;
+
+/* Program k (0: score_mod, 1: mask_mod) over group g: first the passes over the call's rows and the tile's keys it
+ * has not run yet, then `run`'s instructions over the group. */
+static void prepare(tile_call *c, int k, const group *g) {
+    af_mod_checked *m = k ? &c->mods->mask : &c->mods->score;
+    if (!(c->done[k] & RUN_ROWS)) {   /* every row of the call at once: one dispatch an instruction */
+        group all = *g;
+        all.rows = c->rows;
+        all.r0 = 0;
+        fill_inputs(m, &all, c->b, c->h_rows, c->q_rows, c->kv0, RUN_ROWS);
+        run_program(m, &all, false, RUN_ROWS);
+        c->rows_done[k] = 1;
+    }
+    if (!(c->done[k] & RUN_KEYS)) {
+        fill_inputs(m, g, c->b, c->h_rows, c->q_rows, c->kv0, RUN_KEYS);
+        run_program(m, g, false, RUN_KEYS);
+    }
+    c->done[k] |= RUN_ROWS | RUN_KEYS;
+}
+
+static void apply_group(tile_call *c, int r0, group *g, float *T, int ldt) {
+    af_mods *mods = c->mods;
+    const int64_t b = c->b, kv0 = c->kv0;
+    const int32_t *h_rows = c->h_rows + r0, *q_rows = c->q_rows + r0;
+    const af_block_map *bm = c->full ? NULL : mods->blocks;   /* full: as if no block mask, and no mask_mod */
+    key_run *runs = (key_run *)(g->regs + runs_at(mods, g->lanes));
     const uint8_t *row_cls[AF_MOD_ROWS];   /* each row's class row; runs hold the last distinct one's */
     int n_runs = 0;
     bool any_partial = !bm, any_seen = !bm;
@@ -826,22 +890,23 @@ static void apply_group(af_mods *mods, int64_t b, const int32_t *h_rows, const i
             any_seen = any_seen || runs[k].cls != AF_BLOCK_EMPTY;
         }
     }
-    const bool masked = mods->has_mask && any_partial && !full;
+    const bool masked = mods->has_mask && any_partial && !c->full;
     const af_mod_fused *fused = mods->has_score && mods->score.fused.kind ? &mods->score.fused : NULL;
-    if (any_seen && scale != 1.0f && !fused) scale_group(g, scale);   /* fused: in its pass */
+    if (any_seen && c->scale != 1.0f && !fused) scale_group(g, c->scale);   /* fused: in its pass */
     if (any_seen && (mods->has_score || masked) && g->width > g->n)   /* the score's lanes past the keys: defined */
         for (int r = 0; r < g->rows; r++) memset(g->s + (size_t)r * g->lds + g->n, 0, sizeof(float) * (size_t)(g->width - g->n));
     if (any_seen && mods->has_score) {
-        fill_inputs(&mods->score, g, b, h_rows, q_rows, kv0, ready[0]);
-        if (fused) {   /* what follows the row or the key alone, then the one pass over the scores */
-            run_program(&mods->score, g, true, ready[0], true);
-            const operand a = operand_of(&mods->score, g, fused->row_reg);
-            af_fused_alibi(fused, a.p, (int)a.row_step, q_rows, g->rows, kv0, g->width, scale, g->s, g->lds, T, ldt);
+        group gs = *g;
+        gs.row_regs = c->row_regs[0];
+        prepare(c, 0, &gs);
+        if (fused) {   /* the one pass over the scores */
+            const operand a = operand_of(&mods->score, &gs, fused->row_reg);
+            af_fused_alibi(fused, a.p, (int)a.row_step, q_rows, g->rows, kv0, g->width, c->scale, g->s, g->lds, T,
+                           ldt);
         }
-        const operand out = fused ? operand_of(&mods->score, g, 0)
-                            : T   ? run_program_grad(&mods->score, g, T, ldt, ready[0])
-                                  : run_program(&mods->score, g, true, ready[0], false);
-        ready[0] = true;
+        const operand out = fused ? operand_of(&mods->score, &gs, 0)
+                            : T   ? run_program_grad(&mods->score, &gs, T, ldt, RUN_SCORES)
+                                  : run_program(&mods->score, &gs, true, RUN_SCORES);
         if (out.p != g->s)   /* a score that does not vary with both: spread over the tile */
             for (int r = 0; r < g->rows; r++)
                 for (int j = 0; j < g->n; j++) g->s[(size_t)r * g->lds + j] = out.p[r * out.row_step + (out.by_key ? j : 0)];
@@ -850,9 +915,9 @@ static void apply_group(af_mods *mods, int64_t b, const int32_t *h_rows, const i
     if (any_seen && masked) {   /* the mask's registers after the score_mod's */
         group gm = *g;
         gm.regs = g->regs + mask_regs_at(mods, g->lanes);
-        fill_inputs(&mods->mask, &gm, b, h_rows, q_rows, kv0, ready[1]);
-        keep = run_program(&mods->mask, &gm, false, ready[1], false);
-        ready[1] = true;
+        gm.row_regs = c->row_regs[1];
+        prepare(c, 1, &gm);
+        keep = run_program(&mods->mask, &gm, false, RUN_SCORES);
     }
     const uint8_t *have = NULL;   /* the class row `runs` now holds (the last row's, from the loop above) */
     if (bm && g->rows > 0) have = row_cls[g->rows - 1];
@@ -877,25 +942,29 @@ static void apply_group(af_mods *mods, int64_t b, const int32_t *h_rows, const i
 }
 
 void af_mods_apply_tile_grad(af_mods *mods, int64_t b, const int32_t *h_rows, const int32_t *q_rows, int rows,
-                             int64_t kv0, int n, float scale, bool full, float *s, int lds, float *t, int ldt,
+                             int64_t kv0, int n, float scale, unsigned hints, float *s, int lds, float *t, int ldt,
                              float *regs, int lanes) {
     const int width = (n + AF_MOD_LANES - 1) / AF_MOD_LANES * AF_MOD_LANES;
-    bool ready[2] = {false, false};   /* the score_mod's, the mask_mod's registers that follow the keys alone: done */
+    int32_t *rows_done = (int32_t *)(regs + rows_at(mods, lanes));
+    float *row_regs = regs + rows_at(mods, lanes) + ROWS_DONE_FLOATS;
+    if (!(hints & AF_MODS_SAME_ROWS)) rows_done[0] = rows_done[1] = 0;   /* other rows: their registers are not there */
+    tile_call c = {mods, b, kv0, h_rows, q_rows, rows, scale, (hints & AF_MODS_FULL) != 0,
+                   {row_regs, row_regs + (size_t)(mods->has_score ? mods->score.row_units : 0) * (size_t)rows},
+                   {rows_done[0] ? RUN_ROWS : 0, rows_done[1] ? RUN_ROWS : 0}, rows_done};
     for (int r0 = 0; r0 < rows; r0 += AF_MOD_ROWS) {
         group g = {regs, lanes, rows - r0 < AF_MOD_ROWS ? rows - r0 : AF_MOD_ROWS, n, width, s + (size_t)r0 * lds,
-                   lds};
-        apply_group(mods, b, h_rows + r0, q_rows + r0, kv0, scale, full, &g, t ? t + (size_t)r0 * ldt : NULL, ldt,
-                    ready);
+                   lds, NULL, rows, r0};
+        apply_group(&c, r0, &g, t ? t + (size_t)r0 * ldt : NULL, ldt);
     }
 }
 
 void af_mods_apply_tile(af_mods *mods, int64_t b, const int32_t *h_rows, const int32_t *q_rows, int rows, int64_t kv0,
-                        int n, float scale, bool full, float *s, int lds, float *regs, int lanes) {
-    af_mods_apply_tile_grad(mods, b, h_rows, q_rows, rows, kv0, n, scale, full, s, lds, NULL, 0, regs, lanes);
+                        int n, float scale, unsigned hints, float *s, int lds, float *regs, int lanes) {
+    af_mods_apply_tile_grad(mods, b, h_rows, q_rows, rows, kv0, n, scale, hints, s, lds, NULL, 0, regs, lanes);
 }
 
 void af_mods_apply_row(af_mods *mods, int64_t b, int64_t h, int64_t q_idx, int64_t kv0, int n, float *s, float *regs,
                        int lanes) {
     const int32_t h_row = (int32_t)h, q_row = (int32_t)q_idx;
-    af_mods_apply_tile(mods, b, &h_row, &q_row, 1, kv0, n, 1.0f, false, s, lanes, regs, lanes);
+    af_mods_apply_tile(mods, b, &h_row, &q_row, 1, kv0, n, 1.0f, 0, s, lanes, regs, lanes);
 }

@@ -32,6 +32,8 @@ typedef struct af_mod_checked {
     uint8_t *varies;           /* per register: AF_MOD_BY_ROW | AF_MOD_BY_KEY, what its value follows */
     int32_t *at_lanes, *at;    /* per register: its values start at at_lanes·lanes + at floats of the scratch */
     int32_t lane_units, fixed; /* the scratch all registers take: lane_units·lanes + fixed floats */
+    int32_t *at_row;           /* per register by row alone: its slot among the call's row registers */
+    int32_t row_units;         /* ... how many (each one float per row of the call) */
     uint8_t *on_score;         /* per register: a float32 that follows from the score (the backward's tangents) */
     int32_t *t_at_lanes;       /* ... its tangent d(register)/d(score) at t_at_lanes·lanes floats (after the values) */
     int32_t t_units;           /* the tangents' scratch: t_units·lanes floats */
@@ -67,22 +69,27 @@ void af_mods_unfuse(af_mods *mods);
 /* After the call: AF_OK, or AF_ERR_INVALID_ARGUMENT naming the program and tensor a LOAD read outside of. */
 af_status af_mods_status(af_mods *mods);
 
-/* Floats of scratch af_mods_apply_tile needs for up to `lanes` keys (a multiple of AF_MOD_LANES). */
-size_t af_mods_scratch_floats(const af_mods *mods, int lanes);
+/* Floats of scratch af_mods_apply_tile needs for up to `rows` rows and `lanes` keys (a multiple of AF_MOD_LANES). */
+size_t af_mods_scratch_floats(const af_mods *mods, int rows, int lanes);
 
 /* Keys kv0 .. kv0 + n (n <= lanes) of `rows` rows of batch b, row r being query row q_rows[r] of query head h_rows[r]:
  * s[r·lds + j] (the raw score: the mods multiply it by `scale` first, in the vector code, on the rows a block mask
  * does not empty) becomes score_mod's value, then -inf where mask_mod is 0; with a block mask, -inf
  * in the blocks it leaves out and no mask_mod in its full blocks. Each row of s has round_up(n, AF_MOD_LANES)
- * writable floats (those past n are scratch). `full`: the caller knows every key lies in a full block for every row
- * (a block mask's interior): no block is looked up, no mask_mod runs. regs: af_mods_scratch_floats(mods, lanes)
- * floats, 64-byte aligned. */
+ * writable floats (those past n are scratch). hints: AF_MODS_* the caller knows. regs: af_mods_scratch_floats(mods,
+ * rows, lanes) floats, 64-byte aligned. */
+enum {
+    AF_MODS_FULL = 1,        /* every key lies in a full block for every row (a block mask's interior): no block is
+                                looked up, no mask_mod runs */
+    AF_MODS_SAME_ROWS = 2,   /* the rows are those of the last call on this scratch, which holds what follows from
+                                them alone (the next key tile of a row block) */
+};
 void af_mods_apply_tile(af_mods *mods, int64_t b, const int32_t *h_rows, const int32_t *q_rows, int rows, int64_t kv0,
-                        int n, float scale, bool full, float *s, int lds, float *regs, int lanes);
+                        int n, float scale, unsigned hints, float *s, int lds, float *regs, int lanes);
 /* The same for the backward, which also needs d(score_mod)/d(score): t[r·ldt + j] gets it for every key the row keeps
  * (0 for those removed). With no score_mod, t is not written. */
 void af_mods_apply_tile_grad(af_mods *mods, int64_t b, const int32_t *h_rows, const int32_t *q_rows, int rows,
-                             int64_t kv0, int n, float scale, bool full, float *s, int lds, float *t, int ldt,
+                             int64_t kv0, int n, float scale, unsigned hints, float *s, int lds, float *t, int ldt,
                              float *regs, int lanes);
 /* Gradients for the score_mod's captured tensors over the same tile: for every score the row keeps, g[r·ldg + j] (the
  * loss's gradient with respect to score_mod's value there) times d(score_mod)/d(each float LOAD's value) is added to

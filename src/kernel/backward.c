@@ -225,7 +225,7 @@ static void transform_scores(const bwd_plan *bw, const key_item *w, int64_t h, i
         }
     }
     if (p->mods) {   /* the mods over the whole block: its rows' heads and positions after the registers */
-        int32_t *h_rows = (int32_t *)(mod_regs + af_mods_scratch_floats(p->mods, bw->keys_pad)), *q_rows = h_rows + rows;
+        int32_t *h_rows = (int32_t *)(mod_regs + af_mods_scratch_floats(p->mods, BLOCK_ROWS, bw->keys_pad)), *q_rows = h_rows + rows;
         for (int r = 0; r < rows; r++) {
             h_rows[r] = (int32_t)h;
             q_rows[r] = (int32_t)(i0 + r);
@@ -238,8 +238,8 @@ static void transform_scores(const bwd_plan *bw, const key_item *w, int64_t h, i
             memcpy(raw, S, sizeof(float) * (size_t)rows * (size_t)bw->keys_pad);
             scale = 1.0f;
         }
-        af_mods_apply_tile_grad(p->mods, w->b, h_rows, q_rows, rows, j0, cols, scale, full, S, bw->keys_pad, T,
-                                bw->keys_pad, mod_regs, bw->keys_pad);
+        af_mods_apply_tile_grad(p->mods, w->b, h_rows, q_rows, rows, j0, cols, scale, full ? AF_MODS_FULL : 0, S,
+                                bw->keys_pad, T, bw->keys_pad, mod_regs, bw->keys_pad);
     }
     for (int r = 0; r < rows; r++) {
         float *s = S + (size_t)r * bw->keys_pad;
@@ -327,7 +327,7 @@ static void block_pair(const bwd_plan *bw, const key_item *w, int64_t h, int64_t
         for (int j = 0; j < cols; j++) ds[j] = P[j] * (ds[j] - Dr);
     }
     if (raw) {   /* dS so far is the gradient of the mods' output: through each captured tensor's loads */
-        const int32_t *h_rows = (const int32_t *)(mod_regs + af_mods_scratch_floats(p->mods, bw->keys_pad));
+        const int32_t *h_rows = (const int32_t *)(mod_regs + af_mods_scratch_floats(p->mods, BLOCK_ROWS, bw->keys_pad));
         af_mods_aux_grads_tile(p->mods, w->b, h_rows, h_rows + rows, rows, j0, cols, raw, bw->keys_pad, dP,
                                bw->keys_pad, w->aux_grads, (float *)(base + bw->off_aux), bw->keys_pad);
     }
@@ -466,7 +466,7 @@ static size_t plan_scratch(bwd_plan *bw) {
     TAKE(off_m, br);
     TAKE(off_l, br);
     TAKE(off_a, br);
-    TAKE(off_mod, bw->p->mods ? af_mods_scratch_floats(bw->p->mods, bw->keys_pad) + 2 * br : 1);
+    TAKE(off_mod, bw->p->mods ? af_mods_scratch_floats(bw->p->mods, BLOCK_ROWS, bw->keys_pad) + 2 * br : 1);
     TAKE(off_raw, bw->aux_floats ? br * kp : 1);
     TAKE(off_aux, bw->aux_floats ? af_mods_aux_scratch_floats(bw->p->mods, bw->keys_pad) : 1);
     TAKE(off_auxp, (size_t)bw->n_aux * 2 + 1);   /* the item's n_aux pointers */

@@ -235,19 +235,37 @@ static void pack_value_tile(const flash_plan *fp, const work_item *w, int64_t j0
  * and no score_mod (plain attention). */
 typedef enum { TILE_MIXED, TILE_FULL, TILE_PLAIN } tile_blocks;
 
+/* After the mods' registers in a thread's scratch: the rows their last call was for (the registers that follow from
+ * the rows alone serve the next tile of the same rows: AF_MODS_SAME_ROWS; rows < 0: none, as at each item's start),
+ * then the rows' heads and positions. */
+typedef struct {
+    int64_t r0, hk;
+    int32_t rows, pad_[11];   /* 64 bytes: the heads after it stay aligned */
+} mod_rows;
+
+static mod_rows *mod_rows_of(const flash_plan *fp, float *mod_regs) {
+    return (mod_rows *)(mod_regs + af_mods_scratch_floats(fp->p->mods, fp->block_rows, fp->keys_pad));
+}
+
 /* S = S·scale + mask, or the mods (af_flex_attn), which scale the tile in their own vector code (scale 1: a softcap
  * applied it, or the exponent takes it: no score_mod), for the tiles that need the scale applied before the softmax. */
 static void apply_scale_and_mask(const flash_plan *fp, const work_item *w, int64_t r0, int rows, int64_t j0, int cols,
                                  float *S, float scale, tile_blocks blocks, float *mod_regs) {
     const af_problem *p = fp->p;
     if (p->mods) {   /* the rows' query heads and positions after the registers, then the whole tile at once */
-        int32_t *h_rows = (int32_t *)(mod_regs + af_mods_scratch_floats(p->mods, fp->keys_pad)), *q_rows = h_rows + rows;
+        mod_rows *last = mod_rows_of(fp, mod_regs);
+        int32_t *h_rows = (int32_t *)(last + 1), *q_rows = h_rows + rows;
+        const bool same = last->rows == rows && last->r0 == r0 && last->hk == w->hk;   /* the next tile of them */
+        last->r0 = r0;
+        last->hk = w->hk;
+        last->rows = rows;
         for (int r = 0; r < rows; r++) {
             q_rows[r] = (int32_t)((r0 + r) / p->group);
             h_rows[r] = (int32_t)(w->hk * p->group + (r0 + r) % p->group);
         }
-        af_mods_apply_tile(p->mods, w->b, h_rows, q_rows, rows, j0, cols, scale, blocks == TILE_FULL, S, fp->keys_pad,
-                           mod_regs, fp->keys_pad);
+        const unsigned hints = (blocks == TILE_FULL ? AF_MODS_FULL : 0) | (same ? AF_MODS_SAME_ROWS : 0);
+        af_mods_apply_tile(p->mods, w->b, h_rows, q_rows, rows, j0, cols, scale, hints, S, fp->keys_pad, mod_regs,
+                           fp->keys_pad);
         return;   /* af_problem_check: no dense mask beside mods */
     }
     for (int r = 0; r < rows && scale != 1.0f; r++) {
@@ -577,6 +595,7 @@ static void run_item(void *ctx, int64_t t, void *scratch) {
         begin_rows(fp, &wh, &rs, r0, rows);
     }
     const row_state rs = state_of(fp, base, 0);
+    if (rs.mod) mod_rows_of(fp, rs.mod)->rows = -1;   /* the mods hold no rows of this item yet */
     const bool direct = item_direct(fp, &w);
     const int tile = direct ? fp->direct_keys : fp->block_keys;   /* divides KEY_CHUNK: no tile spans two chunks */
     if (fp->px && !direct) fp->px->pack_q(rows, fp->E, rs.qb, fp->E, qpack);
@@ -877,7 +896,8 @@ af_status af_flash_forward(const af_problem *p) {
     }
     if (p->mods) {   /* the mods' registers over a tile's keys, then the rows' heads and positions */
         fp.off_mod = at;
-        at += af_round_up(sizeof(float) * af_mods_scratch_floats(p->mods, fp.keys_pad) + 8 * br, 64);
+        at += af_round_up(sizeof(float) * af_mods_scratch_floats(p->mods, fp.block_rows, fp.keys_pad) +
+                          sizeof(mod_rows) + 8 * br, 64);
     }
     const size_t state0 = at;   /* row_state slots, one per kv head of an item */
     fp.off_q = at;  at += af_round_up(sizeof(float) * br * (size_t)fp.E, 64);

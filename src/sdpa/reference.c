@@ -16,7 +16,7 @@ static double load(const char *base, af_dtype dtype, int64_t offset) {
 
 /* af_flex_attn's mods on row i's scaled scores: rounded to float32 and evaluated as the kernels do, MOD_RUN keys at a
  * time (the reference's own part is the double dot products and softmax around them). regs: the call's scratch,
- * af_mods_scratch_floats(p->mods, MOD_RUN) floats. */
+ * af_mods_scratch_floats(p->mods, 1, MOD_RUN) floats. */
 static void apply_mods(const af_problem *p, int64_t b, int64_t h, int64_t i, int64_t S, double *s, float *regs) {
     float run[MOD_RUN];
     for (int64_t j0 = 0; j0 < S; j0 += MOD_RUN) {
@@ -107,7 +107,7 @@ af_status af_reference_forward(const af_problem *p) {
         return af_fail(AF_ERR_NO_MEMORY, "out of memory: reference scratch for S=%lld", (long long)p->S);
     double *s = af_alloc(sizeof(double) * (size_t)(p->S > 0 ? p->S : 1));
     double *acc = af_alloc(sizeof(double) * (size_t)(p->Ev > 0 ? p->Ev : 1));
-    float *mod_regs = p->mods ? af_alloc(sizeof(float) * af_mods_scratch_floats(p->mods, MOD_RUN)) : NULL;
+    float *mod_regs = p->mods ? af_alloc(sizeof(float) * af_mods_scratch_floats(p->mods, 1, MOD_RUN)) : NULL;
     if (!s || !acc || (p->mods && !mod_regs)) {
         af_free(s);
         af_free(acc);

@@ -88,7 +88,7 @@ static af_status scratch_alloc(const af_backward_problem *bp, scratch *w) {
               alloc_doubles(&w->prob, S) && alloc_doubles(&w->dprob, S) && alloc_doubles(&w->dq_row, p->E);
     ok = ok && (!bp->dk || alloc_doubles(&w->dk, dk_size)) && (!bp->dv || alloc_doubles(&w->dv, dv_size)) &&
          (!bp->dsink || alloc_doubles(&w->dsink, p->Hq));
-    ok = ok && (!p->mods || (w->mod_regs = af_alloc(sizeof(float) * (af_mods_scratch_floats(p->mods, MOD_RUN) +
+    ok = ok && (!p->mods || (w->mod_regs = af_alloc(sizeof(float) * (af_mods_scratch_floats(p->mods, 1, MOD_RUN) +
                                                                        2 * MOD_RUN))));
     if (ok && bp->daux && p->mods && p->mods->has_score && p->mods->score.n_aux > 0) {
         w->n_aux = p->mods->score.n_aux;
@@ -116,13 +116,13 @@ static int64_t accumulator_row(const af_problem *p, int64_t b, int64_t hk, const
 /* af_flex_attn's mods on the row's scaled scores, rounded to float32 and evaluated as the kernels do, their
  * derivative d(score_mod)/d(score) into softcap_d (the reference's own part is the double arithmetic around them). */
 static void apply_mods(const af_problem *p, int64_t b, int64_t h, int64_t i, int64_t S, scratch *w) {
-    float *regs = w->mod_regs, *run = regs + af_mods_scratch_floats(p->mods, MOD_RUN), *tangent = run + MOD_RUN;
+    float *regs = w->mod_regs, *run = regs + af_mods_scratch_floats(p->mods, 1, MOD_RUN), *tangent = run + MOD_RUN;
     const int32_t h_row = (int32_t)h, q_row = (int32_t)i;
     for (int64_t j0 = 0; j0 < S; j0 += MOD_RUN) {
         const int n = S - j0 < MOD_RUN ? (int)(S - j0) : MOD_RUN;
         for (int j = 0; j < MOD_RUN; j++) run[j] = j < n ? (float)w->score[j0 + j] : 0.0f;
         for (int j = 0; w->raw && j < n; j++) w->raw[j0 + j] = run[j];
-        af_mods_apply_tile_grad(p->mods, b, &h_row, &q_row, 1, j0, n, 1.0f, false, run, MOD_RUN, tangent, MOD_RUN, regs, MOD_RUN);
+        af_mods_apply_tile_grad(p->mods, b, &h_row, &q_row, 1, j0, n, 1.0f, 0, run, MOD_RUN, tangent, MOD_RUN, regs, MOD_RUN);
         for (int j = 0; j < n; j++) {
             w->score[j0 + j] = run[j];
             if (p->mods->has_score) w->softcap_d[j0 + j] = tangent[j];
