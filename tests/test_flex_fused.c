@@ -1,8 +1,8 @@
-/* Fused score_mods (src/flex/fused.c): which programs take a one-pass kernel, and that it gives the interpreter's
- * bits — forward out and lse, backward dq, dk, dv — on every ISA and the emulated AMX products, f32 / f16 / bf16,
- * prefill and decode rows, with and without a block mask (its full tiles skip the block lookups), over key positions
- * on both sides of each row (negative and positive distances). The interpreter's own correctness against the double
- * reference is test_flex's and test_flex_backward's. */
+/* Fused mods (src/flex/fused.c): which programs take a one-pass kernel (ALiBi score_mods, band mask_mods), and that
+ * it gives the interpreter's bits — forward out and lse, backward dq, dk, dv — on every ISA and the emulated AMX
+ * products, f32 / f16 / bf16, prefill and decode rows, with and without a block mask (its full tiles skip the block
+ * lookups), over key positions on both sides of each row (negative and positive distances). The interpreter's own
+ * correctness against the double reference is test_flex's and test_flex_backward's (whose references never fuse). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -52,14 +52,34 @@ static const af_mod_instr kv_minus_kv[] = {LOAD1(0, H_IDX), I(AF_MOD_SUB, KV_IDX
                                            I(AF_MOD_TO_F32, 6, 0, 0), I(AF_MOD_MUL, 5, 7, 0),
                                            I(AF_MOD_ADD, SCORE, 8, 0)};
 static const af_mod_instr causal[] = {I(AF_MOD_GE, Q_IDX, KV_IDX, 0)};
+/* bands: a causal window of 24 as traced ((q >= kv) & (q - kv < 24)) */
+static const af_mod_instr window[] = {I(AF_MOD_GE, Q_IDX, KV_IDX, 0), I(AF_MOD_SUB, Q_IDX, KV_IDX, 0), K_I32(24),
+                                      I(AF_MOD_LT, 6, 7, 0), I(AF_MOD_AND, 5, 8, 0)};
+/* kv − q in (−40, 9] with both limits computed at run time (−5·8 and 3·3), every comparison's other direction, and
+ * gates: rows q % 4 != 1 (by row), keys kv % 5 != 2 (by key) */
+static const af_mod_instr band_gated[] = {
+    K_I32(-5), K_I32(8), I(AF_MOD_MUL, 5, 6, 0), K_I32(3), I(AF_MOD_MUL, 8, 8, 0),   /* r7 = −40, r9 = 9 */
+    I(AF_MOD_SUB, KV_IDX, Q_IDX, 0), I(AF_MOD_GT, 10, 7, 0), I(AF_MOD_LE, 10, 9, 0),  /* r11, r12 */
+    I(AF_MOD_AND, 11, 12, 0),                                                          /* r13 */
+    K_I32(4), I(AF_MOD_MOD, Q_IDX, 14, 0), K_I32(1), I(AF_MOD_NE, 15, 16, 0),          /* r17: q % 4 != 1 */
+    K_I32(5), I(AF_MOD_MOD, KV_IDX, 18, 0), K_I32(2), I(AF_MOD_NE, 19, 20, 0),         /* r21: kv % 5 != 2 */
+    I(AF_MOD_AND, 17, 13, 0), I(AF_MOD_AND, 21, 22, 0)};
+/* anti-causal with an offset: kv > q + 3, written 3 < kv − q (the constant first) */
+static const af_mod_instr anti[] = {I(AF_MOD_SUB, KV_IDX, Q_IDX, 0), K_I32(3), I(AF_MOD_LT, 6, 5, 0)};
+/* not fused: a comparison by !=, an OR of two limits, a difference compared with q_idx − kv_idx twice over */
+static const af_mod_instr not_equal[] = {I(AF_MOD_NE, Q_IDX, KV_IDX, 0)};
+static const af_mod_instr either[] = {I(AF_MOD_GE, Q_IDX, KV_IDX, 0), K_I32(100), I(AF_MOD_LT, KV_IDX, 6, 0),
+                                      I(AF_MOD_OR, 5, 7, 0)};
+static const af_mod_instr twice[] = {I(AF_MOD_SUB, Q_IDX, KV_IDX, 0), I(AF_MOD_SUB, KV_IDX, Q_IDX, 0),
+                                     I(AF_MOD_LT, 5, 6, 0)};
 
 #define PROGRAM(code) ((af_mod_program){(code), (int32_t)(sizeof(code) / sizeof((code)[0])), &slopes_t, 1})
+#define MASK(code) ((af_mod_program){(code), (int32_t)(sizeof(code) / sizeof((code)[0])), NULL, 0})
 
-static int fused_kind(const af_mod_instr *code, int32_t length) {
-    const af_mod_program p = {code, length, &slopes_t, 1};
+static int fused_kind(const af_mod_program *p, bool score) {
     af_mods mods;
-    assert_int_equal(af_mods_check(&p, NULL, &mods), AF_OK);
-    const int kind = mods.score.fused.kind;
+    assert_int_equal(af_mods_check(score ? p : NULL, score ? NULL : p, &mods), AF_OK);
+    const int kind = score ? mods.score.fused.kind : mods.mask.fused.kind;
     af_mods_release(&mods);
     return kind;
 }
@@ -70,21 +90,30 @@ static void which_programs_fuse(void **state) {
     const struct {
         const char *name;
         af_mod_program p;
+        bool score;
         int kind;
     } cases[] = {
-        {"alibi", PROGRAM(alibi), AF_FUSED_ALIBI},
-        {"alibi, swapped", PROGRAM(alibi_swapped), AF_FUSED_ALIBI},
-        {"alibi, slope from the row", PROGRAM(alibi_row_slope), AF_FUSED_ALIBI},
-        {"alibi times 0.05", PROGRAM(alibi_scaled), AF_FUSED_NONE},
-        {"slope by key", PROGRAM(slope_by_key), AF_FUSED_NONE},
-        {"kv - kv", PROGRAM(kv_minus_kv), AF_FUSED_NONE},
+        {"alibi", PROGRAM(alibi), true, AF_FUSED_ALIBI},
+        {"alibi, swapped", PROGRAM(alibi_swapped), true, AF_FUSED_ALIBI},
+        {"alibi, slope from the row", PROGRAM(alibi_row_slope), true, AF_FUSED_ALIBI},
+        {"alibi times 0.05", PROGRAM(alibi_scaled), true, AF_FUSED_NONE},
+        {"slope by key", PROGRAM(slope_by_key), true, AF_FUSED_NONE},
+        {"kv - kv", PROGRAM(kv_minus_kv), true, AF_FUSED_NONE},
+        {"causal", MASK(causal), false, AF_FUSED_BAND},
+        {"window", MASK(window), false, AF_FUSED_BAND},
+        {"band with gates", MASK(band_gated), false, AF_FUSED_BAND},
+        {"anti-causal", MASK(anti), false, AF_FUSED_BAND},
+        {"!=", MASK(not_equal), false, AF_FUSED_NONE},
+        {"or", MASK(either), false, AF_FUSED_NONE},
+        {"difference against difference", MASK(twice), false, AF_FUSED_NONE},
     };
-    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
-        if (fused_kind(cases[c].p.code, cases[c].p.length) != cases[c].kind)
-            fail_msg("%s: fused kind %d, expected %d", cases[c].name, fused_kind(cases[c].p.code, cases[c].p.length),
-                     cases[c].kind);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int kind = fused_kind(&cases[c].p, cases[c].score);
+        if (kind != cases[c].kind) fail_msg("%s: fused kind %d, expected %d", cases[c].name, kind, cases[c].kind);
+    }
     af_mod_fusion_for_tests(false);
-    assert_int_equal(fused_kind(alibi, 5), AF_FUSED_NONE);
+    assert_int_equal(fused_kind(&cases[0].p, true), AF_FUSED_NONE);
+    assert_int_equal(fused_kind(&cases[6].p, false), AF_FUSED_NONE);
     af_mod_fusion_for_tests(true);
 }
 
@@ -106,7 +135,8 @@ static void same_bits(const char *what, const char *isa, const char *dtype, cons
         fail_msg("%s, %s, %s: the fused kernel's bits differ from the interpreter's", what, isa, dtype);
 }
 
-static void check(const char *name, af_dtype dtype, int64_t L, const af_mod_program *score, const af_block_mask *bm) {
+static void check(const char *name, af_dtype dtype, int64_t L, const af_mod_program *score, const af_mod_program *mask,
+                  const af_block_mask *bm) {
     const int64_t B = 2, Hq = 4, Hkv = 2, S = 150, E = 32, Ev = 48;
     const int64_t qs[4] = {B, Hq, L, E}, ks[4] = {B, Hkv, S, E}, vs[4] = {B, Hkv, S, Ev}, os[4] = {B, Hq, L, Ev};
     const int64_t *shapes[3] = {qs, ks, vs};
@@ -125,8 +155,7 @@ static void check(const char *name, af_dtype dtype, int64_t L, const af_mod_prog
     tt_fill_uniform(&v, &rng, 1.0);
     tt_fill_uniform(&dout, &rng, 1.0);
     const af_flex_args a = {.query = &q.view, .key = &k.view, .value = &v.view, .has_scale = true, .scale = 0.3,
-                            .score_mod = score, .mask_mod = bm ? &(af_mod_program){causal, 1, NULL, 0} : NULL,
-                            .block_mask = bm};
+                            .score_mod = score, .mask_mod = mask, .block_mask = bm};
     const char *before = af_get_isa(), *dt = af_dtype_name(dtype);
     for (int i = 0; i < AF_TEST_KERNELS; i++) {
         const char *isa = af_test_kernel_select(i);
@@ -172,9 +201,18 @@ static void fused_bits_are_the_interpreters(void **state) {
     const af_dtype dtypes[3] = {AF_F32, AF_F16, AF_BF16};
     for (int p = 0; p < 3; p++)
         for (int d = 0; d < 3; d++) {
-            check(names[p], dtypes[d], 150, &programs[p], NULL);
-            check(names[p], dtypes[d], 3, &programs[p], NULL);   /* decode-sized rows: the direct kernels */
-            if (d == p) check(names[p], dtypes[d], 150, &programs[p], &bm);
+            check(names[p], dtypes[d], 150, &programs[p], NULL, NULL);
+            check(names[p], dtypes[d], 3, &programs[p], NULL, NULL);   /* decode-sized rows: the direct kernels */
+            if (d == p) check(names[p], dtypes[d], 150, &programs[p], &causal_p, &bm);
+        }
+    /* band masks alone, under ALiBi, and with the causal block mask (its partial blocks evaluate them) */
+    const af_mod_program masks[4] = {MASK(causal), MASK(window), MASK(band_gated), MASK(anti)};
+    const char *mask_names[4] = {"causal", "window", "band with gates", "anti-causal"};
+    for (int k = 0; k < 4; k++)
+        for (int d = 0; d < 3; d++) {
+            check(mask_names[k], dtypes[d], 150, NULL, &masks[k], NULL);
+            check(mask_names[k], dtypes[d], 3, &programs[d], &masks[k], NULL);
+            if (d == k % 3) check(mask_names[k], dtypes[d], 150, &programs[0], &masks[k], &bm);
         }
 }
 

@@ -1,5 +1,6 @@
 /* Fused score_mods (fused.h): the shapes, found in a checked program, and their one-pass kernels. */
 #include <stdatomic.h>
+#include <stdlib.h>
 
 #include "flex/fused.h"
 #include "flex/program.h"
@@ -34,17 +35,128 @@ static bool match_alibi(const af_mod_checked *m, af_mod_fused *f) {
         if (!sub || sub->op != AF_MOD_SUB) continue;
         const bool kv_q = sub->in[0] == 4 && sub->in[1] == 3, q_kv = sub->in[0] == 3 && sub->in[1] == 4;
         if (!kv_q && !q_kv) continue;
-        *f = (af_mod_fused){AF_FUSED_ALIBI, a, q_kv};
+        *f = (af_mod_fused){.kind = AF_FUSED_ALIBI, .row_reg = a, .q_first = q_kv};
         return true;
     }
     return false;
 }
 
+/* A linear form in kv_idx, q_idx and up to two registers that follow neither, with an integer constant. */
+typedef struct {
+    int kv, q;
+    int32_t reg[2];
+    int coef[2];
+    int64_t k;
+} linear;
+
+/* Register r as a linear form: q_idx, kv_idx, a value that follows neither, or q_idx − kv_idx / kv_idx − q_idx (whose
+ * subtraction is marked used); false for anything else (no other arithmetic: nothing here may wrap). */
+static bool linear_of(const af_mod_checked *m, int r, uint8_t *used, linear *out) {
+    *out = (linear){0, 0, {-1, -1}, {0, 0}, 0};
+    if (r == 3) out->q = 1;
+    else if (r == 4) out->kv = 1;
+    else if (r >= AF_MOD_INPUTS && m->varies[r] == 0 && m->is_int[r]) {
+        const af_mod_instr *in = instr_of(m, r);
+        if (in->op == AF_MOD_CONST_I32) out->k = (int64_t)in->imm;
+        else out->reg[0] = r, out->coef[0] = 1;
+    } else {
+        const af_mod_instr *in = instr_of(m, r);
+        if (!in || in->op != AF_MOD_SUB || !m->is_int[r]) return false;
+        if (in->in[0] == 3 && in->in[1] == 4) out->q = 1, out->kv = -1;
+        else if (in->in[0] == 4 && in->in[1] == 3) out->q = -1, out->kv = 1;
+        else return false;
+        used[r] = 1;
+    }
+    return true;
+}
+
+/* Comparison `in` (register r) as a bound on kv_idx into *lim. */
+static bool limit_of(const af_mod_checked *m, const af_mod_instr *in, uint8_t *used, af_band_limit *lim) {
+    linear a, b;
+    if (!m->is_int[in->in[0]] || !linear_of(m, in->in[0], used, &a) || !linear_of(m, in->in[1], used, &b)) return false;
+    /* e = a − b; the comparison is e OP 0 */
+    const int kv = a.kv - b.kv, q = a.q - b.q;
+    if (kv != 1 && kv != -1) return false;
+    int32_t reg[2] = {-1, -1};
+    int coef[2] = {0, 0}, n = 0;
+    for (int side = 0; side < 2; side++)
+        for (int i = 0; i < 2; i++) {
+            const linear *l = side ? &b : &a;
+            if (l->reg[i] < 0) continue;
+            if (n == 2) return false;
+            reg[n] = l->reg[i];
+            coef[n++] = side ? -l->coef[i] : l->coef[i];
+        }
+    const int64_t k = a.k - b.k;
+    /* kv·x + rest OP 0, x = ±1: with x = 1, kv OP −rest; with x = −1, −kv OP −rest, kv OP' rest */
+    int op = in->op;
+    if (op == AF_MOD_LT || op == AF_MOD_GT) {   /* e < 0: e <= −1; e > 0: e >= 1 (integers) */
+        op = op == AF_MOD_LT ? AF_MOD_LE : AF_MOD_GE;
+    }
+    const int64_t shift = in->op == AF_MOD_LT ? 1 : in->op == AF_MOD_GT ? -1 : 0;   /* e <= −shift / e >= −shift */
+    const bool le = op == AF_MOD_LE;   /* else GE */
+    if (op != AF_MOD_LE && op != AF_MOD_GE) return false;
+    /* kv·x OP −(q·q_idx + Σ coef·reg + k) − shift */
+    const int sign = kv == 1 ? -1 : 1;   /* bound = sign·(q·q_idx + Σ coef·reg + k + shift) */
+    lim->upper = kv == 1 ? le : !le;
+    lim->q_coef = (int8_t)(sign * q);
+    if (lim->q_coef < -1 || lim->q_coef > 1) return false;
+    for (int i = 0; i < 2; i++) {
+        lim->reg[i] = reg[i];
+        lim->reg_coef[i] = (int8_t)(sign * coef[i]);
+    }
+    lim->k = sign * (k + shift);
+    return true;
+}
+
+/* BAND: walk the AND tree from the result; every instruction that varies with row and key must be in it. */
+static bool band_node(const af_mod_checked *m, int r, uint8_t *used, af_mod_fused *f) {
+    const uint8_t both = AF_MOD_BY_ROW | AF_MOD_BY_KEY;
+    if (m->varies[r] != both) {   /* a gate: a mask of the row or the key alone, ANDed as it is */
+        if (!m->is_int[r] || f->n_gates == AF_BAND_GATES) return false;
+        f->gate[f->n_gates++] = r;
+        return true;
+    }
+    const af_mod_instr *in = instr_of(m, r);
+    if (!in) return false;
+    used[r] = 1;
+    if (in->op == AF_MOD_AND) return band_node(m, in->in[0], used, f) && band_node(m, in->in[1], used, f);
+    const bool cmp = in->op == AF_MOD_LT || in->op == AF_MOD_LE || in->op == AF_MOD_GT || in->op == AF_MOD_GE;
+    if (!cmp || f->n_limits == AF_BAND_LIMITS) return false;
+    return limit_of(m, in, used, &f->limit[f->n_limits++]);
+}
+
+static bool match_band(const af_mod_checked *m, af_mod_fused *f) {
+    const int last = m->n_regs - 1;
+    if (m->varies[last] != (AF_MOD_BY_ROW | AF_MOD_BY_KEY)) return false;
+    uint8_t *used = calloc((size_t)m->n_regs, 1);
+    if (!used) return false;
+    *f = (af_mod_fused){.kind = AF_FUSED_BAND};
+    bool ok = band_node(m, last, used, f);
+    for (int r = AF_MOD_INPUTS; ok && r < m->n_regs; r++)
+        ok = m->varies[r] != (AF_MOD_BY_ROW | AF_MOD_BY_KEY) || used[r];
+    free(used);
+    return ok;
+}
+
 void af_mod_fuse(af_mod_checked *m) {
-    m->fused = (af_mod_fused){AF_FUSED_NONE, 0, false};
+    m->fused = (af_mod_fused){.kind = AF_FUSED_NONE};
     if (atomic_load(&fusion_off) || m->length < 1) return;
     af_mod_fused f;
-    if (match_alibi(m, &f)) m->fused = f;
+    if (m->is_int[m->n_regs - 1] ? match_band(m, &f) : match_alibi(m, &f)) m->fused = f;
+}
+
+void af_fused_band(const af_mod_fused *f, const int32_t (*reg_value)[2], int64_t q_idx, int64_t *lo, int64_t *hi) {
+    int64_t l = INT64_MIN, h = INT64_MAX;
+    for (int i = 0; i < f->n_limits; i++) {
+        const af_band_limit *b = &f->limit[i];
+        const int64_t bound = b->q_coef * q_idx + b->reg_coef[0] * (int64_t)reg_value[i][0] +
+                              b->reg_coef[1] * (int64_t)reg_value[i][1] + b->k;
+        if (b->upper) h = bound < h ? bound : h;
+        else l = bound > l ? bound : l;
+    }
+    *lo = l;
+    *hi = h;
 }
 
 AF_MOD_CLONES void af_fused_alibi(const af_mod_fused *f, const float *a, int a_step, const int32_t *q_rows, int rows,

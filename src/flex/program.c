@@ -206,7 +206,7 @@ af_status af_mod_check(const af_mod_program *prog, const char *name, bool score,
         if (m->on_score[r]) m->t_units += AF_MOD_ROWS;
     }
     const uint8_t result = m->is_int[m->n_regs - 1];
-    if (score && !result) af_mod_fuse(m);
+    if (score != (result != 0)) af_mod_fuse(m);   /* a result of the right type */
     if (score && result)
         return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: its result (the last instruction's) is int32; a score_mod "
                        "gives float32", name);
@@ -243,7 +243,7 @@ af_status af_mods_check(const af_mod_program *score_mod, const af_mod_program *m
     return AF_OK;
 }
 
-void af_mods_unfuse(af_mods *mods) { mods->score.fused.kind = AF_FUSED_NONE; }
+void af_mods_unfuse(af_mods *mods) { mods->score.fused.kind = mods->mask.fused.kind = AF_FUSED_NONE; }
 
 void af_mods_release(af_mods *mods) {
     af_mod_release(&mods->score);
@@ -794,6 +794,46 @@ static void mask_keys(float *s, operand keep, int r, int j, int e) {
     for (int c = j; c < e; c++) s[c] = k[c] ? s[c] : -INFINITY;
 }
 
+/* The mask_mod over a group: its result register, or (a fused band) each row's keys and the gates. */
+typedef struct {
+    operand keep;
+    bool band;
+    int32_t lo[AF_MOD_ROWS], hi[AF_MOD_ROWS];   /* the keys row r keeps, [lo, hi), as offsets from kv0 */
+    operand gate[AF_BAND_GATES];
+    int n_gates;
+} mask_eval;
+
+/* A fused band over the group's rows: each row's key range, its registers read from the prepared scratch. */
+static void band_rows(const af_mod_checked *m, const group *g, const int32_t *q_rows, int64_t kv0, mask_eval *e) {
+    const af_mod_fused *f = &m->fused;
+    int32_t values[AF_BAND_LIMITS][2];
+    for (int i = 0; i < f->n_limits; i++)
+        for (int k = 0; k < 2; k++)
+            values[i][k] = f->limit[i].reg[k] < 0 ? 0 : *(const int32_t *)operand_of(m, g, f->limit[i].reg[k]).p;
+    e->band = true;
+    for (int r = 0; r < g->rows; r++) {
+        int64_t lo, hi;
+        af_fused_band(f, (const int32_t(*)[2])values, q_rows[r], &lo, &hi);
+        lo = lo < kv0 ? 0 : lo - kv0;               /* as offsets, clamped to the keys [0, n] */
+        hi = hi >= kv0 + g->n ? g->n : hi < kv0 ? 0 : hi - kv0 + 1;
+        e->lo[r] = (int32_t)(lo < g->n ? lo : g->n);
+        e->hi[r] = (int32_t)(hi > e->lo[r] ? hi : e->lo[r]);
+    }
+    e->n_gates = f->n_gates;
+    for (int i = 0; i < f->n_gates; i++) e->gate[i] = operand_of(m, g, f->gate[i]);
+}
+
+/* Row r's keys [j, e) to -inf where the mask removes them. */
+static void mask_run(const mask_eval *m, float *s, int r, int j, int e) {
+    if (!m->band) {
+        mask_keys(s, m->keep, r, j, e);
+        return;
+    }
+    for (int c = j; c < e && c < m->lo[r]; c++) s[c] = -INFINITY;
+    for (int c = m->hi[r] > j ? m->hi[r] : j; c < e; c++) s[c] = -INFINITY;
+    for (int i = 0; i < m->n_gates; i++) mask_keys(s, m->gate[i], r, j, e);
+}
+
 /* The group's scores times the call's scale (S·scale, one rounding, as the plain kernels' pre-scale). */
 AF_MOD_CLONES static void scale_group(const group *g, float scale) {
     for (int r = 0; r < g->rows; r++) {
@@ -911,27 +951,28 @@ static void apply_group(tile_call *c, int r0, group *g, float *T, int ldt) {
             for (int r = 0; r < g->rows; r++)
                 for (int j = 0; j < g->n; j++) g->s[(size_t)r * g->lds + j] = out.p[r * out.row_step + (out.by_key ? j : 0)];
     }
-    operand keep = {0};
+    mask_eval keep = {0};
     if (any_seen && masked) {   /* the mask's registers after the score_mod's */
         group gm = *g;
         gm.regs = g->regs + mask_regs_at(mods, g->lanes);
         gm.row_regs = c->row_regs[1];
         prepare(c, 1, &gm);
-        keep = run_program(&mods->mask, &gm, false, RUN_SCORES);
+        if (mods->mask.fused.kind == AF_FUSED_BAND) band_rows(&mods->mask, &gm, q_rows, kv0, &keep);
+        else keep.keep = run_program(&mods->mask, &gm, false, RUN_SCORES);
     }
     const uint8_t *have = NULL;   /* the class row `runs` now holds (the last row's, from the loop above) */
     if (bm && g->rows > 0) have = row_cls[g->rows - 1];
     for (int r = 0; r < g->rows; r++) {
         float *s = g->s + (size_t)r * g->lds;
         if (!bm) {
-            if (masked) mask_keys(s, keep, r, 0, g->n);
+            if (masked) mask_run(&keep, s, r, 0, g->n);
             continue;
         }
         if (row_cls[r] != have) n_runs = key_runs(bm, have = row_cls[r], kv0, g->n, runs);
         for (int k = 0; k < n_runs; k++) {
             const key_run u = runs[k];
             if (u.cls == AF_BLOCK_EMPTY) for (int c = u.j; c < u.e; c++) s[c] = -INFINITY;
-            else if (u.cls == AF_BLOCK_PARTIAL && masked) mask_keys(s, keep, r, u.j, u.e);
+            else if (u.cls == AF_BLOCK_PARTIAL && masked) mask_run(&keep, s, r, u.j, u.e);
         }
     }
     for (int r = 0; T && mods->has_score && r < g->rows; r++) {   /* removed keys: P = 0, and no NaN tangent */
