@@ -829,7 +829,8 @@ static void mask_run(const mask_eval *m, float *s, int r, int j, int e) {
         mask_keys(s, m->keep, r, j, e);
         return;
     }
-    for (int c = j; c < e && c < m->lo[r]; c++) s[c] = -INFINITY;
+    const int lo = m->lo[r] < e ? m->lo[r] : e;   /* plain runs of stores, which the compiler vectorises */
+    for (int c = j; c < lo; c++) s[c] = -INFINITY;
     for (int c = m->hi[r] > j ? m->hi[r] : j; c < e; c++) s[c] = -INFINITY;
     for (int i = 0; i < m->n_gates; i++) mask_keys(s, m->gate[i], r, j, e);
 }

@@ -819,6 +819,12 @@ af_status af_flash_forward(const af_problem *p) {
     fp.uk->blocking(fp.E, fp.Ev, &direct_block_rows, &fp.direct_keys);
     (fp.px ? fp.px->blocking : fp.uk->blocking)(fp.E, fp.Ev, &fp.block_rows, &fp.block_keys);
     if (fp.all_direct) fp.block_rows = direct_block_rows;
+    if (p->mods && p->mods->blocks && !fp.all_direct) {
+        /* a flex block mask: row blocks of whole query blocks, each then walking its own blocks' keys alone (rows
+         * of two query blocks see the union of their keys: a window's band twice as wide) */
+        const int64_t q_rows = p->mods->blocks->q_block * p->group;
+        if (q_rows <= fp.block_rows) fp.block_rows = (int)(fp.block_rows / q_rows * q_rows);
+    }
     if (fp.block_rows < fp.direct_rows) fp.block_rows = fp.direct_rows;   /* a direct sequence fits one block */
     if (fp.block_rows > rows_total) fp.block_rows = (int)rows_total;   /* scratch and split partials sized to use */
     if (KEY_CHUNK % fp.block_keys != 0 || KEY_CHUNK % fp.direct_keys != 0)

@@ -144,10 +144,10 @@ def sliding_window(left, right=0):
     left, right = int(left), int(right)
 
     def fn(b, h, q_idx, kv_idx):
-        return (kv_idx >= q_idx - left) & (kv_idx <= q_idx + right)
+        return (q_idx - kv_idx <= left) & (kv_idx - q_idx <= right)
 
-    def build(a):
-        a.op("AND", a.op("GE", KV, a.op("SUB", Q, a.i32(left))), a.op("LE", KV, a.op("ADD", Q, a.i32(right))))
+    def build(a):   # differences of the indices, which never wrap: the form the kernels' fused band takes
+        a.op("AND", a.op("LE", a.op("SUB", Q, KV), a.i32(left)), a.op("LE", a.op("SUB", KV, Q), a.i32(right)))
 
     return _mask("sliding_window", fn, build)
 
