@@ -394,6 +394,9 @@ static void bad_programs(void **state) {
     af_tensor l = af_tensor_contiguous(lse, AF_F32, 3, (int64_t[]){1, 1, 2});
     int32_t small[2] = {0, 0};
     af_tensor small_t = af_tensor_contiguous(small, AF_I32, 1, (int64_t[]){2});
+    af_tensor endless_t = small_t;   /* a shape and stride whose furthest offset overflows */
+    endless_t.shape[0] = INT64_MAX;
+    endless_t.strides[0] = 2;
     const af_mod_instr mixed[] = {K_F32(1.0), I(AF_MOD_ADD, 5, KV_IDX, 0)};
     const af_mod_instr later[] = {I(AF_MOD_ADD, SCORE, 6, 0), K_F32(1.0)};
     const af_mod_instr int_result[] = {I(AF_MOD_ADD, Q_IDX, KV_IDX, 0)};
@@ -411,6 +414,7 @@ static void bad_programs(void **state) {
         {{unknown, 1, NULL, 0}, true, "instruction 0: unknown operation 999"},
         {{not_int, 1, NULL, 0}, true, "0.5 is not an int32"},
         {{out_of_range, 3, &small_t, 1}, false, "a LOAD read aux tensor 0 outside its shape"},
+        {{out_of_range, 3, &endless_t, 1}, false, "aux tensor 0: its shape and strides reach past any memory"},
         {{NULL, 0, NULL, 0}, true, "needs 1 to 65536 instructions"},
     };
     for (size_t c = 0; c < sizeof bad / sizeof bad[0]; c++) {

@@ -159,8 +159,10 @@ void af_fused_band(const af_mod_fused *f, const int32_t (*reg_value)[2], int64_t
     *hi = h;
 }
 
-AF_MOD_CLONES void af_fused_alibi(const af_mod_fused *f, const float *a, int a_step, const int32_t *q_rows, int rows,
-                                  int64_t kv0, int width, float scale, float *s, int lds, float *t, int ldt) {
+/* The clones are static (clang makes a caller-visible ifunc only for them), af_fused_alibi calls them. */
+AF_MOD_CLONES static void alibi_rows(const af_mod_fused *f, const float *a, int a_step, const int32_t *q_rows,
+                                     int rows, int64_t kv0, int width, float scale, float *s, int lds, float *t,
+                                     int ldt) {
     vint lane;
     for (int j = 0; j < AF_MOD_LANES; j++) lane[j] = j;
     const vfloat one = (vfloat){} + 1.0f;
@@ -177,4 +179,9 @@ AF_MOD_CLONES void af_fused_alibi(const af_mod_fused *f, const float *a, int a_s
         }
         for (int j = 0; t && j < width; j += AF_MOD_LANES) V_STORE_AS(t + (size_t)r * ldt + j, one);
     }
+}
+
+void af_fused_alibi(const af_mod_fused *f, const float *a, int a_step, const int32_t *q_rows, int rows, int64_t kv0,
+                    int width, float scale, float *s, int lds, float *t, int ldt) {
+    alibi_rows(f, a, a_step, q_rows, rows, kv0, width, scale, s, lds, t, ldt);
 }

@@ -80,6 +80,14 @@ static af_status check_aux(const af_mod_program *prog, const char *name, af_mod_
             d->shape[k] = a->shape[k];
             d->strides[k] = a->strides[k];
         }
+        int64_t last = 0, step;   /* the furthest element's offset: must be a number of bytes */
+        bool empty = false;
+        for (int k = 0; k < a->ndim; k++) empty = empty || a->shape[k] == 0;
+        for (int k = 0; k < a->ndim && !empty; k++)
+            if (__builtin_mul_overflow(a->shape[k] - 1, a->strides[k], &step) ||
+                __builtin_add_overflow(last, step, &last) || last > INT64_MAX / 8)
+                return af_fail(AF_ERR_INVALID_ARGUMENT, "%s: aux tensor %d: its shape and strides reach past any "
+                               "memory (an offset that overflows)", name, (int)t);
     }
     return AF_OK;
 }

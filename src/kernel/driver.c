@@ -243,8 +243,13 @@ typedef struct {
     int32_t rows, pad_[11];   /* 64 bytes: the heads after it stay aligned */
 } mod_rows;
 
+/* Floats of the mods' registers before the record, to a 64-byte boundary. */
+static size_t mod_regs_floats(const af_problem *p, int block_rows, int keys_pad) {
+    return af_round_up(af_mods_scratch_floats(p->mods, block_rows, keys_pad), 16);
+}
+
 static mod_rows *mod_rows_of(const flash_plan *fp, float *mod_regs) {
-    return (mod_rows *)(mod_regs + af_mods_scratch_floats(fp->p->mods, fp->block_rows, fp->keys_pad));
+    return (mod_rows *)(mod_regs + mod_regs_floats(fp->p, fp->block_rows, fp->keys_pad));
 }
 
 /* S = S·scale + mask, or the mods (af_flex_attn), which scale the tile in their own vector code (scale 1: a softcap
@@ -902,8 +907,8 @@ af_status af_flash_forward(const af_problem *p) {
     }
     if (p->mods) {   /* the mods' registers over a tile's keys, then the rows' heads and positions */
         fp.off_mod = at;
-        at += af_round_up(sizeof(float) * af_mods_scratch_floats(p->mods, fp.block_rows, fp.keys_pad) +
-                          sizeof(mod_rows) + 8 * br, 64);
+        at += af_round_up(sizeof(float) * mod_regs_floats(p, fp.block_rows, fp.keys_pad) + sizeof(mod_rows) + 8 * br,
+                          64);
     }
     const size_t state0 = at;   /* row_state slots, one per kv head of an item */
     fp.off_q = at;  at += af_round_up(sizeof(float) * br * (size_t)fp.E, 64);
