@@ -26,8 +26,23 @@
 enum { SCORE = 0, B_IDX = 1, H_IDX = 2, Q_IDX = 3, KV_IDX = 4 };
 
 static test_rng rng = {0x7E57F0CED0000001ull};
+
+static bool light(void) { return getenv("ATTNFORGE_TEST_LIGHT") != NULL; }   /* valgrind: one dtype a program */
 static float slopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f};
 static af_tensor slopes_t;
+static float table[4 * 300];          /* (head, 300) */
+static uint16_t table_bf16[300 * 4];  /* bf16, stored (300, head): read through a transposed view */
+static af_tensor table_t, table_bf16_t;
+
+static void make_tables(void) {
+    slopes_t = af_tensor_contiguous(slopes, AF_F32, 1, (int64_t[]){4});
+    for (int i = 0; i < 4 * 300; i++) table[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.5f;
+    for (int i = 0; i < 300 * 4; i++) table_bf16[i] = (uint16_t)(0x3E00u + (uint16_t)((i * 31) % 256));
+    table_t = af_tensor_contiguous(table, AF_F32, 2, (int64_t[]){4, 300});
+    table_bf16_t = af_tensor_contiguous(table_bf16, AF_BF16, 2, (int64_t[]){4, 300});
+    table_bf16_t.strides[0] = 1;   /* element (h, i) at i·4 + h */
+    table_bf16_t.strides[1] = 4;
+}
 
 /* ALiBi as PyTorch's trace gives it: slopes[h] · float(kv_idx − q_idx) added to the score */
 static const af_mod_instr alibi[] = {LOAD1(0, H_IDX), I(AF_MOD_SUB, KV_IDX, Q_IDX, 0), I(AF_MOD_TO_F32, 6, 0, 0),
@@ -51,6 +66,24 @@ static const af_mod_instr slope_by_key[] = {I(AF_MOD_TO_F32, KV_IDX, 0, 0), I(AF
 static const af_mod_instr kv_minus_kv[] = {LOAD1(0, H_IDX), I(AF_MOD_SUB, KV_IDX, KV_IDX, 0),
                                            I(AF_MOD_TO_F32, 6, 0, 0), I(AF_MOD_MUL, 5, 7, 0),
                                            I(AF_MOD_ADD, SCORE, 8, 0)};
+/* relative-position tables, as traced: table[h, where(i < 0, i + 300, i)], i = kv − q + c; c = 150 stays inside,
+ * c = 100 wraps the rows past q = 100 */
+#define LOAD2(aux_, i0, i1) {.op = AF_MOD_LOAD, .in = {(i0), (i1), 0, 0}, .aux = (aux_)}
+#define REL_TABLE(c) {I(AF_MOD_SUB, KV_IDX, Q_IDX, 0), K_I32(c), I(AF_MOD_ADD, 5, 6, 0), K_I32(0), I(AF_MOD_LT, 7, 8, 0), \
+                      K_I32(300), I(AF_MOD_ADD, 7, 10, 0), I(AF_MOD_WHERE, 9, 11, 7), LOAD2(0, H_IDX, 12),        \
+                      I(AF_MOD_ADD, SCORE, 13, 0)}
+static const af_mod_instr rel_inside[] = REL_TABLE(150);
+static const af_mod_instr rel_wrapped[] = REL_TABLE(100);
+/* unwrapped, the constant first: table[h, c + (kv − q)], c = 160: rows q < 10 read past the end (an error) */
+static const af_mod_instr rel_past[] = {I(AF_MOD_SUB, KV_IDX, Q_IDX, 0), K_I32(160), I(AF_MOD_ADD, 6, 5, 0),
+                                        LOAD2(0, H_IDX, 7), I(AF_MOD_ADD, 8, SCORE, 0)};
+/* by key: table[h, kv] */
+static const af_mod_instr by_key[] = {LOAD2(0, H_IDX, KV_IDX), I(AF_MOD_ADD, SCORE, 5, 0)};
+/* not fused: the index kv·2, and two indices that follow the key */
+static const af_mod_instr kv_twice[] = {K_I32(2), I(AF_MOD_MUL, KV_IDX, 5, 0), LOAD2(0, H_IDX, 6),
+                                        I(AF_MOD_ADD, SCORE, 7, 0)};
+static const af_mod_instr two_keys[] = {I(AF_MOD_SUB, KV_IDX, Q_IDX, 0), LOAD2(0, KV_IDX, 5),
+                                        I(AF_MOD_ADD, SCORE, 6, 0)};
 static const af_mod_instr causal[] = {I(AF_MOD_GE, Q_IDX, KV_IDX, 0)};
 /* bands: a causal window of 24 as traced ((q >= kv) & (q - kv < 24)) */
 static const af_mod_instr window[] = {I(AF_MOD_GE, Q_IDX, KV_IDX, 0), I(AF_MOD_SUB, Q_IDX, KV_IDX, 0), K_I32(24),
@@ -75,6 +108,7 @@ static const af_mod_instr twice[] = {I(AF_MOD_SUB, Q_IDX, KV_IDX, 0), I(AF_MOD_S
 
 #define PROGRAM(code) ((af_mod_program){(code), (int32_t)(sizeof(code) / sizeof((code)[0])), &slopes_t, 1})
 #define MASK(code) ((af_mod_program){(code), (int32_t)(sizeof(code) / sizeof((code)[0])), NULL, 0})
+#define WITH(code, aux) ((af_mod_program){(code), (int32_t)(sizeof(code) / sizeof((code)[0])), &(aux), 1})
 
 static int fused_kind(const af_mod_program *p, bool score) {
     af_mods mods;
@@ -86,7 +120,7 @@ static int fused_kind(const af_mod_program *p, bool score) {
 
 static void which_programs_fuse(void **state) {
     (void)state;
-    slopes_t = af_tensor_contiguous(slopes, AF_F32, 1, (int64_t[]){4});
+    make_tables();
     const struct {
         const char *name;
         af_mod_program p;
@@ -99,6 +133,12 @@ static void which_programs_fuse(void **state) {
         {"alibi times 0.05", PROGRAM(alibi_scaled), true, AF_FUSED_NONE},
         {"slope by key", PROGRAM(slope_by_key), true, AF_FUSED_NONE},
         {"kv - kv", PROGRAM(kv_minus_kv), true, AF_FUSED_NONE},
+        {"relative table", WITH(rel_inside, table_t), true, AF_FUSED_TABLE},
+        {"relative table, wrapped", WITH(rel_wrapped, table_t), true, AF_FUSED_TABLE},
+        {"relative table, constant first", WITH(rel_past, table_t), true, AF_FUSED_TABLE},
+        {"table by key", WITH(by_key, table_t), true, AF_FUSED_TABLE},
+        {"table at kv * 2", WITH(kv_twice, table_t), true, AF_FUSED_NONE},
+        {"two key indices", WITH(two_keys, table_t), true, AF_FUSED_NONE},
         {"causal", MASK(causal), false, AF_FUSED_BAND},
         {"window", MASK(window), false, AF_FUSED_BAND},
         {"band with gates", MASK(band_gated), false, AF_FUSED_BAND},
@@ -113,7 +153,7 @@ static void which_programs_fuse(void **state) {
     }
     af_mod_fusion_for_tests(false);
     assert_int_equal(fused_kind(&cases[0].p, true), AF_FUSED_NONE);
-    assert_int_equal(fused_kind(&cases[6].p, false), AF_FUSED_NONE);
+    assert_int_equal(fused_kind(&cases[12].p, false), AF_FUSED_NONE);
     af_mod_fusion_for_tests(true);
 }
 
@@ -182,7 +222,7 @@ static void check(const char *name, af_dtype dtype, int64_t L, const af_mod_prog
 
 static void fused_bits_are_the_interpreters(void **state) {
     (void)state;
-    slopes_t = af_tensor_contiguous(slopes, AF_F32, 1, (int64_t[]){4});
+    make_tables();
     /* a causal block mask of 32 × 16 blocks over the L = S = 150 prefill: full tiles inside, partial ones on the
      * diagonal */
     const int64_t nq = 5, nk = 10;
@@ -201,25 +241,63 @@ static void fused_bits_are_the_interpreters(void **state) {
     const af_dtype dtypes[3] = {AF_F32, AF_F16, AF_BF16};
     for (int p = 0; p < 3; p++)
         for (int d = 0; d < 3; d++) {
+            if (light() && d != p) continue;
             check(names[p], dtypes[d], 150, &programs[p], NULL, NULL);
             check(names[p], dtypes[d], 3, &programs[p], NULL, NULL);   /* decode-sized rows: the direct kernels */
             if (d == p) check(names[p], dtypes[d], 150, &programs[p], &causal_p, &bm);
+        }
+    /* tables: f32 rows read as vectors, a bf16 transposed view read element by element, wrapped indices */
+    const af_mod_program tables[4] = {WITH(rel_inside, table_t), WITH(rel_wrapped, table_t),
+                                      WITH(rel_inside, table_bf16_t), WITH(by_key, table_bf16_t)};
+    const char *table_names[4] = {"relative table", "relative table, wrapped", "relative bf16 view", "table by key"};
+    for (int p = 0; p < 4; p++)
+        for (int d = 0; d < 3; d++) {
+            if (light() && d != p % 3) continue;
+            check(table_names[p], dtypes[d], 150, &tables[p], NULL, NULL);
+            check(table_names[p], dtypes[d], 3, &tables[p], NULL, NULL);
+            if (d == p % 3) check(table_names[p], dtypes[d], 150, &tables[p], &causal_p, &bm);
         }
     /* band masks alone, under ALiBi, and with the causal block mask (its partial blocks evaluate them) */
     const af_mod_program masks[4] = {MASK(causal), MASK(window), MASK(band_gated), MASK(anti)};
     const char *mask_names[4] = {"causal", "window", "band with gates", "anti-causal"};
     for (int k = 0; k < 4; k++)
         for (int d = 0; d < 3; d++) {
+            if (light() && d != k % 3) continue;
             check(mask_names[k], dtypes[d], 150, NULL, &masks[k], NULL);
             check(mask_names[k], dtypes[d], 3, &programs[d], &masks[k], NULL);
             if (d == k % 3) check(mask_names[k], dtypes[d], 150, &programs[0], &masks[k], &bm);
         }
 }
 
+/* A table read past its end: the fused kernel fails the call as the interpreter's LOAD does. */
+static void table_out_of_bounds(void **state) {
+    (void)state;
+    make_tables();
+    const int64_t shape[4] = {1, 4, 150, 32};
+    test_tensor q, k, v, out, lse;
+    assert_true(tt_alloc(&q, AF_F32, 4, shape, LAYOUT_CONTIGUOUS, &rng) &&
+                tt_alloc(&k, AF_F32, 4, shape, LAYOUT_CONTIGUOUS, &rng) &&
+                tt_alloc(&v, AF_F32, 4, shape, LAYOUT_CONTIGUOUS, &rng) &&
+                tt_alloc(&out, AF_F32, 4, shape, LAYOUT_CONTIGUOUS, &rng) &&
+                tt_alloc(&lse, AF_F32, 3, (int64_t[]){1, 4, 150}, LAYOUT_CONTIGUOUS, &rng));
+    const af_mod_program past = WITH(rel_past, table_t);
+    const af_flex_args a = {.query = &q.view, .key = &k.view, .value = &v.view, .score_mod = &past};
+    for (int f = 0; f < 2; f++) {
+        af_mod_fusion_for_tests(f == 1);
+        assert_int_equal(af_flex_attn(&a, &out.view, &lse.view), AF_ERR_INVALID_ARGUMENT);
+        if (!strstr(af_last_error(), "score_mod: a LOAD read aux tensor 0 outside its shape"))
+            fail_msg("fusion %d: '%s'", f, af_last_error());
+    }
+    af_mod_fusion_for_tests(true);
+    test_tensor *all[] = {&q, &k, &v, &out, &lse};
+    for (size_t t = 0; t < 5; t++) tt_free(all[t]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(which_programs_fuse),
         cmocka_unit_test(fused_bits_are_the_interpreters),
+        cmocka_unit_test(table_out_of_bounds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

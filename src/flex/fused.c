@@ -1,6 +1,10 @@
 /* Fused score_mods (fused.h): the shapes, found in a checked program, and their one-pass kernels. */
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include "core/dtype.h"
 
 #include "flex/fused.h"
 #include "flex/program.h"
@@ -39,6 +43,70 @@ static bool match_alibi(const af_mod_checked *m, af_mod_fused *f) {
         return true;
     }
     return false;
+}
+
+/* A register that follows neither row nor key and is int32 (a constant, a table's size). */
+static bool fixed_int(const af_mod_checked *m, int r) {
+    return r >= AF_MOD_INPUTS && r < m->n_regs && m->varies[r] == 0 && m->is_int[r];
+}
+
+/* TABLE's key index: kv_idx, kv_idx − q_idx, either + c (c fixed), all three possibly wrapped as PyTorch's negative
+ * indices are traced: where(i < 0, i + size, i). The instructions it takes are marked used. */
+static bool key_index(const af_mod_checked *m, int r, uint8_t *used, af_mod_fused *f) {
+    const af_mod_instr *in = instr_of(m, r);
+    if (r == 4) return true;   /* kv_idx */
+    if (!in || !m->is_int[r]) return false;
+    if (in->op == AF_MOD_WHERE && f->wrap_reg < 0) {   /* where(i < 0, i + size, i) */
+        const af_mod_instr *lt = instr_of(m, in->in[0]), *add = instr_of(m, in->in[1]);
+        const int i = in->in[2];
+        const af_mod_instr *zero = lt ? instr_of(m, lt->in[1]) : NULL;
+        if (!lt || lt->op != AF_MOD_LT || lt->in[0] != i || !zero || zero->op != AF_MOD_CONST_I32 || zero->imm != 0 ||
+            !add || add->op != AF_MOD_ADD || add->in[0] != i || !fixed_int(m, add->in[1]))
+            return false;
+        used[r] = used[in->in[0]] = used[in->in[1]] = 1;
+        f->wrap_reg = add->in[1];
+        return key_index(m, i, used, f);
+    }
+    if (in->op == AF_MOD_ADD && f->c_reg < 0) {   /* i + c, c + i */
+        const int c = fixed_int(m, in->in[1]) ? in->in[1] : fixed_int(m, in->in[0]) ? in->in[0] : -1;
+        if (c < 0) return false;
+        used[r] = 1;
+        f->c_reg = c;
+        return key_index(m, c == in->in[1] ? in->in[0] : in->in[1], used, f);
+    }
+    if (in->op == AF_MOD_SUB && in->in[0] == 4 && in->in[1] == 3) {   /* kv_idx − q_idx */
+        used[r] = 1;
+        f->rel = true;
+        return true;
+    }
+    return false;
+}
+
+/* TABLE: ADD(score, LOAD(t, ...)), one of the LOAD's indices a key index (key_index), the others following the row
+ * alone, and no other instruction varying with row and key. */
+static bool match_table(const af_mod_checked *m, af_mod_fused *f) {
+    const uint8_t both = AF_MOD_BY_ROW | AF_MOD_BY_KEY;
+    const int last = m->n_regs - 1;
+    const af_mod_instr *add = instr_of(m, last);
+    if (!add || add->op != AF_MOD_ADD || m->is_int[last]) return false;
+    const int x = add->in[0] == 0 ? add->in[1] : add->in[1] == 0 ? add->in[0] : -1;
+    const af_mod_instr *load = x > 0 ? instr_of(m, x) : NULL;
+    if (!load || load->op != AF_MOD_LOAD || m->is_int[x] || m->varies[x] != both) return false;
+    *f = (af_mod_fused){.kind = AF_FUSED_TABLE, .load_reg = x, .key_dim = -1, .c_reg = -1, .wrap_reg = -1};
+    uint8_t *used = calloc((size_t)m->n_regs, 1);
+    if (!used) return false;
+    used[last] = used[x] = 1;
+    bool ok = true;
+    for (int k = 0; ok && k < m->aux[load->aux].ndim; k++) {
+        const int i = load->in[k];
+        if (!(m->varies[i] & AF_MOD_BY_KEY)) continue;   /* follows the row alone, or neither */
+        ok = f->key_dim < 0 && m->varies[i] != AF_MOD_BY_KEY ? key_index(m, i, used, f) : i == 4 && f->key_dim < 0;
+        f->key_dim = k;
+    }
+    ok = ok && f->key_dim >= 0;
+    for (int r = AF_MOD_INPUTS; ok && r < m->n_regs; r++) ok = m->varies[r] != both || used[r];
+    free(used);
+    return ok;
 }
 
 /* A linear form in kv_idx, q_idx and up to two registers that follow neither, with an integer constant. */
@@ -143,7 +211,7 @@ void af_mod_fuse(af_mod_checked *m) {
     m->fused = (af_mod_fused){.kind = AF_FUSED_NONE};
     if (atomic_load(&fusion_off) || m->length < 1) return;
     af_mod_fused f;
-    if (m->is_int[m->n_regs - 1] ? match_band(m, &f) : match_alibi(m, &f)) m->fused = f;
+    if (m->is_int[m->n_regs - 1] ? match_band(m, &f) : match_alibi(m, &f) || match_table(m, &f)) m->fused = f;
 }
 
 void af_fused_band(const af_mod_fused *f, const int32_t (*reg_value)[2], int64_t q_idx, int64_t *lo, int64_t *hi) {
@@ -184,4 +252,56 @@ AF_MOD_CLONES static void alibi_rows(const af_mod_fused *f, const float *a, int 
 void af_fused_alibi(const af_mod_fused *f, const float *a, int a_step, const int32_t *q_rows, int rows, int64_t kv0,
                     int width, float scale, float *s, int lds, float *t, int ldt) {
     alibi_rows(f, a, a_step, q_rows, rows, kv0, width, scale, s, lds, t, ldt);
+}
+
+/* Element `off` of the table as float32 (f32, f16 or bf16: the interpreter's LOAD converts the same way). */
+static inline float table_at(const af_mod_tensor *t, int64_t off) {
+    if (t->dtype == AF_F32) {
+        float x;
+        memcpy(&x, t->data + off * 4, 4);
+        return x;
+    }
+    return af_load_as_f32(t->data + off * (int64_t)af_dtype_size(t->dtype), t->dtype);
+}
+
+void af_fused_table(const af_mod_fused *f, const af_fused_table_values *v, const int32_t *q_rows, int rows,
+                    int64_t kv0, int n, int width, float scale, float *s, int lds, float *t, int ldt) {
+    const af_mod_tensor *tab = v->table;
+    const int64_t key_size = tab->shape[f->key_dim], key_stride = tab->strides[f->key_dim];
+    for (int r = 0; r < rows; r++) {
+        float *sr = s + (size_t)r * lds;
+        int64_t base = 0;
+        bool inside = true;   /* the indices that follow the row */
+        for (int k = 0; k < tab->ndim; k++) {
+            if (k == f->key_dim) continue;
+            const int32_t i = v->index[k][r * v->index_step[k]];
+            inside = inside && i >= 0 && i < tab->shape[k];
+            base += (int64_t)i * tab->strides[k];
+        }
+        /* the key index of key j: kv (int32, as the interpreter's) − q + c, wrapped, in uint32 arithmetic */
+        const uint32_t shift = (f->rel ? 0u - (uint32_t)q_rows[r] : 0u) + (uint32_t)v->c;
+        const int32_t first = (int32_t)((uint32_t)(int32_t)kv0 + shift);
+        /* every key's index inside the table, none wrapped, in a float32 row: a plain vector loop */
+        if (inside && first >= 0 && (int64_t)first + width <= key_size && (int64_t)first + width <= INT32_MAX &&
+            key_stride == 1 && tab->dtype == AF_F32) {
+            const float *row = (const float *)tab->data + base + first;
+            for (int j = 0; j < width; j++) {
+                const float x = scale != 1.0f ? sr[j] * scale : sr[j];
+                sr[j] = x + (j < n ? row[j] : 0.0f);
+            }
+        } else {
+            for (int j = 0; j < width; j++) {
+                int32_t i = (int32_t)((uint32_t)(int32_t)(kv0 + j) + shift);
+                if (f->wrap_reg >= 0 && i < 0) i = (int32_t)((uint32_t)i + (uint32_t)v->wrap);
+                float val = 0.0f;
+                if (j < n) {
+                    if (inside && i >= 0 && i < key_size) val = table_at(tab, base + (int64_t)i * key_stride);
+                    else *v->out_of_bounds = 1;
+                }
+                const float x = scale != 1.0f ? sr[j] * scale : sr[j];
+                sr[j] = x + val;
+            }
+        }
+        for (int j = 0; t && j < width; j++) t[(size_t)r * ldt + j] = 1.0f;
+    }
 }

@@ -802,6 +802,26 @@ static void mask_keys(float *s, operand keep, int r, int j, int e) {
     for (int c = j; c < e; c++) s[c] = k[c] ? s[c] : -INFINITY;
 }
 
+/* A fused TABLE over the group: the LOAD's row indices and constants from the prepared scratch, then its pass. */
+static void fused_table(af_mod_checked *m, const group *g, const int32_t *q_rows, int64_t kv0, float scale, float *T,
+                        int ldt) {
+    const af_mod_fused *f = &m->fused;
+    const af_mod_instr *load = &m->code[f->load_reg - AF_MOD_INPUTS];
+    int out_of_bounds = 0;
+    af_fused_table_values v = {.table = &m->aux[load->aux], .out_of_bounds = &out_of_bounds};
+    for (int k = 0; k < v.table->ndim; k++) {
+        if (k == f->key_dim) continue;
+        const operand o = operand_of(m, g, load->in[k]);
+        v.index[k] = (const int32_t *)o.p;
+        v.index_step[k] = (int)o.row_step;
+    }
+    v.c = f->c_reg < 0 ? 0 : *(const int32_t *)operand_of(m, g, f->c_reg).p;
+    v.wrap = f->wrap_reg < 0 ? 0 : *(const int32_t *)operand_of(m, g, f->wrap_reg).p;
+    af_fused_table(f, &v, q_rows, g->rows, kv0, g->n, g->width, scale, g->s, g->lds, T, ldt);
+    int expected = 0;
+    if (out_of_bounds) atomic_compare_exchange_strong(&m->out_of_bounds, &expected, load->aux + 1);
+}
+
 /* The mask_mod over a group: its result register, or (a fused band) each row's keys and the gates. */
 typedef struct {
     operand keep;
@@ -948,10 +968,12 @@ static void apply_group(tile_call *c, int r0, group *g, float *T, int ldt) {
         group gs = *g;
         gs.row_regs = c->row_regs[0];
         prepare(c, 0, &gs);
-        if (fused) {   /* the one pass over the scores */
+        if (fused && fused->kind == AF_FUSED_ALIBI) {   /* the one pass over the scores */
             const operand a = operand_of(&mods->score, &gs, fused->row_reg);
             af_fused_alibi(fused, a.p, (int)a.row_step, q_rows, g->rows, kv0, g->width, c->scale, g->s, g->lds, T,
                            ldt);
+        } else if (fused) {
+            fused_table(&mods->score, &gs, q_rows, kv0, c->scale, T, ldt);
         }
         const operand out = fused ? operand_of(&mods->score, &gs, 0)
                             : T   ? run_program_grad(&mods->score, &gs, T, ldt, RUN_SCORES)

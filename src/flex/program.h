@@ -17,7 +17,7 @@
 #define AF_MOD_ROWS 8      /* rows of a tile evaluated together: each operation is dispatched once for them */
 enum { AF_MOD_BY_ROW = 1, AF_MOD_BY_KEY = 2 };   /* what a register varies with (both: every score) */
 
-typedef struct {
+typedef struct af_mod_tensor {
     const char *data;
     af_dtype dtype;
     int ndim;
