@@ -7,7 +7,8 @@ PyTorch's its own create_block_mask's (the same blocks). Medians of alternating 
     python bench/flex_compare.py [--len 4096] [--heads 16] [--dim 64] [--dtype float32] [--compiled] [--backward]
 
 --backward times training steps instead (forward and backward, the gradients of q, k and v): plain causal attnforge
-against flex with a causal block mask and with ALiBi on it (PyTorch's CPU flex has no backward to compare with).
+against flex with a causal block mask and with ALiBi or a relative-position table on it (PyTorch's CPU flex has no
+backward to compare with).
 """
 import argparse
 import time
@@ -34,8 +35,13 @@ def main():
     q, k, v = (torch.randn(B, H, N, E).to(dt) for _ in range(3))
     slopes = torch.tensor([2.0 ** -(8 * (h + 1) / H) for h in range(H)])
 
+    rel_table = torch.randn(H, 2 * N) * 0.1   # a learnable relative-position bias per head (T5 / Transformer-XL)
+
     def alibi(score, b, h, q_idx, kv_idx):
         return score + slopes[h] * (kv_idx - q_idx)
+
+    def relative(score, b, h, q_idx, kv_idx):
+        return score + rel_table[h, kv_idx - q_idx + N]
 
     def causal(b, h, q_idx, kv_idx):
         return q_idx >= kv_idx
@@ -46,12 +52,14 @@ def main():
     causal_mask = attnforge.create_block_mask(causal, 1, 1, N, N)
     window_mask = attnforge.create_block_mask(window, 1, 1, N, N)
     if args.backward:
-        return backward_rows(q, k, v, alibi, causal_mask, args)
+        return backward_rows(q, k, v, {"ALiBi": alibi, "relative bias": relative}, causal_mask, args)
     dense_window = torch.ones(N, N, dtype=torch.bool).tril() & ~torch.ones(N, N, dtype=torch.bool).tril(-256)
     rows = {
         "plain causal (attnforge sdpa)": lambda: attnforge.scaled_dot_product_attention(q, k, v, is_causal=True),
         "flex: causal mask_mod": lambda: attnforge.flex_attention(q, k, v, block_mask=causal_mask),
         "flex: ALiBi + causal": lambda: attnforge.flex_attention(q, k, v, score_mod=alibi, block_mask=causal_mask),
+        "flex: relative bias + causal": lambda: attnforge.flex_attention(q, k, v, score_mod=relative,
+                                                                         block_mask=causal_mask),
         "flex: ALiBi, no mask": lambda: attnforge.flex_attention(q, k, v, score_mod=alibi),
         "flex: window 256": lambda: attnforge.flex_attention(q, k, v, block_mask=window_mask),
         "dense window mask (attnforge sdpa)": lambda: attnforge.scaled_dot_product_attention(
@@ -67,7 +75,9 @@ def main():
         compiled = torch.compile(flex_attention)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            for name, mod, mask in (("ALiBi + causal", alibi, causal_mask), ("window 256", None, window_mask)):
+            for name, mod, mask in (("ALiBi + causal", alibi, causal_mask),
+                                    ("relative bias + causal", relative, causal_mask),
+                                    ("window 256", None, window_mask)):
                 t0 = time.perf_counter()
                 compiled(q, k, v, score_mod=mod, block_mask=mask)
                 print(f"PyTorch compiled flex, {name}: first call {time.perf_counter() - t0:.1f} s (compile)")
@@ -82,7 +92,7 @@ def main():
         print(f"{name:42} {t * 1e3:9.2f} ms   {t / base:5.2f}x plain causal")
 
 
-def backward_rows(q, k, v, alibi, causal_mask, args):
+def backward_rows(q, k, v, mods, causal_mask, args):
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     dout = torch.randn_like(q)
 
@@ -92,7 +102,9 @@ def backward_rows(q, k, v, alibi, causal_mask, args):
     rows = {
         "plain causal (attnforge sdpa)": step(lambda: attnforge.scaled_dot_product_attention(q, k, v, is_causal=True)),
         "flex: causal mask_mod": step(lambda: attnforge.flex_attention(q, k, v, block_mask=causal_mask)),
-        "flex: ALiBi + causal": step(lambda: attnforge.flex_attention(q, k, v, score_mod=alibi, block_mask=causal_mask)),
+        **{f"flex: {name} + causal": step(lambda m=mod: attnforge.flex_attention(q, k, v, score_mod=m,
+                                                                               block_mask=causal_mask))
+           for name, mod in mods.items()},
     }
     names = list(rows)
     times = timed_loops([rows[n] for n in names], target_s=0.5, repeats=5)
