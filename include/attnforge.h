@@ -240,7 +240,8 @@ typedef struct {
 /* FlexAttention's forward (torch.nn.attention.flex_attention): out (B, Hq, L, Ev) in query's
  * dtype, lse NULL or f32 (B, Hq, L), natural log; a row whose keys the mask removes all gets out 0, lse -inf.
  * CPU tensors only. A LOAD whose indices fall outside its tensor fails the call with AF_ERR_INVALID_ARGUMENT naming the
- * program and the tensor (out and lse may then hold partial results: issue 47 keeps that for a later round). */
+ * program and the tensor, found while the kernels run; out and lse are left as they were all the same (a call whose
+ * LOADs an interval analysis does not prove inside runs into staged copies of its outputs, copied on success). */
 AF_API af_status af_flex_attn(const af_flex_args *args, af_tensor *out, af_tensor *lse);
 /* Its plain reference: double dot products and softmax, the mods evaluated (by the kernels' interpreter) on the
  * scores rounded to float32. For tests. */

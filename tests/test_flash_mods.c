@@ -173,6 +173,41 @@ static void fixed_calls(void **state_) {
         for (size_t e = 0; e < n[t]; e++) scale = fmax(scale, fabs(r[t][e]));
         if (!(max_gap(g[t], r[t], n[t]) <= 1e-4 * scale)) fail_msg("backward: gradient %d off its reference", t);
     }
+    /* LOADs the analysis cannot prove inside the slopes: staged outputs. Read inside (slopes[int(score · 0)], the
+     * first slope): the bits of the same mod proven inside (slopes[0]); read outside (slopes[h + 1], the last
+     * head's): the call fails and out, lse and the gradients keep what they held */
+    const af_mod_instr first_unproven[] = {{.op = AF_MOD_CONST_F32, .imm = 0.0}, I(AF_MOD_MUL, SCORE, 5, 0),
+                                           I(AF_MOD_TO_I32, 6, 0, 0), LOAD1(0, 7), I(AF_MOD_ADD, SCORE, 8, 0)};
+    const af_mod_instr first_proven[] = {{.op = AF_MOD_CONST_I32, .imm = 0.0}, LOAD1(0, 5), I(AF_MOD_ADD, SCORE, 6, 0)};
+    const af_mod_instr next_head[] = {{.op = AF_MOD_CONST_I32, .imm = 1.0}, I(AF_MOD_ADD, H_IDX, 5, 0), LOAD1(0, 6),
+                                      I(AF_MOD_ADD, SCORE, 7, 0)};
+    const af_mod_program unproven = {first_unproven, 5, &slopes_t, 1}, proven = {first_proven, 3, &slopes_t, 1};
+    const af_mod_program past = {next_head, 4, &slopes_t, 1};
+    af_flash_args staged = {.query = &qt, .key = &kt, .value = &vt, .causal = true, .score_mod = &unproven};
+    assert_int_equal(af_flash_attn(&staged, &o1t, &lt), AF_OK);
+    staged.score_mod = &proven;
+    assert_int_equal(af_flash_attn(&staged, &o2t, NULL), AF_OK);
+    assert_memory_equal(o1, o2, B * L * HQ * EV * 4);
+    staged.score_mod = &unproven;   /* its backward, staged, against the reference */
+    if (af_flash_attn_backward(&staged, &in, &grads) != AF_OK) fail_msg("staged backward: %s", af_last_error());
+    assert_int_equal(af_flash_attn_backward_reference(&staged, &in, &ref), AF_OK);
+    for (int t = 0; t < 3; t++) {
+        double scale = 0.0;
+        for (size_t e = 0; e < n[t]; e++) scale = fmax(scale, fabs(r[t][e]));
+        if (!(max_gap(g[t], r[t], n[t]) <= 1e-4 * scale)) fail_msg("staged backward: gradient %d off", t);
+    }
+    staged.score_mod = &past;
+    memset(o1, 0x5A, B * L * HQ * EV * 4);
+    memset(lse, 0x5A, B * HQ * L * 4);
+    memcpy(o2, o1, B * L * HQ * EV * 4);
+    assert_int_equal(af_flash_attn(&staged, &o1t, &lt), AF_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(af_last_error(), "score_mod: a LOAD read aux tensor 0 outside its shape"));
+    assert_memory_equal(o1, o2, B * L * HQ * EV * 4);
+    for (int i = 0; i < B * HQ * L; i++) assert_int_equal(((uint32_t *)lse)[i], 0x5A5A5A5Au);
+    for (int t = 0; t < 3; t++) memset(g[t], 0x5A, n[t] * 4);
+    assert_int_equal(af_flash_attn_backward(&staged, &in, &grads), AF_ERR_INVALID_ARGUMENT);
+    for (int t = 0; t < 3; t++)
+        for (size_t e = 0; e < n[t]; e++) assert_int_equal(((uint32_t *)g[t])[e], 0x5A5A5A5Au);
     for (int t = 0; t < 3; t++) {
         free(g[t]);
         free(r[t]);

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "attnforge.h"
+#include "flex/bounds.h"
 #include "flex/fused.h"
 #include "flex/program.h"
 #include "test_tensor.h"
@@ -157,6 +158,31 @@ static void which_programs_fuse(void **state) {
     af_mod_fusion_for_tests(true);
 }
 
+/* Which programs' LOADs the interval analysis proves inside their tensors over a call's indices (b < 1, h < 4,
+ * q_idx, kv_idx < 150): those it does not run into staged outputs. */
+static void which_loads_are_proven(void **state) {
+    (void)state;
+    make_tables();
+    const struct {
+        const char *name;
+        af_mod_program p;
+        bool inside;
+    } cases[] = {
+        {"alibi", PROGRAM(alibi), true},
+        {"relative table, kv − q + 150", WITH(rel_inside, table_t), true},
+        {"table by key", WITH(by_key, table_t), true},
+        {"relative table, kv − q + 100 wrapped", WITH(rel_wrapped, table_t), false},   /* the analysis joins both */
+        {"relative table, 160 + kv − q", WITH(rel_past, table_t), false},               /* reads past the end */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        af_mods mods;
+        assert_int_equal(af_mods_check(&cases[c].p, NULL, &mods), AF_OK);
+        if (af_mods_loads_inside(&mods, 1, 4, 150, 150) != cases[c].inside)
+            fail_msg("%s: proven inside %d, expected %d", cases[c].name, !cases[c].inside, cases[c].inside);
+        af_mods_release(&mods);
+    }
+}
+
 /* out, lse, dq, dk, dv of one call on the current kernel, with fusion as set. */
 typedef struct {
     test_tensor out, lse, g[3];
@@ -269,7 +295,15 @@ static void fused_bits_are_the_interpreters(void **state) {
         }
 }
 
-/* A table read past its end: the fused kernel fails the call as the interpreter's LOAD does. */
+/* Whether out (float32) still holds the 0x5A bytes it was filled with. */
+static bool untouched(const test_tensor *t) {
+    for (size_t i = 0; i < t->bytes; i++)
+        if (((const unsigned char *)t->memory)[i] != 0x5A) return false;
+    return true;
+}
+
+/* A table read past its end: the fused kernel fails the call as the interpreter's LOAD does, forward and backward,
+ * and writes nothing (the analysis cannot prove the reads inside, so the outputs are staged). */
 static void table_out_of_bounds(void **state) {
     (void)state;
     make_tables();
@@ -280,17 +314,33 @@ static void table_out_of_bounds(void **state) {
                 tt_alloc(&v, AF_F32, 4, shape, LAYOUT_CONTIGUOUS, &rng) &&
                 tt_alloc(&out, AF_F32, 4, shape, LAYOUT_CONTIGUOUS, &rng) &&
                 tt_alloc(&lse, AF_F32, 3, (int64_t[]){1, 4, 150}, LAYOUT_CONTIGUOUS, &rng));
-    const af_mod_program past = WITH(rel_past, table_t);
-    const af_flex_args a = {.query = &q.view, .key = &k.view, .value = &v.view, .score_mod = &past};
+    test_tensor dq, dout;
+    assert_true(tt_alloc(&dq, AF_F32, 4, shape, LAYOUT_CONTIGUOUS, &rng) &&
+                tt_alloc(&dout, AF_F32, 4, shape, LAYOUT_CONTIGUOUS, &rng));
+    tt_fill_uniform(&dout, &rng, 1.0);
+    const af_mod_program past = WITH(rel_past, table_t), inside = WITH(rel_inside, table_t);
+    af_flex_args a = {.query = &q.view, .key = &k.view, .value = &v.view, .score_mod = &inside};
+    assert_int_equal(af_flex_attn(&a, &out.view, &lse.view), AF_OK);   /* an out and lse for the backward */
+    a.score_mod = &past;
+    const af_backward_inputs in = {.out = &out.view, .dout = &dout.view, .lse = &lse.view};
+    const af_gradients grads = {&dq.view, NULL, NULL, NULL};
     for (int f = 0; f < 2; f++) {
         af_mod_fusion_for_tests(f == 1);
+        memset(dq.memory, 0x5A, dq.bytes);
+        assert_int_equal(af_flex_attn_backward(&a, &in, &grads, NULL), AF_ERR_INVALID_ARGUMENT);
+        if (!strstr(af_last_error(), "score_mod: a LOAD read aux tensor 0 outside its shape"))
+            fail_msg("backward, fusion %d: '%s'", f, af_last_error());
+        if (!untouched(&dq)) fail_msg("backward, fusion %d: dq written", f);
+        memset(out.memory, 0x5A, out.bytes);
+        memset(lse.memory, 0x5A, lse.bytes);
         assert_int_equal(af_flex_attn(&a, &out.view, &lse.view), AF_ERR_INVALID_ARGUMENT);
         if (!strstr(af_last_error(), "score_mod: a LOAD read aux tensor 0 outside its shape"))
             fail_msg("fusion %d: '%s'", f, af_last_error());
+        if (!untouched(&out) || !untouched(&lse)) fail_msg("fusion %d: out or lse written", f);
     }
     af_mod_fusion_for_tests(true);
-    test_tensor *all[] = {&q, &k, &v, &out, &lse};
-    for (size_t t = 0; t < 5; t++) tt_free(all[t]);
+    test_tensor *all[] = {&q, &k, &v, &out, &lse, &dq, &dout};
+    for (size_t t = 0; t < 7; t++) tt_free(all[t]);
 }
 
 int main(void) {
@@ -298,6 +348,7 @@ int main(void) {
         cmocka_unit_test(which_programs_fuse),
         cmocka_unit_test(fused_bits_are_the_interpreters),
         cmocka_unit_test(table_out_of_bounds),
+        cmocka_unit_test(which_loads_are_proven),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,6 +6,8 @@
 
 #include <math.h>
 
+#include "core/alloc.h"
+
 
 #define I32_MIN (-2147483648.0)
 #define I32_MAX 2147483647.0
@@ -187,4 +189,38 @@ int af_mod_block_bounds(const af_mod_checked *m, int64_t b, int64_t h, int64_t q
     const af_bound out = r[m->n_regs - 1];
     if (out.lo > 0.0 || out.hi < 0.0) return AF_BOUND_ALWAYS;
     return out.lo == 0.0 && out.hi == 0.0 ? AF_BOUND_NEVER : AF_BOUND_UNKNOWN;
+}
+
+/* One program's LOADs over the inputs' ranges. */
+static bool program_loads_inside(const af_mod_checked *m, const af_bound *inputs, af_bound *r) {
+    for (int k = 0; k < AF_MOD_INPUTS; k++) r[k] = inputs[k];
+    for (int32_t i = 0; i < m->length; i++) {
+        const af_mod_instr *in = &m->code[i];
+        if (in->op == AF_MOD_LOAD) {
+            const af_mod_tensor *t = &m->aux[in->aux];
+            for (int k = 0; k < t->ndim; k++) {
+                const af_bound ix = r[in->in[k]];
+                if (!(ix.lo >= 0.0) || !(ix.hi <= (double)(t->shape[k] - 1))) return false;
+            }
+        }
+        r[AF_MOD_INPUTS + i] = bound_of(m, in, r, m->is_int[AF_MOD_INPUTS + i]);
+    }
+    return true;
+}
+
+bool af_mods_loads_inside(const af_mods *mods, int64_t B, int64_t H, int64_t L, int64_t S) {
+    const bool has[2] = {mods->has_score, mods->has_mask};
+    const af_mod_checked *ms[2] = {&mods->score, &mods->mask};
+    const af_bound inputs[AF_MOD_INPUTS] = {any_float(), span(0.0, (double)(B > 0 ? B - 1 : 0)),
+                                            span(0.0, (double)(H > 0 ? H - 1 : 0)),
+                                            span(0.0, (double)(L > 0 ? L - 1 : 0)),
+                                            span(0.0, (double)(S > 0 ? S - 1 : 0))};
+    for (int p = 0; p < 2; p++) {
+        if (!has[p] || ms[p]->n_aux == 0) continue;
+        af_bound *r = af_alloc(sizeof(af_bound) * (size_t)ms[p]->n_regs);
+        const bool inside = r && program_loads_inside(ms[p], inputs, r);
+        af_free(r);
+        if (!inside) return false;
+    }
+    return true;
 }

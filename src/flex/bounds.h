@@ -21,4 +21,9 @@ enum { AF_BOUND_NEVER = 0, AF_BOUND_ALWAYS = 1, AF_BOUND_UNKNOWN = -1 };
 int af_mod_block_bounds(const af_mod_checked *m, int64_t b, int64_t h, int64_t q0, int64_t q1, int64_t k0, int64_t k1,
                         af_bound *scratch);
 
+/* Whether every LOAD of the call's programs reads inside its tensor for all b < B, h < H, q_idx < L, kv_idx < S
+ * (and any score): proven by the same analysis, so false may only mean "not proven". A call it does not prove runs
+ * into staged outputs (src/sdpa/staged.h), so that a LOAD found outside while running leaves the caller's untouched. */
+bool af_mods_loads_inside(const af_mods *mods, int64_t B, int64_t H, int64_t L, int64_t S);
+
 #endif

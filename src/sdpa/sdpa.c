@@ -1,9 +1,11 @@
 /* Public entry points for one SDPA call: check at the boundary, then hand the trusted problem to the kernels of the
  * device its tensors live on. */
+#include "flex/bounds.h"
 #include "flex/program.h"
 #include "kernel/flash.h"
 #include "sdpa/cuda_backend.h"
 #include "sdpa/problem.h"
+#include "sdpa/staged.h"
 #include "core/status.h"
 
 /* The CUDA backend: loaded (library, driver, GPU: probed once) on first need; the device must exist; CUDA's own
@@ -48,11 +50,30 @@ af_status af_sdpa_reference(const af_sdpa_args *args, af_tensor *out, af_tensor 
 /* FlashAttention-4's forward (attnforge.h): the same driver over a problem with its features on; on CUDA the
  * backend (fixed-length calls: af_flash_check refuses the varlen, paged and float8 ones there). */
 /* The checked call with its mods (if any) on `forward`. */
-static af_status flash_with_mods(const af_flash_args *args, af_problem *p, af_status (*forward)(const af_problem *)) {
+static af_status flash_with_mods(const af_flash_args *args, af_tensor *out, af_tensor *lse, af_problem *p,
+                                 af_status (*forward)(const af_problem *)) {
     af_mods mods;
     af_status st = af_flash_take_mods(args, p, &mods);
-    if (st == AF_OK) st = forward(p);
-    if (st == AF_OK) st = af_mods_status(&mods);
+    if (st == AF_OK && p->mods && !af_mods_loads_inside(&mods, p->B, p->Hq, p->L, p->S)) {
+        /* a LOAD may fail while the call runs: into staged copies, which reach out and lse only on success */
+        af_staged sg = {.n = 0};
+        af_problem staged;
+        af_mods again;
+        st = af_stage(&sg, &out, "out");
+        if (st == AF_OK) st = af_stage(&sg, &lse, "lse");
+        if (st == AF_OK) st = af_flash_check(args, out, lse, &staged);
+        if (st == AF_OK && (st = af_flash_take_mods(args, &staged, &again)) == AF_OK) {
+            staged.mods = &mods;   /* the first check's programs: their out-of-bounds flag is the one read below */
+            st = forward(&staged);
+            af_mods_release(&again);
+        }
+        if (st == AF_OK) st = af_mods_status(&mods);
+        if (st == AF_OK) af_stage_commit(&sg);
+        af_stage_release(&sg);
+    } else if (st == AF_OK) {
+        st = forward(p);
+        if (st == AF_OK) st = af_mods_status(&mods);
+    }
     af_mods_release(&mods);
     return st;
 }
@@ -64,7 +85,7 @@ af_status af_flash_attn(const af_flash_args *args, af_tensor *out, af_tensor *ls
     if (st != AF_OK) return st;
     if (args->query->device.type == AF_DEVICE_CUDA && !args->score_mod && !args->mask_mod)
         return cuda_forward(&p, args->query->device.index, args->stream, args->workspace);
-    return flash_with_mods(args, &p, af_flash_forward);
+    return flash_with_mods(args, out, lse, &p, af_flash_forward);
 }
 
 af_status af_flash_attn_reference(const af_flash_args *args, af_tensor *out, af_tensor *lse) {
@@ -76,5 +97,5 @@ af_status af_flash_attn_reference(const af_flash_args *args, af_tensor *out, af_
         return af_fail(AF_ERR_UNSUPPORTED, "query: on cuda:%d; the reference reads host memory and runs on the CPU "
                        "only (copy the tensors to the host, or compare af_flash_attn's output there)",
                        args->query->device.index);
-    return flash_with_mods(args, &p, af_reference_forward);
+    return flash_with_mods(args, out, lse, &p, af_reference_forward);
 }
