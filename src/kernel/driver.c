@@ -264,7 +264,7 @@ static void apply_scale_and_mask(const flash_plan *fp, const work_item *w, int64
         last->r0 = r0;
         last->hk = w->hk;
         last->rows = rows;
-        for (int r = 0; r < rows; r++) {
+        for (int r = 0; r < rows && !same; r++) {   /* the same rows: their heads and positions are there */
             q_rows[r] = (int32_t)((r0 + r) / p->group);
             h_rows[r] = (int32_t)(w->hk * p->group + (r0 + r) % p->group);
         }

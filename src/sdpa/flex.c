@@ -5,11 +5,8 @@
 #include "core/dtype.h"
 #include <string.h>
 
-#include "core/alloc.h"
-#include "core/log.h"
 #include "core/status.h"
 #include "flex/block_map.h"
-#include "flex/bounds.h"
 #include "flex/program.h"
 #include "kernel/flash.h"
 #include "sdpa/backward.h"
@@ -55,37 +52,6 @@ static af_status take_mods(const af_flex_args *args, af_problem *p, af_mods *mod
     return AF_OK;
 }
 
-/* Whether a call's mods may read outside a captured tensor (not proven otherwise): it then runs into staged outputs. */
-static bool may_read_outside(const af_mods *mods, const af_problem *p) {
-    if (af_mods_loads_inside(mods, p->B, p->Hq, p->L, p->S)) return false;
-    af_log(AF_LOG_DEBUG, "flex: a LOAD not proven inside its tensor: the outputs are staged (copied on success)");
-    return true;
-}
-
-/* The forward on out / lse, staged when a LOAD may fail while it runs (nothing written then). */
-static af_status flex_forward(const af_flex_args *args, const af_problem *checked, af_mods *mods, af_tensor *out,
-                              af_tensor *lse, forward_fn forward) {
-    if (!may_read_outside(mods, checked)) {
-        const af_status st = forward(checked);
-        return st == AF_OK ? af_mods_status(mods) : st;
-    }
-    af_staged sg = {.n = 0};
-    const af_sdpa_args sdpa = sdpa_of(args);
-    af_problem p;
-    af_status st = af_stage(&sg, &out, "out");
-    if (st == AF_OK) st = af_stage(&sg, &lse, "lse");
-    if (st == AF_OK) st = af_sdpa_check(&sdpa, out, lse, &p);   /* the same call on the copies */
-    if (st == AF_OK) st = flex_rules(args, &p);
-    if (st == AF_OK) {
-        p.mods = checked->mods;
-        st = forward(&p);
-    }
-    if (st == AF_OK) st = af_mods_status(mods);
-    if (st == AF_OK) af_stage_commit(&sg);
-    af_stage_release(&sg);
-    return st;
-}
-
 static af_status flex_call(const af_flex_args *args, af_tensor *out, af_tensor *lse, forward_fn forward) {
     af_clear_error();
     if (!args) return af_fail(AF_ERR_INVALID_ARGUMENT, "args: must not be NULL");
@@ -97,7 +63,7 @@ static af_status flex_call(const af_flex_args *args, af_tensor *out, af_tensor *
     af_mods mods;
     af_block_map blocks = {0};
     st = take_mods(args, &p, &mods, &blocks);
-    if (st == AF_OK) st = flex_forward(args, &p, &mods, out, lse, forward);
+    if (st == AF_OK) st = af_mods_forward(&p, &mods, out, lse, forward);
     af_block_map_release(&blocks);
     af_mods_release(&mods);
     return st;
@@ -139,37 +105,7 @@ static af_status flex_backward_call(const af_flex_args *args, const af_backward_
     af_mods mods;
     af_block_map blocks = {0};
     st = take_mods(args, &bp.f, &mods, &blocks);
-    if (st == AF_OK && !may_read_outside(&mods, &bp.f)) {
-        st = backward(&bp);
-        if (st == AF_OK) st = af_mods_status(&mods);
-    } else if (st == AF_OK) {   /* staged: the gradients reach the caller's tensors only on success */
-        af_staged sg = {.n = 0};
-        af_gradients g = *grads;
-        const int n_aux = daux ? args->score_mod->n_aux : 0;
-        af_tensor **d = n_aux ? af_alloc(sizeof(af_tensor *) * (size_t)n_aux) : NULL;
-        st = n_aux && !d ? af_fail(AF_ERR_NO_MEMORY, "out of memory: daux's staged copies")
-             : n_aux > AF_STAGED_MAX - 3 ? af_fail(AF_ERR_UNSUPPORTED, "daux: %d captured tensors' gradients, with a "
-                                                   "LOAD not proven inside its tensor; at most %d are taken",
-                                                   n_aux, AF_STAGED_MAX - 3)
-                                         : AF_OK;
-        for (int i = 0; i < n_aux && st == AF_OK; i++) d[i] = daux[i];
-        if (st == AF_OK) st = af_stage(&sg, &g.dq, "dq");
-        if (st == AF_OK) st = af_stage(&sg, &g.dk, "dk");
-        if (st == AF_OK) st = af_stage(&sg, &g.dv, "dv");
-        for (int i = 0; i < n_aux && st == AF_OK; i++) st = af_stage(&sg, &d[i], "daux");
-        af_backward_problem staged;
-        if (st == AF_OK) st = af_sdpa_backward_check(&sdpa, in, &g, &staged);
-        if (st == AF_OK) st = flex_rules(args, &staged.f);
-        if (st == AF_OK) {
-            staged.daux = daux ? d : NULL;
-            staged.f.mods = bp.f.mods;
-            st = backward(&staged);
-        }
-        if (st == AF_OK) st = af_mods_status(&mods);
-        if (st == AF_OK) af_stage_commit(&sg);
-        af_stage_release(&sg);
-        af_free(d);
-    }
+    if (st == AF_OK) st = af_mods_backward(&bp, &mods, grads, backward);
     af_block_map_release(&blocks);
     af_mods_release(&mods);
     return st;

@@ -1,6 +1,5 @@
 /* Public entry points for one SDPA call: check at the boundary, then hand the trusted problem to the kernels of the
  * device its tensors live on. */
-#include "flex/bounds.h"
 #include "flex/program.h"
 #include "kernel/flash.h"
 #include "sdpa/cuda_backend.h"
@@ -54,26 +53,7 @@ static af_status flash_with_mods(const af_flash_args *args, af_tensor *out, af_t
                                  af_status (*forward)(const af_problem *)) {
     af_mods mods;
     af_status st = af_flash_take_mods(args, p, &mods);
-    if (st == AF_OK && p->mods && !af_mods_loads_inside(&mods, p->B, p->Hq, p->L, p->S)) {
-        /* a LOAD may fail while the call runs: into staged copies, which reach out and lse only on success */
-        af_staged sg = {.n = 0};
-        af_problem staged;
-        af_mods again;
-        st = af_stage(&sg, &out, "out");
-        if (st == AF_OK) st = af_stage(&sg, &lse, "lse");
-        if (st == AF_OK) st = af_flash_check(args, out, lse, &staged);
-        if (st == AF_OK && (st = af_flash_take_mods(args, &staged, &again)) == AF_OK) {
-            staged.mods = &mods;   /* the first check's programs: their out-of-bounds flag is the one read below */
-            st = forward(&staged);
-            af_mods_release(&again);
-        }
-        if (st == AF_OK) st = af_mods_status(&mods);
-        if (st == AF_OK) af_stage_commit(&sg);
-        af_stage_release(&sg);
-    } else if (st == AF_OK) {
-        st = forward(p);
-        if (st == AF_OK) st = af_mods_status(&mods);
-    }
+    if (st == AF_OK) st = af_mods_forward(p, &mods, out, lse, forward);
     af_mods_release(&mods);
     return st;
 }
